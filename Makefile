@@ -1,0 +1,36 @@
+# Two set-up commands (see README): `make demo` runs the main job, `make test` runs the whole suite.
+# Each creates .venv and installs what it needs. Where the system Python already has torch (a GPU
+# cluster), the venv reuses it (--system-site-packages) and pip never replaces it; elsewhere torch
+# 2.13.0 is installed (on this kind of machine: the CPU wheel from local disk).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: demo test bench clean install
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+		echo "system torch found: the venv reuses it"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV); \
+		$(PY) -c "import torch" >/dev/null 2>&1 || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+demo: install
+	$(VENV)/bin/reshardctl profile show local
+	$(VENV)/bin/reshardctl model show tiny-llama
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/plan_scale.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

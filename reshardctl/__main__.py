@@ -1,0 +1,3 @@
+from reshardctl.cli import main
+
+main()

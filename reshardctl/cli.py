@@ -1,0 +1,73 @@
+"""The typer app. Each command: parse options, call the library, print.
+
+Library code raises ``ReshardError`` subclasses; ``main`` turns them into a one-paragraph message on
+stderr and exit code 2 (bad input) or 1 (runtime failure). No traceback for user errors
+(``--verbose`` adds it for runtime failures).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from reshardctl import __version__
+from reshardctl.commands import output
+from reshardctl.errors import ReshardError
+
+app = typer.Typer(
+    name="reshardctl",
+    help="Plan, run, verify and roll back RL weight refits (M2N reshard vs gather-and-broadcast).",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"reshardctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="More detail (and tracebacks of runtime failures)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors and the requested output."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """reshardctl: fast, exact, safe weight refit for disaggregated RL post-training."""
+    output.configure(verbose=verbose, quiet=quiet)
+
+
+# --- command registration: one line per command module -------------------------------------------
+from reshardctl.commands import profile as _profile  # noqa: E402
+
+app.add_typer(_profile.app, name="profile")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point. Returns (and, without ``argv``, exits with) the process exit code.
+
+    Typer runs in standalone mode, so usage errors print click's message and exit 2 by themselves.
+    """
+    try:
+        app(args=argv, prog_name="reshardctl")
+        code = 0
+    except ReshardError as exc:
+        output.error(exc)
+        code = exc.exit_code
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        output.err_console().print("interrupted")
+        code = 130
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,54 @@
+"""Where the CLI prints: rich consoles for stdout/stderr, verbosity, JSON output and error paragraphs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+from rich.console import Console
+
+from reshardctl.errors import ReshardError
+
+_state = {"verbose": False, "quiet": False}
+
+
+def configure(*, verbose: bool, quiet: bool) -> None:
+    _state["verbose"] = verbose
+    _state["quiet"] = quiet
+
+
+def verbose() -> bool:
+    return bool(_state["verbose"])
+
+
+def quiet() -> bool:
+    return bool(_state["quiet"])
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def info(message: str) -> None:
+    """Progress/info lines on stderr; silenced by --quiet."""
+    if not quiet():
+        err_console().print(message)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout (never mixed with rich markup)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error(exc: ReshardError) -> None:
+    kind = "error" if exc.exit_code == 2 else "failed"
+    err_console().print(f"[bold red]{kind}:[/bold red] {exc}", markup=True, highlight=False)
+    if verbose() and exc.exit_code != 2:
+        err_console().print("".join(traceback.format_exception(exc)))

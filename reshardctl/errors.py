@@ -1,0 +1,64 @@
+"""One small exception hierarchy. Library code raises these; only the CLI maps them to exit codes.
+
+Exit code 2 = bad input (the user can fix a file or a flag); exit code 1 = runtime failure.
+"""
+
+from __future__ import annotations
+
+
+class ReshardError(Exception):
+    """Base class. ``exit_code`` is what the CLI returns for it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:  # one paragraph, hint appended
+        return self.message if not self.hint else f"{self.message}\n{self.hint}"
+
+
+class InputError(ReshardError):
+    """Bad input: a file, a key, a flag or an arithmetic condition the user can fix. Exit code 2."""
+
+    exit_code = 2
+
+
+class ProfileError(InputError):
+    """A site profile is unreadable, has an unknown key, a wrong type or an impossible value."""
+
+
+class ModelError(InputError):
+    """A model (config.json, safetensors index, preset) cannot be read or understood."""
+
+
+class LayoutError(InputError):
+    """Layouts that do not fit the model or the allocation. Carries every violation at once."""
+
+    def __init__(self, violations: list[str] | str, *, hint: str | None = None):
+        if isinstance(violations, str):
+            violations = [violations]
+        self.violations = list(violations)
+        if len(self.violations) == 1:
+            msg = self.violations[0]
+        else:
+            msg = f"{len(self.violations)} layout problems:\n" + "\n".join(f"  - {v}" for v in self.violations)
+        super().__init__(msg, hint=hint)
+
+
+class PlanError(InputError):
+    """A plan cannot be built from these inputs (or a serialised plan does not match them)."""
+
+
+class LaunchError(ReshardError):
+    """Starting processes or talking to Slurm failed (carries the command and its output)."""
+
+
+class TransferError(ReshardError):
+    """A refit failed at run time (a rank died, a timeout, a backend error)."""
+
+
+class VerificationError(TransferError):
+    """Bytes arrived but do not match what was sent; the refit was not committed."""

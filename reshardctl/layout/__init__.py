@@ -1,0 +1,1 @@
+"""Layouts: for every HF tensor, the index set (boxes) each trainer or inference rank holds."""

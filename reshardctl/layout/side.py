@@ -1,0 +1,55 @@
+"""The interface every trainer or inference layout implements (Megatron, vLLM, DTensor, generic file).
+
+The planner only calls ``placement`` and the pipeline methods; ``local_params`` is for the runtime's
+framework-faithful storage and for ``reshardctl layout show``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Literal
+
+from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, box_shape
+from reshardctl.models.spec import ModelSpec
+
+Side = Literal["train", "infer"]
+
+
+class SideLayout(ABC):
+    """One side's layout of a whole model. Immutable after construction; validated on construction
+    (raise ``LayoutError`` with every violation listed)."""
+
+    side: Side
+    model: ModelSpec
+    world_size: int
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Short human form, e.g. ``megatron tp=4,pp=2,dp=1``."""
+
+    @abstractmethod
+    def placement(self, index: int) -> Placement:
+        """Placement of ``model.tensors[index]``. Must be cheap and return interned templates: it is
+        called once per tensor (90k tensors for DeepSeek-V3)."""
+
+    # Pipeline structure (gather-and-broadcast gathers per stage). Default: a single stage.
+    def num_stages(self) -> int:
+        return 1
+
+    def stage_of(self, index: int) -> int:
+        return 0
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return tuple(range(self.world_size))
+
+    def local_params(self, rank: int) -> list[LocalParam]:
+        """Framework parameters on ``rank`` with their segments. Default: one unfused parameter per
+        (tensor, box), named ``<hf_name>#<k>`` (``<hf_name>`` when the rank holds one box)."""
+        out: list[LocalParam] = []
+        for i, t in enumerate(self.model.tensors):
+            boxes = self.placement(i).holding(rank)
+            for k, box in enumerate(boxes):
+                pname = t.name if len(boxes) == 1 else f"{t.name}#{k}"
+                seg = LocalSegment(t.name, box, pname, (0,) * len(t.shape))
+                out.append(LocalParam(pname, box_shape(box), t.dtype, (seg,)))
+        return out

@@ -1,0 +1,138 @@
+"""The exchange space: an ordered list of HF checkpoint tensors.
+
+Every layout (trainer or inference) is expressed against these names and shapes, never against a
+framework's own parameter names. Fused framework parameters are several HF tensors side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from types import MappingProxyType
+from typing import Any, Mapping
+
+# torch dtype names -> bytes per element. Safetensors names are mapped to these on read.
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
+    {
+        "float64": 8,
+        "float32": 4,
+        "bfloat16": 2,
+        "float16": 2,
+        "float8_e4m3fn": 1,
+        "float8_e5m2": 1,
+        "int64": 8,
+        "int32": 4,
+        "int16": 2,
+        "int8": 1,
+        "uint8": 1,
+        "bool": 1,
+    }
+)
+
+# Coarse roles (used by the hybrid transport and per-role totals).
+ROLES = ("embedding", "attention", "norm", "ffn", "expert", "router", "head", "scale")
+
+# Fine kinds: what a layout rule keys on. Per layer unless noted.
+KINDS = (
+    "embed",  # model.embed_tokens.weight (global) / MTP embed_tokens
+    "lm_head",  # lm_head.weight (global) / MTP shared_head.head
+    "final_norm",  # model.norm.weight
+    "input_norm", "post_attn_norm",
+    "q", "k", "v", "o",  # standard attention projections
+    "q_norm", "k_norm",  # Qwen3 per-head norms [head_dim]
+    "q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "kv_b",  # MLA (DeepSeek)
+    "mlp_gate", "mlp_up", "mlp_down",  # dense MLP
+    "shared_gate", "shared_up", "shared_down",  # shared experts (DeepSeek)
+    "router", "router_bias",  # mlp.gate.weight, mlp.gate.e_score_correction_bias
+    "expert_gate", "expert_up", "expert_down",  # routed experts (TensorSpec.expert set)
+    "mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",  # DeepSeek MTP extras
+    "scale_inv",  # fp8 block scale of another tensor (TensorSpec.scale_of set)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One HF checkpoint tensor."""
+
+    name: str  # exact HF checkpoint name, e.g. "model.layers.7.self_attn.q_proj.weight"
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name, a key of DTYPE_BYTES
+    role: str  # one of ROLES
+    kind: str  # one of KINDS
+    layer: int | None = None  # global decoder layer index (MTP layers continue after the last one)
+    expert: int | None = None  # global routed-expert index
+    scale_of: str | None = None  # for kind == "scale_inv": the weight it scales
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """The architecture numbers layout rules need (HF config names in comments)."""
+
+    arch: str  # "llama" | "qwen3" | "qwen3_moe" | "deepseek_v3"
+    hidden: int  # hidden_size
+    num_layers: int  # num_hidden_layers (main model, without MTP)
+    num_heads: int  # num_attention_heads
+    num_kv_heads: int  # num_key_value_heads (== num_heads for MLA)
+    head_dim: int  # head_dim (explicit for Qwen3; hidden/heads otherwise; qk_nope+qk_rope for MLA q)
+    vocab: int  # vocab_size
+    intermediate: int  # intermediate_size (dense MLP)
+    tie_embeddings: bool = False
+    num_experts: int = 0  # num_experts / n_routed_experts
+    moe_intermediate: int = 0
+    num_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()  # global indices of MoE layers
+    num_mtp_layers: int = 0  # DeepSeek num_nextn_predict_layers included in the spec
+    # MLA (DeepSeek); 0 when absent
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """An ordered, immutable tensor inventory plus the architecture numbers."""
+
+    name: str
+    dims: ModelDims
+    tensors: tuple[TensorSpec, ...]
+    source: str = ""  # where it came from: preset name, config.json path or index path
+    config: Mapping[str, Any] = field(default_factory=dict)  # the HF config (read-only view)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
+        names = [t.name for t in self.tensors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model {self.name}: duplicate tensor names")
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def index(self, name: str) -> int:
+        """Position of a tensor by HF name (O(1) after first call)."""
+        idx = self.__dict__.get("_name_index")
+        if idx is None:
+            idx = {t.name: i for i, t in enumerate(self.tensors)}
+            object.__setattr__(self, "_name_index", idx)
+        return idx[name]
+
+    def tensor(self, name: str) -> TensorSpec:
+        return self.tensors[self.index(name)]
