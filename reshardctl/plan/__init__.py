@@ -1,0 +1,1 @@
+"""Planning: pure functions from (model, trainer layout, inference layout, topology) to transfer plans."""
