@@ -70,9 +70,7 @@ class BroadcastBucket:
     group: tuple[int, ...]
     tensors: tuple[int, ...]  # tensor indices, full tensors, packed in this order
     gather: tuple[PeerRegions, ...]  # (trainer rank, its pieces of these tensors) incl. root itself
-
-    def nbytes(self, tensor_nbytes) -> int:
-        return sum(tensor_nbytes(t) for t in self.tensors)
+    nbytes: int  # bucket size = sum of the full tensors' bytes
 
 
 Step = P2PRound | BroadcastBucket
