@@ -1,0 +1,136 @@
+"""The plan: an immutable result of the planner, replayed at every refit.
+
+A plan holds *units* (identical tensor instances that share one transfer table), *rounds* (global,
+bounded p2p batches that reference slices of units) and, for gather-and-broadcast / hybrid,
+*broadcast buckets*. Per-rank step lists (``steps_for``) are materialised on demand, so a plan for
+DeepSeek-V3 on 512 GPUs never holds millions of Python objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from reshardctl.layout.placement import Box
+from reshardctl.layout.side import SideLayout
+from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.rounds import Round
+from reshardctl.plan.routing import TransferTable
+from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Region, Step
+from reshardctl.topology import Topology
+
+TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
+# Roles the hybrid transport reshards (the dominant bytes); everything else is broadcast.
+HYBRID_RESHARD_ROLES = frozenset({"ffn", "expert"})
+
+
+@dataclass(frozen=True)
+class Unit:
+    """``len(tensors)`` instances of the same transfer table (one stage)."""
+
+    tensors: np.ndarray  # int32 tensor indices
+    table: TransferTable
+    stage: int
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    transport: str
+    model: ModelSpec
+    train: SideLayout
+    infer: SideLayout
+    topology: Topology
+    bucket_bytes: int
+    relay: bool
+    units: tuple[Unit, ...]
+    rounds: tuple[Round, ...]
+    buckets: tuple[BroadcastBucket, ...]
+    fingerprint: str = ""
+    planning_s: float = field(default=0.0, compare=False)
+
+    @property
+    def train_world(self) -> int:
+        return self.topology.train_world
+
+    @property
+    def infer_world(self) -> int:
+        return self.topology.infer_world
+
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    # ---- per-rank views (what the runtime executes) ------------------------------------------
+    def src_holdings(self, train_rank: int) -> dict[int, tuple[Box, ...]]:
+        out = {}
+        for i in range(len(self.model.tensors)):
+            boxes = self.train.placement(i).holding(train_rank)
+            if boxes:
+                out[i] = boxes
+        return out
+
+    def dst_holdings(self, infer_rank: int) -> dict[int, tuple[Box, ...]]:
+        out = {}
+        for i in range(len(self.model.tensors)):
+            boxes = self.infer.placement(i).holding(infer_rank)
+            if boxes:
+                out[i] = boxes
+        return out
+
+    def steps_for(self, rank: int) -> list[Step]:
+        """Ordered steps of one global rank; every step index appears on every rank that takes part."""
+        steps: list[Step] = []
+        for rnd in self.rounds:
+            sends: dict[int, list[Region]] = {}
+            recvs: dict[int, list[Region]] = {}
+            for e in rnd.entries:
+                unit = self.units[e.unit]
+                tab = unit.table
+                sl = slice(e.t_lo, e.t_hi)
+                src, dst = tab.src[sl], tab.dst[sl]
+                mine = np.nonzero((src == rank) | (dst == rank))[0]
+                if mine.size == 0:
+                    continue
+                for inst in unit.tensors[e.inst_lo : e.inst_hi].tolist():
+                    for t in mine.tolist():
+                        j = e.t_lo + t
+                        box = tuple(zip(tab.lo[j].tolist(), tab.hi[j].tolist()))
+                        reg = Region(inst, box, int(tab.nbytes[j]))
+                        if tab.src[j] == rank:
+                            sends.setdefault(int(tab.dst[j]), []).append(reg)
+                        else:
+                            recvs.setdefault(int(tab.src[j]), []).append(reg)
+            if sends or recvs:
+                steps.append(
+                    P2PRound(
+                        rnd.index,
+                        rnd.stage,
+                        tuple(PeerRegions(p, tuple(r)) for p, r in sorted(sends.items())),
+                        tuple(PeerRegions(p, tuple(r)) for p, r in sorted(recvs.items())),
+                    )
+                )
+        for b in self.buckets:
+            if rank in b.group or any(g.peer == rank for g in b.gather):
+                steps.append(b)
+        return steps
+
+    def iter_transfers(self) -> Iterator[tuple[int, int, int, Box, int, int]]:
+        """Every p2p transfer as (tensor index, src, dst, box, nbytes, stage), in round order.
+        Streams (one tuple at a time) for ``--export-transfers``."""
+        for rnd in self.rounds:
+            for e in rnd.entries:
+                unit = self.units[e.unit]
+                tab = unit.table
+                lo, hi = tab.lo[e.t_lo : e.t_hi].tolist(), tab.hi[e.t_lo : e.t_hi].tolist()
+                src, dst = tab.src[e.t_lo : e.t_hi].tolist(), tab.dst[e.t_lo : e.t_hi].tolist()
+                nb = tab.nbytes[e.t_lo : e.t_hi].tolist()
+                for inst in unit.tensors[e.inst_lo : e.inst_hi].tolist():
+                    for k in range(len(src)):
+                        yield inst, src[k], dst[k], tuple(zip(lo[k], hi[k])), nb[k], rnd.stage
+
+    @property
+    def num_transfers(self) -> int:
+        return sum((e.inst_hi - e.inst_lo) * (e.t_hi - e.t_lo) for r in self.rounds for e in r.entries)

@@ -1,0 +1,170 @@
+"""Slot-space intersection of a source template with a destination template.
+
+For a pair of ``ShardTemplate`` objects (trainer side, inference side) this computes, once, every
+*piece*: a box that one destination slot needs and one source replica class holds. Tensors whose
+placements use the same two templates share the result (the planner caches it by template identity).
+
+Exactness: source replica classes are made disjoint first (a region held by two different classes
+is taken from the first), so every destination element comes from exactly one class; a destination
+element held by no class is a ``PlanError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from reshardctl.errors import PlanError
+from reshardctl.layout.placement import Box, ShardTemplate
+
+
+@dataclass(frozen=True)
+class PairPieces:
+    """Pieces in slot space, ordered by destination slot.
+
+    ``piece_key`` is equal for the same piece of two destination replicas (slots with identical
+    holdings), which is what the two-stage (relay) routing groups on.
+    """
+
+    dst_slot: np.ndarray  # int32 [n]
+    src_class: np.ndarray  # int32 [n], index into ``src_classes``
+    piece_key: np.ndarray  # int32 [n]
+    lo: np.ndarray  # int64 [n, ndim]
+    hi: np.ndarray  # int64 [n, ndim]
+    src_classes: tuple[tuple[int, ...], ...]  # source slots of each class (replicas)
+
+    @property
+    def numel(self) -> np.ndarray:
+        return np.prod(self.hi - self.lo, axis=1)
+
+    def __len__(self) -> int:
+        return int(self.dst_slot.shape[0])
+
+
+def _boxes_array(boxes: list[Box], ndim: int) -> tuple[np.ndarray, np.ndarray]:
+    if not boxes:
+        z = np.zeros((0, ndim), dtype=np.int64)
+        return z, z.copy()
+    arr = np.asarray(boxes, dtype=np.int64).reshape(len(boxes), ndim, 2)
+    return arr[:, :, 0], arr[:, :, 1]
+
+
+def _subtract_box(a: Box, b: Box) -> list[Box]:
+    """a minus b as disjoint boxes (at most 2*ndim)."""
+    inter = []
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if lo >= hi:
+            return [a]
+        inter.append((lo, hi))
+    out: list[Box] = []
+    rest = list(a)
+    for d, (lo, hi) in enumerate(inter):
+        a0, a1 = rest[d]
+        if a0 < lo:
+            out.append(tuple(rest[:d]) + ((a0, lo),) + tuple(rest[d + 1 :]))
+        if hi < a1:
+            out.append(tuple(rest[:d]) + ((hi, a1),) + tuple(rest[d + 1 :]))
+        rest[d] = (lo, hi)
+    return out
+
+
+def _disjoint_class_boxes(class_boxes: list[tuple[Box, ...]], ndim: int) -> list[list[Box]]:
+    """Make classes disjoint: class i keeps its boxes minus everything held by classes < i."""
+    lo, hi = _boxes_array([b for boxes in class_boxes for b in boxes], ndim)
+    owner = np.repeat(np.arange(len(class_boxes)), [len(b) for b in class_boxes])
+    if len(lo) > 1:
+        olo = np.maximum(lo[:, None, :], lo[None, :, :])
+        ohi = np.minimum(hi[:, None, :], hi[None, :, :])
+        overlap = np.all(olo < ohi, axis=2) & (owner[:, None] != owner[None, :])
+        if not overlap.any():
+            return [list(b) for b in class_boxes]
+    else:
+        return [list(b) for b in class_boxes]
+    taken: list[Box] = []
+    out: list[list[Box]] = []
+    for boxes in class_boxes:
+        mine: list[Box] = []
+        for box in boxes:
+            parts = [box]
+            for t in taken:
+                parts = [p for q in parts for p in _subtract_box(q, t)]
+            mine.extend(parts)
+        out.append(mine)
+        taken.extend(boxes)
+    return out
+
+
+def intersect_templates(src: ShardTemplate, dst: ShardTemplate, tensor_name: str = "") -> PairPieces:
+    """All pieces (dst slot, src class, box) with exact coverage of every destination box."""
+    if src.shape != dst.shape:
+        raise PlanError(f"{tensor_name}: trainer shape {src.shape} != inference shape {dst.shape}")
+    ndim = len(src.shape)
+    classes = src.replica_classes()
+    cls_boxes = _disjoint_class_boxes([src.holdings[c[0]] for c in classes], ndim)
+    s_lo, s_hi = _boxes_array([b for boxes in cls_boxes for b in boxes], ndim)
+    s_cls = np.repeat(np.arange(len(classes), dtype=np.int32), [len(b) for b in cls_boxes])
+
+    dst_classes = dst.replica_classes()
+    rep_boxes = [(k, b) for k, c in enumerate(dst_classes) for b in dst.holdings[c[0]]]
+    d_lo, d_hi = _boxes_array([b for _, b in rep_boxes], ndim)
+    d_cls = np.asarray([k for k, _ in rep_boxes], dtype=np.int32)
+
+    lo = np.maximum(d_lo[:, None, :], s_lo[None, :, :])
+    hi = np.minimum(d_hi[:, None, :], s_hi[None, :, :])
+    nonempty = np.all(lo < hi, axis=2)
+    di, si = np.nonzero(nonempty)  # row-major: grouped by destination box, then source box
+    p_lo, p_hi = lo[di, si], hi[di, si]
+    p_dcls, p_scls = d_cls[di], s_cls[si]
+
+    # coverage: every destination box fully covered (sources are disjoint, so sums are exact)
+    need = np.prod(d_hi - d_lo, axis=1)
+    got = np.bincount(di, weights=np.prod(p_hi - p_lo, axis=1), minlength=len(need))
+    short = np.nonzero(got.astype(np.int64) != need)[0]
+    if short.size:
+        b = short[0]
+        box = tuple(zip(d_lo[b].tolist(), d_hi[b].tolist()))
+        raise PlanError(
+            f"{tensor_name or 'tensor'}: the trainer layout does not hold every element an inference rank "
+            f"needs: box {box} has {int(need[b])} elements, the trainer ranks hold {int(got[b])} of them"
+            + (f" ({short.size} boxes short)" if short.size > 1 else "")
+        )
+
+    # expand representative pieces to every slot of the destination class
+    keys = np.arange(len(p_dcls), dtype=np.int32)
+    slots_per_cls = [np.asarray(c, dtype=np.int32) for c in dst_classes]
+    counts = np.asarray([len(slots_per_cls[k]) for k in p_dcls], dtype=np.int64)
+    rep_idx = np.repeat(np.arange(len(p_dcls)), counts)
+    dst_slot = (
+        np.concatenate([slots_per_cls[k] for k in p_dcls]) if len(p_dcls) else np.zeros(0, np.int32)
+    )
+    order = np.lexsort((rep_idx, dst_slot))  # by destination slot, pieces in representative order
+    rep_idx = rep_idx[order]
+    return PairPieces(
+        dst_slot=dst_slot[order].astype(np.int32),
+        src_class=p_scls[rep_idx].astype(np.int32),
+        piece_key=keys[rep_idx],
+        lo=p_lo[rep_idx],
+        hi=p_hi[rep_idx],
+        src_classes=classes,
+    )
+
+
+def split_box(box: Box, row_bytes_of, max_bytes: int) -> list[Box]:
+    """Split a box into boxes of at most ``max_bytes``: along the outermost dim with extent > 1,
+    recursing inward when a single slice of that dim is still too big. ``row_bytes_of(box)`` gives
+    the bytes of a box."""
+    if row_bytes_of(box) <= max_bytes:
+        return [box]
+    for d, (a, b) in enumerate(box):
+        if b - a > 1:
+            one = box[:d] + ((a, a + 1),) + box[d + 1 :]
+            per = row_bytes_of(one)
+            if per <= max_bytes:
+                step = max(1, max_bytes // per)
+                return [box[:d] + ((s, min(s + step, b)),) + box[d + 1 :] for s in range(a, b, step)]
+            return [p for s in range(a, b) for p in split_box(box[:d] + ((s, s + 1),) + box[d + 1 :], row_bytes_of, max_bytes)]
+    raise PlanError(f"cannot split box {box} below {max_bytes} bytes (one element is larger)")
+
+
+__all__ = ["PairPieces", "intersect_templates", "split_box"]

@@ -1,0 +1,87 @@
+"""The planner's entry point: ``build_plan`` (pure: no I/O, no cluster probing)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from reshardctl.errors import PlanError
+from reshardctl.layout.side import SideLayout
+from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.broadcast import build_buckets
+from reshardctl.plan.model import HYBRID_RESHARD_ROLES, TRANSPORTS, Plan
+from reshardctl.plan.reshard import build_units, schedule_rounds
+from reshardctl.topology import Topology
+
+
+def build_plan(
+    model: ModelSpec,
+    train: SideLayout,
+    infer: SideLayout,
+    topology: Topology,
+    *,
+    transport: str = "reshard",
+    bucket_bytes: int = 256 << 20,
+    relay: bool = False,
+) -> Plan:
+    """Compute the transfer plan for one transport. Deterministic: same inputs, same fingerprint."""
+    if transport not in TRANSPORTS:
+        raise PlanError(f"unknown transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
+    if bucket_bytes <= 0:
+        raise PlanError(f"bucket size must be > 0 bytes (got {bucket_bytes})")
+    if train.world_size != topology.train_world or infer.world_size != topology.infer_world:
+        raise PlanError(
+            f"layouts have {train.world_size} trainer + {infer.world_size} inference ranks, "
+            f"the topology {topology.train_world} + {topology.infer_world}"
+        )
+    t0 = time.perf_counter()
+    units, rounds, buckets = [], [], []
+    if transport == "reshard":
+        units = build_units(model, train, infer, topology, relay=relay)
+    elif transport == "hybrid":
+        units = build_units(model, train, infer, topology, relay=relay, select=lambda t: t.role in HYBRID_RESHARD_ROLES)
+    if units:
+        units, rounds, _ = schedule_rounds(units, topology.world, bucket_bytes)
+    if transport in ("gather_broadcast", "hybrid"):
+        select = None if transport == "gather_broadcast" else (lambda t: t.role not in HYBRID_RESHARD_ROLES)
+        buckets = build_buckets(model, train, topology, bucket_bytes, first_index=len(rounds), select=select)
+    plan = Plan(
+        transport=transport,
+        model=model,
+        train=train,
+        infer=infer,
+        topology=topology,
+        bucket_bytes=bucket_bytes,
+        relay=relay,
+        units=tuple(units),
+        rounds=tuple(rounds),
+        buckets=tuple(buckets),
+    )
+    object.__setattr__(plan, "fingerprint", fingerprint(plan))
+    object.__setattr__(plan, "planning_s", time.perf_counter() - t0)
+    return plan
+
+
+def fingerprint(plan: Plan) -> str:
+    """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan."""
+    h = hashlib.sha256()
+
+    def put(x) -> None:
+        h.update(repr(x).encode())
+        h.update(b"\0")
+
+    put((plan.transport, plan.bucket_bytes, plan.relay, plan.model.name))
+    for t in plan.model.tensors:
+        put((t.name, t.shape, t.dtype))
+    put((plan.train.describe(), plan.infer.describe(), sorted(plan.topology.describe().items())))
+    for u in plan.units:
+        h.update(u.tensors.tobytes())
+        for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
+            h.update(np.ascontiguousarray(arr).tobytes())
+    for r in plan.rounds:
+        put((r.index, r.stage, [(e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for e in r.entries]))
+    for b in plan.buckets:
+        put(b)
+    return h.hexdigest()[:16]

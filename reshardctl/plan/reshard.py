@@ -1,0 +1,125 @@
+"""The M2N reshard plan: group tensors by placement, intersect once per template pair, route, bucket."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from reshardctl.layout.side import SideLayout
+from reshardctl.models.spec import ModelSpec, TensorSpec
+from reshardctl.plan.model import Unit
+from reshardctl.plan.pairs import PairPieces, intersect_templates, split_box
+from reshardctl.plan.rounds import Round, RoundPacker
+from reshardctl.plan.routing import TransferTable, route
+from reshardctl.topology import Topology
+
+
+def group_tensors(
+    model: ModelSpec, train: SideLayout, infer: SideLayout, select: Callable[[TensorSpec], bool] | None
+) -> list[tuple[object, object, list[int]]]:
+    """Tensors with the same (trainer placement, inference placement, itemsize), in model order."""
+    groups: dict[tuple, tuple[object, object, list[int]]] = {}
+    for i, t in enumerate(model.tensors):
+        if select is not None and not select(t):
+            continue
+        sp, dp = train.placement(i), infer.placement(i)
+        key = (id(sp.template), sp.ranks, id(dp.template), dp.ranks, t.itemsize)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = (sp, dp, [i])
+        else:
+            g[2].append(i)
+    return list(groups.values())
+
+
+def build_units(
+    model: ModelSpec,
+    train: SideLayout,
+    infer: SideLayout,
+    topo: Topology,
+    *,
+    relay: bool,
+    select: Callable[[TensorSpec], bool] | None = None,
+) -> list[Unit]:
+    """Units of identical instances, stage-1 and stage-2 tables separated, in model order."""
+    pair_cache: dict[tuple[int, int], PairPieces] = {}
+    units: list[Unit] = []
+    T = topo.train_world
+    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, select)):
+        pkey = (id(sp.template), id(dp.template))
+        pieces = pair_cache.get(pkey)
+        if pieces is None:
+            pieces = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
+            pair_cache[pkey] = pieces
+        itemsize = model.tensors[members[0]].itemsize
+        src_ranks = np.asarray(sp.ranks, dtype=np.int32)
+        dst_ranks = np.asarray(dp.ranks, dtype=np.int32) + T
+        k = max((len(c) for c in pieces.src_classes), default=1)
+        nsub = min(k, len(members)) if k > 1 else 1
+        members_arr = np.asarray(members, dtype=np.int32)
+        for j in range(nsub):  # rotate source replicas across instances too
+            tensors = members_arr[j::nsub]
+            table = route(pieces, src_ranks, dst_ranks, topo, itemsize, rotation=gi + j, relay=relay)
+            for stage in (1, 2):
+                sel = np.nonzero(table.stage == stage)[0]
+                if sel.size:
+                    units.append(Unit(tensors, table.take(sel), stage, itemsize))
+    return units
+
+
+def staging_vector(table: TransferTable, world: int) -> np.ndarray:
+    return (
+        np.bincount(table.src, weights=table.nbytes, minlength=world)
+        + np.bincount(table.dst, weights=table.nbytes, minlength=world)
+    ).astype(np.int64)
+
+
+def _split_table(table: TransferTable, shape_tail_bytes: Callable, bound: int) -> TransferTable:
+    parts = []
+    for t in range(len(table)):
+        box = tuple(zip(table.lo[t].tolist(), table.hi[t].tolist()))
+        boxes = split_box(box, shape_tail_bytes, bound)
+        lo = np.asarray([[a for a, _ in b] for b in boxes], dtype=np.int64)
+        hi = np.asarray([[z for _, z in b] for b in boxes], dtype=np.int64)
+        n = len(boxes)
+        parts.append(
+            TransferTable(
+                np.full(n, table.src[t], np.int32),
+                np.full(n, table.dst[t], np.int32),
+                np.full(n, table.stage[t], np.int8),
+                lo,
+                hi,
+                np.asarray([shape_tail_bytes(b) for b in boxes], dtype=np.int64),
+            )
+        )
+    return TransferTable.concat(parts)
+
+
+def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int = 0) -> tuple[list[Unit], list[Round], list[np.ndarray]]:
+    """Pack units into rounds (all stage-1 rounds, then stage-2). Oversized instances are split.
+
+    Returns the (possibly re-split) units, the rounds and the staging vector of every round."""
+    out_units: list[Unit] = []
+    rounds: list[Round] = []
+    loads: list[np.ndarray] = []
+    index = first_index
+    for stage in (1, 2):
+        packer = RoundPacker(world, bound, stage, index)
+        for u in (u for u in units if u.stage == stage):
+            vec = staging_vector(u.table, world)
+            if vec.max() <= bound:
+                out_units.append(u)
+                packer.add_unit(len(out_units) - 1, vec, len(u.tensors), len(u.table))
+                continue
+            itemsize = u.itemsize
+            split = _split_table(u.table, lambda b: itemsize * int(np.prod([z - a for a, z in b])), bound)
+            out_units.append(Unit(u.tensors, split, u.stage, itemsize))
+            uid = len(out_units) - 1
+            for inst in range(len(u.tensors)):
+                packer.add_pieces(uid, inst, split.src, split.dst, split.nbytes)
+        packer.close()
+        rounds.extend(packer.rounds)
+        loads.extend(packer.loads)
+        index = packer.next_index
+    return out_units, rounds, loads
