@@ -1,0 +1,326 @@
+"""``parse_profile``: a mapping (from YAML or TOML) -> a validated ``SiteProfile``.
+
+Every problem of one file is collected and reported together in one ``ProfileError``: unknown keys (with
+a did-you-mean), wrong types (key path, expected form, the value given), impossible numbers (with the
+arithmetic). ``null`` (or leaving a key out) means "the default".
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from reshardctl.errors import ProfileError
+from reshardctl.site.hostlist import expand_hostlist
+from reshardctl.site.spec import (
+    ROLES,
+    TRANSPORTS,
+    LinkSpec,
+    RefitSpec,
+    SiteProfile,
+    SlurmSpec,
+    domain_message,
+)
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str  # float | int | bool | str | strlist | strmap | nodes | section | partitions
+    default: Any = None
+    form: str = ""  # the expected form, for messages: "a number of GB/s, e.g. 450"
+    low: float | None = None  # lower bound
+    strict: bool = False  # low is exclusive
+
+
+LINKS = {
+    "nvlink_gbytes_per_s": Key("float", REQUIRED, "a number of GB/s per GPU per direction, e.g. 450", 0, True),
+    "nic_gbits_per_s": Key("float", REQUIRED, "a number of Gbit/s per NIC per direction, e.g. 400", 0, True),
+    "nics_per_node": Key("int", 1, "a whole number of NICs (rails) per node, e.g. 8", 1),
+    "nvlink_latency_us": Key("float", 2.0, "a number of microseconds, e.g. 2", 0),
+    "nic_latency_us": Key("float", 5.0, "a number of microseconds, e.g. 5", 0),
+}
+PARTITIONS = {role: Key("str", None, "a partition name") for role in ROLES}
+SLURM = {
+    "partitions": Key("partitions", None, "a mapping {train: <partition>, infer: <partition>}"),
+    "partition": Key("str", None, "a partition name (shorthand for both roles)"),
+    "account": Key("str", None, "an account name"),
+    "qos": Key("str", None, "a QOS name"),
+    "time_min": Key("int", 30, "a whole number of minutes, e.g. 30", 1),
+    "constraint": Key("str", None, "a Slurm constraint expression, e.g. 'h100&ib'"),
+    "gpus_per_node": Key("int", None, "a whole number of GPUs, e.g. 8", 0),
+    "container_image": Key("str", None, "an image name or path"),
+    "container_mounts": Key("strlist", (), "a list of strings, e.g. ['/scratch:/scratch']"),
+    "modules": Key("strlist", (), "a list of module names, e.g. ['cuda/12.4']"),
+    "env": Key("strmap", {}, "a mapping of NAME: value, e.g. {NCCL_IB_HCA: mlx5}"),
+    "extra_sbatch": Key("strlist", (), "a list of sbatch flags, e.g. ['--exclusive']"),
+    "setup": Key("strlist", (), "a list of shell lines"),
+}
+REFIT = {
+    "transport": Key("str", "reshard", "one of " + ", ".join(TRANSPORTS)),
+    "latency_budget_s": Key("float", 30.0, "a number of seconds, e.g. 30", 0, True),
+    "bucket_mb": Key("float", 256.0, "a number of MiB, e.g. 256", 0, True),
+    "timeout_s": Key("float", 300.0, "a number of seconds, e.g. 300", 0, True),
+    "rendezvous_timeout_s": Key("float", 120.0, "a number of seconds, e.g. 120", 0, True),
+}
+TOP = {
+    "site": Key("str", None, "a name made of letters, digits, '.', '_' and '-'"),
+    "nodes": Key("nodes", REQUIRED, "a node count (e.g. 4), a hostlist ('gpu[001-032]') or a list of names"),
+    "gpus_per_node": Key("int", REQUIRED, "a whole number of GPUs (ranks) per node, e.g. 8", 1),
+    "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1),
+    "cpu_only": Key("bool", False, "true or false"),
+    "links": Key("section", REQUIRED, "a mapping (the links: section)"),
+    "slurm": Key("section", None, "a mapping (the slurm: section)"),
+    "refit": Key("section", None, "a mapping (the refit: section)"),
+}
+SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT}
+ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def describe(value: Any) -> str:
+    """The value as given, with a friendly type name: ``'fast' (a string)``."""
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             tuple: "a list", dict: "a mapping", type(None): "null"}
+    kind = names.get(type(value)) or ("a mapping" if isinstance(value, Mapping) else type(value).__name__)
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({kind})"
+
+
+class _Collector:
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[str] = []
+
+    def add(self, path: str, msg: str) -> None:
+        self.problems.append(f"`{path}`: {msg}" if path else msg)
+
+    def wrong_type(self, path: str, key: Key, value: Any) -> None:
+        hint = ""
+        if isinstance(value, str) and key.kind in ("float", "int"):
+            try:
+                float(value)
+                hint = "; write the number without quotes"
+                if re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):
+                    hint = "; YAML reads an exponent without a dot as text: write e.g. 4.0e2 or 400"
+            except ValueError:
+                hint = "; give the number alone, in the unit of the key name"
+        self.add(path, f"expected {key.form}, got {describe(value)}{hint}")
+
+    def unknown(self, prefix: str, key: Any, known: Mapping[str, Key]) -> None:
+        if not isinstance(key, str):
+            self.add(prefix + str(key), f"keys must be strings, got {describe(key)}")
+            return
+        path = prefix + key
+        match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+        if match:
+            self.add(path, f"unknown key; did you mean `{prefix + match[0]}`?")
+            return
+        # a known key in the wrong section ("nvlink_gbytes_per_s" at the top level)
+        leaves = {p.rsplit(".", 1)[-1]: p for p in ALL_PATHS if not p.startswith(prefix) or p.count(".") != prefix.count(".")}
+        match = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)
+        if match:
+            self.add(path, f"unknown key here; did you mean `{leaves[match[0]]}` (another section)?")
+        else:
+            self.add(path, f"unknown key (known here: {', '.join(known)})")
+
+
+def _section(c: _Collector, data: Any, prefix: str, schema: Mapping[str, Key]) -> dict[str, Any]:
+    """Check one mapping's keys; return the raw values of the known keys (null dropped)."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        c.add(prefix.rstrip("."), f"expected a mapping of keys, got {describe(data)}")
+        return {}
+    out = {}
+    for key, value in data.items():
+        if key not in schema:
+            c.unknown(prefix, key, schema)
+        elif value is not None:
+            out[key] = value
+    for key, spec in schema.items():
+        if spec.default is REQUIRED and key not in out:
+            c.add(prefix + key, f"required key is missing (expected {spec.form})")
+    return out
+
+
+def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: Key) -> Any:
+    """One scalar/list/map value, type-checked; the default when absent or wrong (a problem is recorded)."""
+    path = prefix + key
+    default = None if spec.default is REQUIRED else spec.default
+    if key not in raw:
+        return default
+    v = raw[key]
+    if spec.kind in ("float", "int"):
+        ok = isinstance(v, int) and not isinstance(v, bool)
+        if spec.kind == "float":
+            ok = ok or isinstance(v, float)
+        if not ok:
+            if spec.kind == "int" and isinstance(v, float) and not isinstance(v, bool):
+                c.add(path, f"expected {spec.form} (a whole number), got {describe(v)}")
+            else:
+                c.wrong_type(path, spec, v)
+            return default
+        if spec.kind == "float" and not math.isfinite(v):
+            c.add(path, f"expected {spec.form}, got {describe(v)} (not a finite number)")
+            return default
+        if spec.low is not None and (v <= spec.low if spec.strict else v < spec.low):
+            c.add(path, f"must be {'>' if spec.strict else '>='} {spec.low:g}, got {v!r}")
+            return default
+        return float(v) if spec.kind == "float" else int(v)
+    if spec.kind == "bool":
+        if not isinstance(v, bool):
+            c.wrong_type(path, spec, v)
+            return default
+        return v
+    if spec.kind == "str":
+        if not isinstance(v, str) or not v.strip():
+            c.wrong_type(path, spec, v) if not isinstance(v, str) else c.add(path, f"is empty (expected {spec.form})")
+            return default
+        return v
+    if spec.kind == "strlist":
+        if not isinstance(v, (list, tuple)):
+            c.wrong_type(path, spec, v)
+            return default
+        bad = [i for i, item in enumerate(v) if not isinstance(item, str)]
+        for i in bad:
+            c.add(f"{path}[{i}]", f"expected a string, got {describe(v[i])}")
+        return tuple(v) if not bad else default
+    if spec.kind == "strmap":
+        if not isinstance(v, Mapping):
+            c.wrong_type(path, spec, v)
+            return default
+        out = {}
+        for name, val in v.items():
+            if not isinstance(name, str) or not _ENV_RE.match(name):
+                c.add(f"{path}", f"{describe(name)} is not a valid environment variable name")
+            elif isinstance(val, bool) or not isinstance(val, (str, int)):
+                c.add(f"{path}.{name}", f"expected a string (quote it, e.g. '1'), got {describe(val)}")
+            else:
+                out[name] = str(val)
+        return out
+    raise AssertionError(spec.kind)  # pragma: no cover
+
+
+def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
+    if "nodes" not in raw:
+        return ()
+    v = raw["nodes"]
+    form = TOP["nodes"].form
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            c.add("nodes", f"node count must be >= 1, got {v}")
+            return ()
+        width = max(3, len(str(v)))
+        return tuple(f"node{i:0{width}d}" for i in range(1, v + 1))
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)):
+        c.add("nodes", f"expected {form}, got {describe(v)}")
+        return ()
+    names: list[str] = []
+    for i, item in enumerate(items):
+        path = "nodes" if isinstance(v, str) else f"nodes[{i}]"
+        if not isinstance(item, str):
+            c.add(path, f"expected a host name or hostlist, got {describe(item)}")
+            continue
+        try:
+            names.extend(expand_hostlist(item))
+        except ProfileError as exc:
+            c.add(path, exc.message)
+    if not names and items and not c.problems:
+        c.add("nodes", "is empty")
+    dups = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    if dups:
+        c.add("nodes", f"lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
+    if not isinstance(v, str) and isinstance(v, (list, tuple)) and not v:
+        c.add("nodes", "is an empty list")
+    return tuple(names)
+
+
+def _default_name(source: str) -> str:
+    if source.startswith("builtin:"):
+        return source[len("builtin:"):]
+    return PurePath(source).stem or "site"
+
+
+def parse_profile(data: Mapping, source: str) -> SiteProfile:
+    """Validate a profile mapping (as read from YAML or TOML) and build the ``SiteProfile``.
+
+    ``source`` names where the data came from (a path or ``builtin:<name>``); it heads every message.
+    Raises one ``ProfileError`` listing every problem found.
+    """
+    c = _Collector(source)
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"site profile {source}: expected a mapping of keys at the top level, got {describe(data)}")
+    top = _section(c, data, "", TOP)
+    name = _value(c, top, "", "site", TOP["site"]) or _default_name(source)
+    if not _NAME_RE.match(name):
+        c.add("site", f"{name!r} is not a valid site name ({TOP['site'].form})")
+    nodes = _nodes(c, top)
+    gpus = _value(c, top, "", "gpus_per_node", TOP["gpus_per_node"])
+    domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
+    cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
+
+    lraw = _section(c, top.get("links"), "links.", LINKS) if "links" in top else {}
+    links = {k: _value(c, lraw, "links.", k, spec) for k, spec in LINKS.items()}
+
+    sraw = _section(c, top.get("slurm"), "slurm.", SLURM)
+    slurm = {k: _value(c, sraw, "slurm.", k, spec) for k, spec in SLURM.items() if spec.kind != "partitions"}
+    partitions: dict[str, str] = {}
+    if "partitions" in sraw:
+        praw = _section(c, sraw["partitions"], "slurm.partitions.", PARTITIONS)
+        partitions = {r: v for r in ROLES if (v := _value(c, praw, "slurm.partitions.", r, PARTITIONS[r]))}
+        if "partition" in sraw:
+            c.add("slurm.partition", "give either `slurm.partition` (both roles) or `slurm.partitions`, not both")
+    elif slurm.get("partition"):
+        partitions = {r: slurm["partition"] for r in ROLES}
+    slurm.pop("partition")
+
+    rraw = _section(c, top.get("refit"), "refit.", REFIT)
+    refit = {k: _value(c, rraw, "refit.", k, spec) for k, spec in REFIT.items()}
+    if refit["transport"] not in TRANSPORTS:
+        match = difflib.get_close_matches(refit["transport"], TRANSPORTS, n=1)
+        hint = f"; did you mean {match[0]!r}?" if match else ""
+        c.add("refit.transport", f"must be one of {', '.join(TRANSPORTS)}, got {refit['transport']!r}{hint}")
+
+    # cross-field arithmetic (only with values that passed their own checks)
+    if nodes and domain and len(nodes) % domain:
+        c.add("nvlink_domain_nodes", domain_message(len(nodes), domain))
+    if slurm["gpus_per_node"] is None and not cpu_only and gpus:
+        slurm["gpus_per_node"] = gpus
+    elif slurm["gpus_per_node"] is not None and gpus and not cpu_only and slurm["gpus_per_node"] < gpus:
+        c.add("slurm.gpus_per_node", f"requests {slurm['gpus_per_node']} GPUs per node, but gpus_per_node is {gpus}: "
+              "every rank needs its GPU (set cpu_only: true for CPU ranks)")
+    for i, flag in enumerate(slurm["extra_sbatch"]):
+        if flag.lstrip().upper().startswith("#SBATCH"):
+            c.add(f"slurm.extra_sbatch[{i}]", f"give the flag without '#SBATCH': {flag.split(None, 1)[-1]!r}")
+        elif not flag.startswith("-") or "\n" in flag:
+            c.add(f"slurm.extra_sbatch[{i}]", f"expected one sbatch flag such as '--exclusive', got {flag!r}")
+
+    if c.problems:
+        if len(c.problems) == 1:
+            raise ProfileError(f"site profile {source}: {c.problems[0]}")
+        raise ProfileError(
+            f"site profile {source}: {len(c.problems)} problems:\n" + "\n".join(f"  - {p}" for p in c.problems)
+        )
+    return SiteProfile(
+        name=name,
+        source=source,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        nvlink_domain_nodes=domain,
+        links=LinkSpec(**links),
+        cpu_only=cpu_only,
+        slurm=SlurmSpec(partitions=partitions, **slurm),
+        refit=RefitSpec(**refit),
+    )

@@ -1,0 +1,264 @@
+"""The immutable value objects of a site profile, and their resolved dict form.
+
+Objects are built by ``parse_profile`` (which checks types and collects every problem of a file), but they
+also check their own invariants on construction, so code that builds one by hand cannot make an impossible
+site either. Mappings are stored as ``FrozenMap`` and sequences as tuples: a profile is hashable,
+picklable (submitit) and cannot be changed after loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reshardctl.errors import ProfileError
+
+TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
+ROLES = ("train", "infer")
+MIB = 2**20
+
+
+class FrozenMap(Mapping[str, str]):
+    """A read-only, hashable, picklable ``str -> str`` mapping that keeps insertion order."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, data: Mapping[str, str] | None = None):
+        object.__setattr__(self, "_d", dict(data or {}))
+
+    def __getitem__(self, key: str) -> str:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._d.items())))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("FrozenMap is read-only")
+
+    def __reduce__(self):
+        return (FrozenMap, (self._d,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._d!r})"
+
+
+def _freeze(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+def _raise(problems: list[str], what: str) -> None:
+    if problems:
+        if len(problems) == 1:
+            raise ProfileError(f"{what}: {problems[0]}")
+        raise ProfileError(f"{what}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Link figures of one site. Bandwidths per direction; latencies per message."""
+
+    nvlink_gbytes_per_s: float  # NVLink bandwidth per GPU per direction, GB/s (1e9 bytes)
+    nic_gbits_per_s: float  # per NIC per direction, Gbit/s
+    nics_per_node: int = 1  # rails per node
+    nvlink_latency_us: float = 2.0
+    nic_latency_us: float = 5.0
+
+    def __post_init__(self) -> None:
+        p = []
+        for k in ("nvlink_gbytes_per_s", "nic_gbits_per_s"):
+            if not getattr(self, k) > 0:
+                p.append(f"links.{k} must be > 0, got {getattr(self, k)!r}")
+        if not self.nics_per_node >= 1:
+            p.append(f"links.nics_per_node must be >= 1, got {self.nics_per_node!r}")
+        for k in ("nvlink_latency_us", "nic_latency_us"):
+            if not getattr(self, k) >= 0:
+                p.append(f"links.{k} must be >= 0, got {getattr(self, k)!r}")
+        _raise(p, "invalid LinkSpec")
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:
+        """NVLink bytes/s per GPU per direction."""
+        return self.nvlink_gbytes_per_s * 1e9
+
+    @property
+    def nic_bytes_per_s(self) -> float:
+        """Bytes/s of one NIC per direction."""
+        return self.nic_gbits_per_s * 1e9 / 8
+
+    @property
+    def node_nic_bytes_per_s(self) -> float:
+        """Bytes/s of all NICs (rails) of one node per direction."""
+        return self.nic_bytes_per_s * self.nics_per_node
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """How to ask Slurm for nodes. Empty/None values mean "no such flag" (the cluster's default)."""
+
+    partitions: Mapping[str, str] = field(default_factory=FrozenMap)  # role ("train"/"infer") -> partition
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 30
+    constraint: str | None = None
+    gpus_per_node: int | None = None  # --gpus-per-node; None: no GPU request flag
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=FrozenMap)
+    extra_sbatch: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze(self, "partitions", FrozenMap(self.partitions))
+        _freeze(self, "env", FrozenMap(self.env))
+        for k in ("container_mounts", "modules", "extra_sbatch", "setup"):
+            _freeze(self, k, tuple(getattr(self, k)))
+        p = []
+        bad_roles = [r for r in self.partitions if r not in ROLES]
+        if bad_roles:
+            p.append(f"slurm.partitions has unknown roles {bad_roles} (roles: train, infer)")
+        if not self.time_min >= 1:
+            p.append(f"slurm.time_min must be >= 1 minute, got {self.time_min!r}")
+        if self.gpus_per_node is not None and not self.gpus_per_node >= 0:
+            p.append(f"slurm.gpus_per_node must be >= 0, got {self.gpus_per_node!r}")
+        _raise(p, "invalid SlurmSpec")
+
+
+@dataclass(frozen=True)
+class RefitSpec:
+    """How refits run at this site."""
+
+    transport: str = "reshard"  # "reshard" | "gather_broadcast" | "hybrid"
+    latency_budget_s: float = 30.0
+    bucket_mb: float = 256.0
+    timeout_s: float = 300.0
+    rendezvous_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.transport not in TRANSPORTS:
+            p.append(f"refit.transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}")
+        for k in ("latency_budget_s", "bucket_mb", "timeout_s", "rendezvous_timeout_s"):
+            if not getattr(self, k) > 0:
+                p.append(f"refit.{k} must be > 0, got {getattr(self, k)!r}")
+        _raise(p, "invalid RefitSpec")
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bucket size in bytes (``bucket_mb`` is MiB, 2**20 bytes)."""
+        return int(self.bucket_mb * MIB)
+
+
+@dataclass(frozen=True)
+class SiteProfile:
+    """One site: its nodes, GPUs, NVLink domains, links, Slurm settings and refit settings.
+
+    ``source`` (a file path or ``builtin:<name>``) is provenance, not content: it takes no part in
+    ``==`` or ``hash``, so the same profile read from YAML and from TOML compares equal.
+    """
+
+    name: str
+    source: str = field(compare=False)
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    nvlink_domain_nodes: int
+    links: LinkSpec
+    cpu_only: bool = False
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    refit: RefitSpec = field(default_factory=RefitSpec)
+
+    def __post_init__(self) -> None:
+        _freeze(self, "nodes", tuple(self.nodes))
+        p = []
+        if not self.name:
+            p.append("site name is empty")
+        if not self.nodes:
+            p.append("nodes is empty")
+        dups = sorted({n for n in self.nodes if self.nodes.count(n) > 1}) if len(set(self.nodes)) != len(self.nodes) else []
+        if dups:
+            p.append(f"nodes lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
+        if not self.gpus_per_node >= 1:
+            p.append(f"gpus_per_node must be >= 1, got {self.gpus_per_node!r}")
+        if not self.nvlink_domain_nodes >= 1:
+            p.append(f"nvlink_domain_nodes must be >= 1, got {self.nvlink_domain_nodes!r}")
+        elif self.nodes and len(self.nodes) % self.nvlink_domain_nodes:
+            p.append(domain_message(len(self.nodes), self.nvlink_domain_nodes))
+        _raise(p, f"invalid site profile {self.source}")
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def gpus_per_domain(self) -> int:
+        return self.nvlink_domain_nodes * self.gpus_per_node
+
+    @property
+    def num_domains(self) -> int:
+        return self.num_nodes // self.nvlink_domain_nodes
+
+
+def domain_message(n: int, d: int) -> str:
+    """The arithmetic of a partial NVLink domain, with the nearest whole sizes."""
+    lo, hi = (n // d) * d, (n // d + 1) * d
+    fits = f"{lo} or {hi}" if lo else f"{hi}"
+    return (
+        f"nodes ({n}) is not a multiple of nvlink_domain_nodes ({d}): {n} = {n // d} x {d} + {n % d}; "
+        f"list whole NVLink domains ({fits} nodes) or fix nvlink_domain_nodes"
+    )
+
+
+def profile_to_dict(p: SiteProfile) -> dict:
+    """The resolved profile as plain JSON-able data (defaults filled in, nodes expanded).
+
+    Keys are the profile file's own keys plus ``source``; without ``source`` the dict is itself a
+    valid profile that parses back to an equal ``SiteProfile``. For fingerprints, drop ``source``.
+    """
+    s, l, r = p.slurm, p.links, p.refit
+    return {
+        "site": p.name,
+        "source": p.source,
+        "nodes": list(p.nodes),
+        "gpus_per_node": p.gpus_per_node,
+        "nvlink_domain_nodes": p.nvlink_domain_nodes,
+        "cpu_only": p.cpu_only,
+        "links": {
+            "nvlink_gbytes_per_s": l.nvlink_gbytes_per_s,
+            "nic_gbits_per_s": l.nic_gbits_per_s,
+            "nics_per_node": l.nics_per_node,
+            "nvlink_latency_us": l.nvlink_latency_us,
+            "nic_latency_us": l.nic_latency_us,
+        },
+        "slurm": {
+            "partitions": dict(s.partitions),
+            "account": s.account,
+            "qos": s.qos,
+            "time_min": s.time_min,
+            "constraint": s.constraint,
+            "gpus_per_node": s.gpus_per_node,
+            "container_image": s.container_image,
+            "container_mounts": list(s.container_mounts),
+            "modules": list(s.modules),
+            "env": dict(s.env),
+            "extra_sbatch": list(s.extra_sbatch),
+            "setup": list(s.setup),
+        },
+        "refit": {
+            "transport": r.transport,
+            "latency_budget_s": r.latency_budget_s,
+            "bucket_mb": r.bucket_mb,
+            "timeout_s": r.timeout_s,
+            "rendezvous_timeout_s": r.rendezvous_timeout_s,
+        },
+    }
