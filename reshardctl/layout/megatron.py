@@ -1,0 +1,290 @@
+"""Megatron-Core trainer layout (layout-rules §2): who holds which box of every HF tensor.
+
+Ranks: dense grid ``rank = tp + TP*(cp + CP*(dp + DP*pp))``; expert grid
+``rank = etp + ETP*(ep + EP*(edp + EDP*pp))`` (MoE parallel folding, ``etp`` defaults to ``tp``).
+Both grids have pp outermost, so pipeline stage ``p`` is the contiguous rank block ``[p*S, (p+1)*S)``
+with ``S = TP*CP*DP = ETP*EP*EDP``; every template below is over those ``S`` stage-local slots, and
+dp/cp (dense) or edp (experts) replicas are slots with identical holdings.
+
+Rules: column-parallel rows / row-parallel columns split by TP; ``linear_qkv`` rows interleaved per query
+group then split contiguously (a rank can hold part of a group, §2.3); gated fc1 stride 2
+(``[gate_r; up_r]``); vocab padded to ``ceil(V/(128*TP))*128*TP`` at the end (pad rows are in no box);
+experts in contiguous EP blocks, split by ETP inside, replicated over EDP; routers, router bias and norms
+replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replicated (TE spec;
+``mla_down_proj="column"`` gives the local-spec column split), q_b/kv_b column, o row; MTP layers on the
+last stage; tied embeddings: stage 0 and, when PP > 1, a copy on the last stage (two replica holders).
+fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
+granularity (see ``shard_rules.scale_template``).
+"""
+
+from __future__ import annotations
+
+from reshardctl.errors import LayoutError
+from reshardctl.layout.parallel_spec import ParallelSpec
+from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
+from reshardctl.layout.shard_rules import (
+    Interner, ceil_div, frac, megatron_pp_parts, need_divides, replicated_template, scale_template,
+    split_template,
+)
+from reshardctl.layout.side import SideLayout
+from reshardctl.models.spec import ModelSpec
+
+VOCAB_DIVISOR = 128
+
+REPLICATED_KINDS = frozenset({
+    "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm",
+    "router", "router_bias", "mtp_enorm", "mtp_hnorm", "mtp_head_norm",
+})
+ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "q_b", "kv_b", "mtp_eh_proj"})
+COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
+QKV_KINDS = frozenset({"q", "k", "v"})
+EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
+
+
+def megatron_qkv_runs(np_: int, ng: int, hn: int, tp: int, r: int) -> list[tuple[str, int, int, int]]:
+    """Row runs ``(tensor, hf_row_start, hf_row_end, local_row_start)`` of TP rank ``r``'s ``linear_qkv``.
+
+    Global rows are interleaved per query group ``[q heads of g | k_g | v_g]``; TP splits them contiguously.
+    """
+    qpg = np_ // ng
+    block = (qpg + 2) * hn
+    per = ng * block // tp
+    lo, hi = r * per, (r + 1) * per
+    runs: list[tuple[str, int, int, int]] = []
+    for g in range(lo // block, min(ng, ceil_div(hi, block))):
+        base = g * block
+        for name, s, e, hf0 in (("q", base, base + qpg * hn, g * qpg * hn),
+                                ("k", base + qpg * hn, base + (qpg + 1) * hn, g * hn),
+                                ("v", base + (qpg + 1) * hn, base + block, g * hn)):
+            a, b = max(s, lo), min(e, hi)
+            if a < b:
+                runs.append((name, hf0 + a - s, hf0 + b - s, a - lo))
+    return runs
+
+
+def megatron_padded_vocab(vocab: int, tp: int, divisor: int = VOCAB_DIVISOR) -> int:
+    m = divisor * tp
+    return ceil_div(vocab, m) * m
+
+
+def megatron_vpp_layers(num_layers: int, pp: int, vpp: int, rank: int, chunk: int) -> range:
+    """Global layers of model chunk ``chunk`` on pipeline rank ``rank``: ``[(s*PP+r)*c, (s*PP+r+1)*c)``."""
+    c = num_layers // (pp * vpp)
+    start = (chunk * pp + rank) * c
+    return range(start, start + c)
+
+
+class MegatronLayout(SideLayout):
+    side = "train"
+
+    def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None, *,
+                 mla_down_proj: str = "replicated"):
+        self.model = model
+        self.spec = spec
+        self.mla_down_proj = mla_down_proj
+        d = model.dims
+        problems: list[str] = []
+        TP, PP, CP, EP, VPP = spec.tp, spec.pp, spec.cp, spec.ep, spec.vpp
+        ETP = spec.etp or TP
+        if spec.dp is not None:
+            DP = spec.dp
+        elif world_size is not None and world_size % (TP * CP * PP) == 0:
+            DP = world_size // (TP * CP * PP)
+        elif world_size is not None:
+            DP = 1
+            problems.append(f"world size {world_size} is not a multiple of tp({TP}) x cp({CP}) x pp({PP}) = "
+                            f"{TP * CP * PP} ({frac(world_size, TP * CP * PP)}), so dp cannot be derived")
+        else:
+            DP = 1
+        self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.vpp = TP, PP, CP, DP, EP, ETP, VPP
+        self.world_size = TP * CP * DP * PP
+        self.stage_size = S = TP * CP * DP
+        self.factors = (("tp", TP), ("cp", CP), ("dp", DP), ("pp", PP))
+        if world_size is not None and spec.dp is not None and world_size != self.world_size:
+            problems.append(f"world size tp({TP}) x cp({CP}) x dp({DP}) x pp({PP}) = {self.world_size} ranks, "
+                            f"but {world_size} were given")
+        self.mla = d.kv_lora_rank > 0
+        self.moe = d.num_experts > 0 and bool(d.moe_layers)
+        self._moe_layers = frozenset(d.moe_layers)
+        # --- arithmetic checks (all collected) ---
+        if not self.mla:
+            if need_divides(problems, TP, d.num_heads, f"Megatron tp={TP}", "num_attention_heads"):
+                ng = d.num_kv_heads
+                if ng % TP and TP % ng:
+                    problems.append(f"Megatron tp={TP} and num_query_groups={ng}: one must divide the other "
+                                    f"({ng} % {TP} = {ng % TP}, {TP} % {ng} = {TP % ng})")
+                elif ((d.num_heads + 2 * ng) * d.head_dim) % TP:
+                    problems.append(f"Megatron tp={TP} does not divide linear_qkv rows "
+                                    f"{(d.num_heads + 2 * ng) * d.head_dim}")
+        else:
+            need_divides(problems, TP, d.num_heads, f"Megatron tp={TP}", "num_attention_heads")
+            if mla_down_proj == "column":
+                if d.q_lora_rank:
+                    need_divides(problems, TP, d.q_lora_rank, f"Megatron tp={TP}", "q_lora_rank")
+                need_divides(problems, TP, d.kv_lora_rank + d.qk_rope_head_dim, f"Megatron tp={TP}",
+                             "kv_lora_rank+qk_rope_head_dim")
+            elif mla_down_proj != "replicated":
+                problems.append(f"mla_down_proj={mla_down_proj!r}: expected 'replicated' or 'column'")
+        if any(t.kind == "mlp_gate" for t in model.tensors):
+            need_divides(problems, TP, d.intermediate, f"Megatron tp={TP}", "intermediate_size")
+        if d.num_mtp_layers:
+            need_divides(problems, TP, d.hidden, f"Megatron tp={TP}", "hidden_size (MTP eh_proj)")
+        if self.moe:
+            need_divides(problems, EP, d.num_experts, f"Megatron ep={EP}", "num_experts")
+            need_divides(problems, ETP, d.moe_intermediate, f"Megatron etp={ETP}", "moe_intermediate_size")
+            if d.num_shared_experts:
+                need_divides(problems, TP, d.moe_intermediate * d.num_shared_experts, f"Megatron tp={TP}",
+                             "shared expert intermediate size")
+            if self.world_size % (ETP * EP * PP):
+                problems.append(f"expert grid etp({ETP}) x ep({EP}) x pp({PP}) = {ETP * EP * PP} does not divide "
+                                f"world size {self.world_size} ({frac(self.world_size, ETP * EP * PP)})")
+        elif EP > 1 or spec.etp not in (None, TP):
+            problems.append(f"Megatron ep={EP}/etp={ETP} given but model {model.name} has no routed experts")
+        self.edp = max(1, self.world_size // (ETP * EP * PP))
+        self.experts_per_rank = d.num_experts // EP if d.num_experts and EP else 0
+        # --- pipeline ---
+        L = d.num_layers
+        if VPP > 1:
+            if spec.first_stage_layers or spec.last_stage_layers:
+                problems.append("vpp > 1 with first_stage_layers/last_stage_layers is not supported")
+            if L % (PP * VPP):
+                problems.append(f"pp({PP}) x vpp({VPP}) = {PP * VPP} does not divide {L} layers "
+                                f"({frac(L, PP * VPP)})")
+        parts = megatron_pp_parts(L, PP, spec.first_stage_layers, spec.last_stage_layers, problems)
+        if any(p <= 0 for p in parts) and not problems:
+            problems.append(f"pp={PP} with {L} layers leaves a stage without layers ({parts})")
+        if problems:
+            raise LayoutError(problems, hint=f"model {model.name}; train layout {self.describe()}")
+        # layer -> (pp rank, vpp chunk, local index)
+        self._layer_pos: dict[int, tuple[int, int, int]] = {}
+        if VPP > 1:
+            for r in range(PP):
+                for c in range(VPP):
+                    for i, g in enumerate(megatron_vpp_layers(L, PP, VPP, r, c)):
+                        self._layer_pos[g] = (r, c, i)
+        else:
+            g = 0
+            for r, n in enumerate(parts):
+                for i in range(n):
+                    self._layer_pos[g] = (r, 0, i)
+                    g += 1
+        for k in range(d.num_mtp_layers):
+            self._layer_pos[L + k] = (PP - 1, VPP - 1, k)
+        self._layer_stage = {g: p[0] for g, p in self._layer_pos.items()}
+        self._templates = Interner()
+        self._placements = Interner()
+        self._stage_ranks = tuple(tuple(range(p * S, (p + 1) * S)) for p in range(PP))
+        self._tied_pp = d.tie_embeddings and PP > 1
+        self._stage_index: dict[int, list[int]] | None = None
+
+    # ------------------------------------------------------------------ public
+    def describe(self) -> str:
+        s = f"megatron tp={self.tp},pp={self.pp},dp={self.dp}"
+        if self.cp > 1:
+            s += f",cp={self.cp}"
+        if self.moe or self.ep > 1:
+            s += f",ep={self.ep},etp={self.etp},edp={self.edp}"
+        if self.vpp > 1:
+            s += f",vpp={self.vpp}"
+        return s
+
+    def num_stages(self) -> int:
+        return self.pp
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return self._stage_ranks[stage]
+
+    def stage_of(self, index: int) -> int:
+        t = self.model.tensors[index]
+        if t.layer is not None:
+            return self._layer_stage[t.layer]
+        return 0 if t.kind == "embed" else self.pp - 1
+
+    def layer_position(self, layer: int) -> tuple[int, int, int]:
+        """``(pp rank, vpp chunk, local index)`` of a global layer (MTP: index within the MTP block)."""
+        return self._layer_pos[layer]
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Dense and expert grid coordinates of a rank."""
+        TP, CP, DP, ETP, EP = self.tp, self.cp, self.dp, self.etp, self.ep
+        p, s = divmod(rank, self.stage_size)
+        return {"pp": p, "tp": s % TP, "cp": (s // TP) % CP, "dp": s // (TP * CP),
+                "etp": s % ETP, "ep": (s // ETP) % EP, "edp": s // (ETP * EP)}
+
+    def padded_vocab(self) -> int:
+        return megatron_padded_vocab(self.model.dims.vocab, self.tp)
+
+    def placement(self, index: int) -> Placement:
+        t = self.model.tensors[index]
+        kind = t.kind
+        if kind == "scale_inv":
+            return self._scale_placement(index)
+        if t.layer is not None:
+            stage = self._layer_stage[t.layer]
+        else:
+            stage = 0 if kind == "embed" else self.pp - 1
+        block = t.expert // self.experts_per_rank if t.expert is not None else -1
+        key = (kind, t.shape, stage, block, t.layer is None)
+        p = self._placements._d.get(key)
+        if p is None:
+            p = self._placements.get(key, lambda: self._build_placement(kind, t.shape, stage, block, t.layer))
+        return p
+
+    def local_params(self, rank: int) -> list[LocalParam]:
+        from reshardctl.layout.megatron_params import megatron_local_params
+
+        return megatron_local_params(self, rank)
+
+    # ------------------------------------------------------------------ internals
+    def stage_tensor_indices(self, stage: int) -> list[int]:
+        if self._stage_index is None:
+            idx: dict[int, list[int]] = {p: [] for p in range(self.pp)}
+            for i in range(len(self.model.tensors)):
+                pl = self.placement(i)
+                for p in sorted({r // self.stage_size for r in pl.ranks}):
+                    idx[p].append(i)
+            self._stage_index = idx
+        return self._stage_index[stage]
+
+    def _scale_placement(self, index: int) -> Placement:
+        t = self.model.tensors[index]
+        w = self.placement(self.model.index(t.scale_of))
+        tmpl = self._templates.get(("scale", id(w.template), t.shape),
+                                   lambda: scale_template(w.template, t.shape))
+        return self._placements.get(("scale", id(tmpl), w.ranks), lambda: Placement(tmpl, w.ranks))
+
+    def _build_placement(self, kind: str, shape: tuple[int, ...], stage: int, block: int, layer) -> Placement:
+        tmpl = self._templates.get((kind, shape, block), lambda: self._build_template(kind, shape, block))
+        ranks = self._stage_ranks[stage]
+        if kind == "embed" and layer is None and self._tied_pp:
+            # tied embeddings: stage 0 holds embedding.word_embeddings, the last stage output_layer (a copy)
+            tmpl = self._templates.get(("tied", shape), lambda: ShardTemplate(shape, tmpl.holdings * 2))
+            ranks = ranks + self._stage_ranks[-1]
+        return Placement(tmpl, ranks)
+
+    def _tp_index(self) -> list[int]:
+        return [s % self.tp for s in range(self.stage_size)]
+
+    def _build_template(self, kind: str, shape: tuple[int, ...], block: int) -> ShardTemplate:
+        S, TP = self.stage_size, self.tp
+        d = self.model.dims
+        if kind in REPLICATED_KINDS or (kind in ("q_a", "kv_a") and self.mla_down_proj == "replicated"):
+            return replicated_template(shape, S)
+        if kind in ("embed", "lm_head"):
+            vp = megatron_padded_vocab(shape[0], TP)
+            return split_template(shape, 0, TP, self._tp_index(), per=vp // TP, limit=shape[0])
+        if kind in QKV_KINDS and not self.mla:
+            per_rank = []
+            for r in range(TP):
+                runs = megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r)
+                per_rank.append(tuple(((a, b), (0, shape[1])) for (n, a, b, _) in runs if n == kind))
+            return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
+        if kind in ROW_SPLIT_KINDS or kind in ("q_a", "kv_a") or (kind == "q" and self.mla):
+            return split_template(shape, 0, TP, self._tp_index())
+        if kind in COL_SPLIT_KINDS:
+            return split_template(shape, 1, TP, self._tp_index())
+        if kind in EXPERT_KINDS:
+            ETP, EP = self.etp, self.ep
+            idx = [s % ETP if (s // ETP) % EP == block else None for s in range(S)]
+            return split_template(shape, 1 if kind == "expert_down" else 0, ETP, idx)
+        return replicated_template(shape, S)  # unknown kinds: replicated over the stage

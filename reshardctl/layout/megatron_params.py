@@ -1,0 +1,137 @@
+"""Megatron-Core parameter names on one rank (layout-rules §2.11), with the HF segments inside them.
+
+Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices
+(``mlp.experts.linear_fc1.weight{i}``, global expert ``= ep_rank*E_local + i``), TE fused norms
+(``linear_qkv.layer_norm_weight``, ``mlp.linear_fc1.layer_norm_weight``), and, with vpp > 1, a
+``model{chunk}.`` prefix per virtual pipeline chunk. MTP layers are ``mtp.layers.{k}.`` (inner layer under
+``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
+Dtypes: router weight and expert bias fp32; fp8 HF weights are bf16 in the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reshardctl.layout.placement import LocalParam, LocalSegment, box_shape
+
+if TYPE_CHECKING:
+    from reshardctl.layout.megatron import MegatronLayout
+
+_ATTN = {
+    "q_norm": "self_attention.q_layernorm.weight",
+    "k_norm": "self_attention.k_layernorm.weight",
+    "o": "self_attention.linear_proj.weight",
+    "q_a": "self_attention.linear_q_down_proj.weight",
+    "q_a_norm": "self_attention.linear_q_up_proj.layer_norm_weight",
+    "q_b": "self_attention.linear_q_up_proj.weight",
+    "kv_a": "self_attention.linear_kv_down_proj.weight",
+    "kv_a_norm": "self_attention.linear_kv_up_proj.layer_norm_weight",
+    "kv_b": "self_attention.linear_kv_up_proj.weight",
+    "mlp_down": "mlp.linear_fc2.weight",
+    "shared_down": "mlp.shared_experts.linear_fc2.weight",
+    "router": "mlp.router.weight",
+    "router_bias": "mlp.router.expert_bias",
+}
+_MTP_OUTER = {
+    "mtp_enorm": "enorm.weight",
+    "mtp_hnorm": "hnorm.weight",
+    "mtp_eh_proj": "eh_proj.weight",
+    "mtp_head_norm": "final_layernorm.weight",
+}
+
+
+def _dtype(kind: str, dtype: str) -> str:
+    if kind in ("router", "router_bias"):
+        return "float32"
+    return "bfloat16" if dtype.startswith("float8") else dtype
+
+
+def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
+    from reshardctl.layout.megatron import megatron_qkv_runs
+
+    d = lay.model.dims
+    c = lay.coords(rank)
+    stage, tp, etp, epr = c["pp"], c["tp"], c["etp"], c["ep"]
+    TP, ETP, L = lay.tp, lay.etp, d.num_layers
+    vp_first = "model0." if lay.vpp > 1 else ""
+    vp_last = f"model{lay.vpp - 1}." if lay.vpp > 1 else ""
+    qkv_local: dict[tuple[str, int], int] = {}
+    qkv_rows = 0
+    if not lay.mla and d.num_heads:
+        qkv_rows = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim // TP
+        qkv_local = {(n, a): loc for n, a, _, loc in megatron_qkv_runs(d.num_heads, d.num_kv_heads,
+                                                                       d.head_dim, TP, tp)}
+    vocab_rows = lay.padded_vocab() // TP
+    params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
+
+    def add(name: str, shape: tuple[int, ...], dtype: str, hf: str, box, offset: tuple[int, ...]) -> None:
+        entry = params.get(name)
+        if entry is None:
+            entry = params[name] = (shape, dtype, [])
+        entry[2].append(LocalSegment(hf, box, name, offset))
+
+    for i in lay.stage_tensor_indices(stage):
+        t = lay.model.tensors[i]
+        boxes = lay.placement(i).holding(rank)
+        if not boxes:
+            continue
+        kind, dt = t.kind, _dtype(t.kind, t.dtype)
+        if t.layer is not None:
+            _, chunk, local = lay.layer_position(t.layer)
+            vp = f"model{chunk}." if lay.vpp > 1 else ""
+            if t.layer >= L:
+                outer = f"{vp}mtp.layers.{local}."
+                inner = outer + "transformer_layer."
+            else:
+                outer = inner = f"{vp}decoder.layers.{local}."
+        else:
+            outer = inner = ""
+        for k, box in enumerate(boxes):
+            zero = (0,) * len(t.shape)
+            if kind in ("embed", "lm_head"):
+                if kind == "embed" and t.layer is None:
+                    on_last = lay.pp > 1 and stage == lay.pp - 1 and d.tie_embeddings
+                    name = f"{vp_last}output_layer.weight" if on_last else f"{vp_first}embedding.word_embeddings.weight"
+                elif kind == "embed":  # MTP embed_tokens: the last stage's embedding copy
+                    name = f"{vp_last}embedding.word_embeddings.weight"
+                else:
+                    name = f"{vp_last}output_layer.weight"
+                add(name, (vocab_rows,) + t.shape[1:], dt, t.name, box, zero)
+            elif kind == "final_norm":
+                add(f"{vp_last}decoder.final_layernorm.weight", t.shape, dt, t.name, box, zero)
+            elif kind == "input_norm":
+                sfx = "input_layernorm.weight" if lay.mla else "self_attention.linear_qkv.layer_norm_weight"
+                add(inner + sfx, t.shape, dt, t.name, box, zero)
+            elif kind == "post_attn_norm":
+                moe = t.layer in lay._moe_layers or (t.layer is not None and t.layer >= L and lay.moe)
+                sfx = "pre_mlp_layernorm.weight" if moe else "mlp.linear_fc1.layer_norm_weight"
+                add(inner + sfx, t.shape, dt, t.name, box, zero)
+            elif kind in ("q", "k", "v") and not lay.mla:
+                add(inner + "self_attention.linear_qkv.weight", (qkv_rows, t.shape[1]), dt, t.name, box,
+                    (qkv_local[(kind, box[0][0])], 0))
+            elif kind == "q":  # MLA without q_lora_rank
+                add(inner + "self_attention.linear_q_proj.weight", box_shape(box), dt, t.name, box, zero)
+            elif kind in ("mlp_gate", "mlp_up", "shared_gate", "shared_up"):
+                per = t.shape[0] // TP
+                sfx = "mlp.linear_fc1.weight" if kind.startswith("mlp") else "mlp.shared_experts.linear_fc1.weight"
+                off = box[0][0] - tp * per + (per if kind.endswith("up") else 0)
+                add(inner + sfx, (2 * per, t.shape[1]), dt, t.name, box, (off, 0))
+            elif kind in ("expert_gate", "expert_up", "expert_down"):
+                li = t.expert - epr * lay.experts_per_rank
+                if kind == "expert_down":
+                    per = t.shape[1] // ETP
+                    add(f"{inner}mlp.experts.linear_fc2.weight{li}", (t.shape[0], per), dt, t.name, box,
+                        (0, box[1][0] - etp * per))
+                else:
+                    per = t.shape[0] // ETP
+                    off = box[0][0] - etp * per + (per if kind == "expert_up" else 0)
+                    add(f"{inner}mlp.experts.linear_fc1.weight{li}", (2 * per, t.shape[1]), dt, t.name, box,
+                        (off, 0))
+            elif kind in _ATTN:
+                add(inner + _ATTN[kind], box_shape(box), dt, t.name, box, zero)
+            elif kind in _MTP_OUTER:
+                add(outer + _MTP_OUTER[kind], box_shape(box), dt, t.name, box, zero)
+            else:  # scale_inv and anything unknown: one unfused param per box under the HF name
+                name = t.name if len(boxes) == 1 else f"{t.name}#{k}"
+                add(name, box_shape(box), dt, t.name, box, zero)
+    return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]

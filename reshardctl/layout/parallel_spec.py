@@ -1,0 +1,114 @@
+"""Parallelism strings (``--train "tp=4,pp=2,ep=2"``, ``--infer "tp=8,dp=2"``) -> ``ParallelSpec``.
+
+Keys (all positive integers unless noted; every key optional):
+
+==================== =========================================================================
+``tp``               tensor parallel size (default 1)
+``pp``               pipeline parallel size (default 1)
+``ep``               expert parallel size (default 1). vLLM: ``ep=N`` switches expert parallel on
+                     and must equal ``dp*tp`` (vLLM's EP group is the flattened DP x TP ranks).
+``etp``              Megatron expert tensor parallel size (default: ``tp``)
+``dp``               data parallel size. May be omitted: it is then derived from the world size
+                     (``world / (tp*cp*pp)``) when the layout is given one, else 1.
+``cp``               Megatron context parallel size (default 1)
+``vpp``              Megatron virtual pipeline chunks per pipeline rank (default 1)
+``first_stage_layers`` / ``last_stage_layers``
+                     Megatron uneven pipeline split (``num_layers_in_first/last_pipeline_stage``)
+``expert_parallel``  vLLM ``enable_expert_parallel`` (true/false/1/0/on/off/yes/no); default:
+                     on when ``ep > 1``
+==================== =========================================================================
+
+Aliases: ``first``/``last`` for the stage-layer keys, ``ep_enabled`` for ``expert_parallel``.
+Separators: ``,`` or whitespace. Errors are collected and raised together as one ``LayoutError``
+naming the flag, the key and a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+
+from reshardctl.errors import LayoutError
+
+_INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers")
+_BOOL_KEYS = ("expert_parallel",)
+_ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel"}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """One side's parallel sizes. ``dp=None`` means "derive from the world size"; ``etp=None`` = ``tp``."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    dp: int | None = None
+    cp: int = 1
+    vpp: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    expert_parallel: bool | None = None
+
+    def __str__(self) -> str:
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            default = f.default
+            if v is None or (v == default and f.name not in ("tp", "pp")):
+                continue
+            parts.append(f"{f.name}={str(v).lower() if isinstance(v, bool) else v}")
+        return ",".join(parts)
+
+    def with_dp(self, dp: int) -> "ParallelSpec":
+        return ParallelSpec(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "dp": dp})
+
+
+def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
+    """Parse ``"tp=4,pp=2,ep=2"``. Empty or None gives the all-defaults spec."""
+    if text is None or not text.strip():
+        return ParallelSpec()
+    problems: list[str] = []
+    values: dict[str, object] = {}
+    known = list(_INT_KEYS) + list(_BOOL_KEYS) + list(_ALIASES)
+    for item in text.replace(",", " ").split():
+        if "=" not in item:
+            problems.append(f"{flag} {text!r}: {item!r} is not key=value (e.g. tp=4)")
+            continue
+        key, _, raw = item.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        raw = raw.strip()
+        canon = _ALIASES.get(key, key)
+        if canon not in _INT_KEYS and canon not in _BOOL_KEYS:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(
+                f"{flag}: unknown key {key!r}{hint} (known: {', '.join(_INT_KEYS + _BOOL_KEYS)})"
+            )
+            continue
+        if canon in values:
+            problems.append(f"{flag}: key {key!r} given twice")
+            continue
+        if canon in _BOOL_KEYS:
+            low = raw.lower()
+            if low in _TRUE:
+                values[canon] = True
+            elif low in _FALSE:
+                values[canon] = False
+            else:
+                problems.append(f"{flag}: {key}={raw!r} is not a boolean (true/false/1/0/on/off)")
+            continue
+        try:
+            n = int(raw)
+        except ValueError:
+            problems.append(f"{flag}: {key}={raw!r} is not an integer")
+            continue
+        if n <= 0:
+            problems.append(f"{flag}: {key}={n} must be a positive integer")
+            continue
+        values[canon] = n
+    if problems:
+        raise LayoutError(problems, hint=f"{flag} takes e.g. \"tp=4,pp=2,ep=2\"")
+    return ParallelSpec(**values)  # type: ignore[arg-type]

@@ -1,0 +1,148 @@
+"""Small pure helpers shared by the Megatron and vLLM layouts: 1-D splits, template interning,
+derived fp8 block-scale templates, arithmetic in messages, pipeline splits."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from reshardctl.layout.placement import Box, ShardTemplate, full_box
+
+SCALE_BLOCK = 128  # DeepSeek fp8 weight_block_size
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def frac(a: int, b: int) -> str:
+    """``64/3 = 21.33`` style arithmetic for messages."""
+    q = a / b
+    return f"{a}/{b} = {q:.2f}".rstrip("0").rstrip(".") if q != int(q) else f"{a}/{b} = {int(q)}"
+
+
+def need_divides(problems: list[str], d: int, n: int, what: str, name: str) -> bool:
+    """Append ``"{what} does not divide {name}={n} (n/d = x)"`` unless d divides n."""
+    if d <= 0 or n % d:
+        problems.append(f"{what} does not divide {name}={n} ({frac(n, d)})")
+        return False
+    return True
+
+
+def span_boxes(shape: tuple[int, ...], dim: int, start: int, end: int) -> tuple[Box, ...]:
+    """One box selecting ``[start, end)`` along ``dim`` (clipped to the shape); empty tuple if empty."""
+    end = min(end, shape[dim])
+    if end <= start:
+        return ()
+    box = list(full_box(shape))
+    box[dim] = (start, end)
+    return (tuple(box),)
+
+
+def split_template(
+    shape: tuple[int, ...], dim: int, n: int, slot_index: Sequence[int | None], per: int | None = None,
+    limit: int | None = None,
+) -> ShardTemplate:
+    """Contiguous split of ``dim`` into ``n`` pieces of ``per`` (default ``shape[dim]//n``) rows; slot ``s``
+    holds piece ``slot_index[s]`` (None = nothing). ``limit`` clips (real rows of a padded vocab)."""
+    per = shape[dim] // n if per is None else per
+    lim = shape[dim] if limit is None else min(limit, shape[dim])
+    pieces = [span_boxes(shape, dim, k * per, min((k + 1) * per, lim)) for k in range(n)]
+    return ShardTemplate(shape, tuple(() if k is None else pieces[k] for k in slot_index))
+
+
+def replicated_template(shape: tuple[int, ...], slots: int) -> ShardTemplate:
+    return ShardTemplate(shape, (((full_box(shape)),),) * slots)
+
+
+def scale_template(weight: ShardTemplate, scale_shape: tuple[int, ...], block: int = SCALE_BLOCK) -> ShardTemplate:
+    """The fp8 ``weight_scale_inv`` split that follows a weight's split at ``block`` granularity.
+
+    Exact when every weight box edge is block-aligned (or at the weight's end); otherwise every slot
+    holding any part of the weight holds the whole scale tensor (a replica), so coverage stays exact.
+    """
+    nd = len(scale_shape)
+    wshape = weight.shape[-nd:] if len(weight.shape) >= nd else weight.shape
+    aligned = True
+    for holding in weight.holdings:
+        for box in holding:
+            for d, (a, b) in enumerate(box[-nd:]):
+                if a % block or (b % block and b != wshape[d]):
+                    aligned = False
+    out = []
+    for holding in weight.holdings:
+        if not holding:
+            out.append(())
+        elif aligned:
+            out.append(tuple(tuple((a // block, min(ceil_div(b, block), scale_shape[d])) for d, (a, b)
+                                   in enumerate(box[-nd:])) for box in holding))
+        else:
+            out.append((full_box(scale_shape),))
+    return ShardTemplate(scale_shape, tuple(out))
+
+
+class Interner:
+    """Dict cache: ``get(key, build)`` returns the one object built for ``key``."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self) -> None:
+        self._d: dict = {}
+
+    def get(self, key, build: Callable[[], object]):
+        v = self._d.get(key)
+        if v is None:
+            v = build()
+            self._d[key] = v
+        return v
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def vllm_pp_parts(num_layers: int, pp: int) -> list[int]:
+    """vLLM ``get_pp_indices``: ``[L//PP]*PP``; remainder r goes to the stages just before the last
+    (``parts[-i] += 1 for i in 2..r+1``)."""
+    parts = [num_layers // pp] * pp
+    rem = num_layers % pp
+    for i in range(2, rem + 2):
+        parts[-i] += 1
+    return parts
+
+
+def megatron_pp_parts(num_layers: int, pp: int, first: int | None, last: int | None,
+                      problems: list[str]) -> list[int]:
+    """Megatron layers per pipeline rank: even split (must divide) or first/last-stage overrides with the
+    rest split evenly over the middle stages (must divide)."""
+    if first is None and last is None:
+        if num_layers % pp:
+            problems.append(f"pp={pp} does not divide {num_layers} layers ({frac(num_layers, pp)}; "
+                            f"give first_stage_layers/last_stage_layers)")
+            return [ceil_div(num_layers, pp)] * pp
+        return [num_layers // pp] * pp
+    if pp == 1:
+        problems.append("first_stage_layers/last_stage_layers need pp > 1")
+        return [num_layers]
+    f = first if first is not None else None
+    la = last if last is not None else None
+    middle = pp - (f is not None) - (la is not None)
+    rest = num_layers - (f or 0) - (la or 0)
+    if rest < 0:
+        problems.append(f"first_stage_layers + last_stage_layers = {(f or 0) + (la or 0)} > {num_layers} layers")
+        return [1] * pp
+    if middle == 0:
+        if rest:
+            problems.append(f"pp={pp}: first_stage_layers({f}) + last_stage_layers({la}) = {f + la} "
+                            f"!= {num_layers} layers")
+        per = 0
+    elif rest % middle:
+        problems.append(f"the {rest} layers left after the first/last-stage overrides do not split evenly "
+                        f"over the {middle} other stages ({frac(rest, middle)})")
+        per = ceil_div(rest, middle)
+    else:
+        per = rest // middle
+    parts = [per] * pp
+    if f is not None:
+        parts[0] = f
+    if la is not None:
+        parts[-1] = la
+    return parts
