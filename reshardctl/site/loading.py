@@ -90,6 +90,10 @@ def _find_by_name(name: str) -> tuple[Path, str]:
 
 def _read(path: Path, label: str) -> Any:
     """Read and parse one file; every failure becomes a ProfileError naming the file."""
+    if path.is_dir():
+        raise ProfileError(f"cannot read site profile {label}: it is a directory, not a file")
+    if not path.exists():
+        raise ProfileError(f"cannot read site profile {label}: no such file")
     if path.suffix.lower() not in SUFFIXES:
         raise ProfileError(f"site profile {label}: unknown file type {path.suffix!r} (use .yaml, .yml or .toml)")
     try:
