@@ -1,0 +1,162 @@
+"""What each supported architecture's checkpoint holds, as tables.
+
+A decoder layer is a sequence of *blocks*; a block is a tuple of ``(name suffix, kind, shape, dtype)``
+rows. Shapes are written with symbols (``"H"``, ``"Q"``, ...) that :func:`symbols` resolves from the
+architecture numbers, so every architecture is a few lines of table, not code. ``dtype`` ``None``
+means the model dtype (``torch_dtype``).
+
+Symbols: H hidden, V vocab, hd head_dim, Q nh*hd, KV nkv*hd, I intermediate, Im moe_intermediate,
+E routed experts, S shared-expert width (Im*n_shared), H2 2*H; MLA: QL q_lora_rank,
+QH nh*(nope+rope), KVA kv_lora+rope, KVL kv_lora_rank, KVB nh*(nope+v), OV nh*v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from reshardctl.models.spec import ModelDims
+
+Row = tuple[str, str, tuple[str, ...], "str | None"]
+Block = tuple[Row, ...]
+
+# kind -> role (ROLES in spec.py). MTP's eh_proj is a dense linear: "ffn".
+KIND_ROLE: dict[str, str] = {
+    "embed": "embedding",
+    "lm_head": "head",
+    **dict.fromkeys(
+        ("final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm",
+         "mtp_enorm", "mtp_hnorm", "mtp_head_norm"),
+        "norm",
+    ),
+    **dict.fromkeys(("q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b"), "attention"),
+    **dict.fromkeys(("mlp_gate", "mlp_up", "mlp_down", "shared_gate", "shared_up", "shared_down",
+                     "mtp_eh_proj"), "ffn"),
+    "router": "router",
+    "router_bias": "router",
+    **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), "expert"),
+    "scale_inv": "scale",
+}
+
+# Linear weights stored as fp8 (with a fp32 ``weight_scale_inv``) in block-fp8 checkpoints
+# (DeepSeek-V3 and Qwen3 "-FP8"). Embeddings, lm_head, norms, the router and eh_proj stay bf16.
+FP8_KINDS = frozenset(
+    ("q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b", "mlp_gate", "mlp_up", "mlp_down",
+     "shared_gate", "shared_up", "shared_down", "expert_gate", "expert_up", "expert_down")
+)
+
+# ---- blocks (the fixed order inside a layer) -----------------------------------------------------
+INPUT_NORM: Block = (("input_layernorm.weight", "input_norm", ("H",), None),)
+POST_NORM: Block = (("post_attention_layernorm.weight", "post_attn_norm", ("H",), None),)
+GQA: Block = (
+    ("self_attn.q_proj.weight", "q", ("Q", "H"), None),
+    ("self_attn.k_proj.weight", "k", ("KV", "H"), None),
+    ("self_attn.v_proj.weight", "v", ("KV", "H"), None),
+    ("self_attn.o_proj.weight", "o", ("H", "Q"), None),
+)
+QK_NORM: Block = (
+    ("self_attn.q_norm.weight", "q_norm", ("hd",), None),
+    ("self_attn.k_norm.weight", "k_norm", ("hd",), None),
+)
+MLA_Q_LORA: Block = (
+    ("self_attn.q_a_proj.weight", "q_a", ("QL", "H"), None),
+    ("self_attn.q_a_layernorm.weight", "q_a_norm", ("QL",), None),
+    ("self_attn.q_b_proj.weight", "q_b", ("QH", "QL"), None),
+)
+MLA_Q_DIRECT: Block = (("self_attn.q_proj.weight", "q", ("QH", "H"), None),)  # q_lora_rank null
+MLA_KV: Block = (
+    ("self_attn.kv_a_proj_with_mqa.weight", "kv_a", ("KVA", "H"), None),
+    ("self_attn.kv_a_layernorm.weight", "kv_a_norm", ("KVL",), None),
+    ("self_attn.kv_b_proj.weight", "kv_b", ("KVB", "KVL"), None),
+    ("self_attn.o_proj.weight", "o", ("H", "OV"), None),
+)
+DENSE_MLP: Block = (
+    ("mlp.gate_proj.weight", "mlp_gate", ("I", "H"), None),
+    ("mlp.up_proj.weight", "mlp_up", ("I", "H"), None),
+    ("mlp.down_proj.weight", "mlp_down", ("H", "I"), None),
+)
+ROUTER: Block = (("mlp.gate.weight", "router", ("E", "H"), None),)
+ROUTER_BIAS: Block = (("mlp.gate.e_score_correction_bias", "router_bias", ("E",), "float32"),)
+EXPERT: Block = (  # repeated for e in range(E); "{e}" is filled in
+    ("mlp.experts.{e}.gate_proj.weight", "expert_gate", ("Im", "H"), None),
+    ("mlp.experts.{e}.up_proj.weight", "expert_up", ("Im", "H"), None),
+    ("mlp.experts.{e}.down_proj.weight", "expert_down", ("H", "Im"), None),
+)
+SHARED: Block = (
+    ("mlp.shared_experts.gate_proj.weight", "shared_gate", ("S", "H"), None),
+    ("mlp.shared_experts.up_proj.weight", "shared_up", ("S", "H"), None),
+    ("mlp.shared_experts.down_proj.weight", "shared_down", ("H", "S"), None),
+)
+# DeepSeek MTP layer: these around a full decoder layer (same prefix model.layers.{L+i}.)
+MTP_BEFORE: Block = (
+    ("embed_tokens.weight", "embed", ("V", "H"), None),
+    ("enorm.weight", "mtp_enorm", ("H",), None),
+    ("hnorm.weight", "mtp_hnorm", ("H",), None),
+    ("eh_proj.weight", "mtp_eh_proj", ("H", "H2"), None),
+)
+MTP_AFTER: Block = (
+    ("shared_head.norm.weight", "mtp_head_norm", ("H",), None),
+    ("shared_head.head.weight", "lm_head", ("V", "H"), None),
+)
+EMBED: Row = ("model.embed_tokens.weight", "embed", ("V", "H"), None)
+FINAL_NORM: Row = ("model.norm.weight", "final_norm", ("H",), None)
+LM_HEAD: Row = ("lm_head.weight", "lm_head", ("V", "H"), None)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: its ``ModelDims.arch`` name, attention blocks and MoE blocks."""
+
+    key: str
+    attention: Callable[[ModelDims], tuple[Block, ...]]
+    moe: tuple[Block, ...] = ()  # blocks of a MoE layer's FFN, EXPERT repeated per expert
+    mtp: bool = False  # has DeepSeek-style MTP layers (num_nextn_predict_layers)
+
+    def layer_blocks(self, dims: ModelDims, layer: int) -> tuple[Block, ...]:
+        ffn = self.moe if layer in dims.moe_layers else (DENSE_MLP,)
+        return (INPUT_NORM, *self.attention(dims), POST_NORM, *ffn)
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", lambda d: (GQA,)),
+    "qwen3": Arch("qwen3", lambda d: (GQA, QK_NORM)),
+    "qwen3_moe": Arch("qwen3_moe", lambda d: (GQA, QK_NORM), moe=(ROUTER, EXPERT)),
+    "deepseek_v3": Arch(
+        "deepseek_v3",
+        lambda d: (MLA_Q_LORA if d.q_lora_rank else MLA_Q_DIRECT, MLA_KV),
+        moe=(ROUTER, ROUTER_BIAS, EXPERT, SHARED),
+        mtp=True,
+    ),
+}
+
+# HF ``architectures[0]`` / ``model_type`` -> ARCHS key
+BY_CLASS = {
+    "LlamaForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+}
+BY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+
+
+def symbols(d: ModelDims) -> dict[str, int]:
+    """The shape symbols of the tables above, for these dims."""
+    nh = d.num_heads
+    return {
+        "H": d.hidden,
+        "H2": 2 * d.hidden,
+        "V": d.vocab,
+        "hd": d.head_dim,
+        "Q": nh * d.head_dim,
+        "KV": d.num_kv_heads * d.head_dim,
+        "I": d.intermediate,
+        "Im": d.moe_intermediate,
+        "E": d.num_experts,
+        "S": d.moe_intermediate * d.num_shared_experts,
+        "QL": d.q_lora_rank,
+        "QH": nh * (d.qk_nope_head_dim + d.qk_rope_head_dim),
+        "KVA": d.kv_lora_rank + d.qk_rope_head_dim,
+        "KVL": d.kv_lora_rank,
+        "KVB": nh * (d.qk_nope_head_dim + d.v_head_dim),
+        "OV": nh * d.v_head_dim,
+    }

@@ -1,0 +1,172 @@
+"""A safetensors checkpoint (index + shard headers) -> :class:`ModelSpec`, never reading tensor data.
+
+Each shard is read as the format defines it (layout-rules §5): an 8-byte little-endian header length
+``N``, then ``N`` bytes of JSON; nothing after that is read. The ``config.json`` next to the index
+gives names, roles and dims (:func:`spec_from_config`); shapes and dtypes come from the headers and
+must agree with the config-derived inventory, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import replace
+from math import prod
+from pathlib import Path
+from typing import Any, Mapping
+
+from reshardctl.errors import ModelError
+from reshardctl.models.config import spec_from_config
+from reshardctl.models.spec import DTYPE_BYTES, ModelSpec
+
+# safetensors dtype tag -> torch dtype name (a key of DTYPE_BYTES)
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+# Non-parameter buffers some old checkpoints carry; not part of the exchange space.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object from a file; ModelError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (torch dtype, shape)}`` of one .safetensors file, reading only its header bytes."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER or 8 + n > size:
+                raise ModelError(f"{path}: not a safetensors file (header length {n}, file size {size})")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read: {exc}") from None
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: bad safetensors header: {exc}") from None
+    data_size = size - 8 - n
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            shape = tuple(int(s) for s in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"{path}: bad header entry for {name!r}: {exc!r}") from None
+        if end - begin != prod(shape) * DTYPE_BYTES[dtype] or begin < 0:
+            raise ModelError(f"{path}: {name}: data_offsets {begin}..{end} do not hold {dtype}{list(shape)}")
+        if end > data_size:
+            raise ModelError(f"{path}: truncated: {name} ends at byte {end} of a {data_size}-byte data section")
+        out[name] = (dtype, shape)
+    return out
+
+
+def _shard_headers(weight_map: Mapping[str, str], base: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    by_file: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise ModelError(f"{where}: key 'weight_map.{name}' must be a file name, got {file!r}")
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        header = read_safetensors_header(base / file)
+        for name in names:
+            if name not in header:
+                raise ModelError(f"{where}: weight_map puts {name} in {file}, whose header lacks it")
+            found[name] = header[name]
+        stray = sorted(set(header) - set(names))
+        if stray:
+            raise ModelError(f"{where}: {file} holds {len(stray)} tensor(s) not in weight_map, e.g. {stray[0]}")
+    return found
+
+
+def _sample(names: set[str], k: int = 5) -> str:
+    items = sorted(names)
+    return ", ".join(items[:k]) + (f" (+{len(items) - k} more)" if len(items) > k else "")
+
+
+def spec_from_checkpoint(
+    weight_map: Mapping[str, str], base: Path, *, where: str, name: str | None = None
+) -> ModelSpec:
+    """The checkpoint view (MTP and fp8 scales as present) of shards named by ``weight_map``."""
+    config_path = base / "config.json"
+    if not config_path.is_file():
+        raise ModelError(f"{where}: no config.json next to it ({config_path}); it gives names, roles and dims")
+    config = read_json(config_path)
+    found = {k: v for k, v in _shard_headers(weight_map, base, where).items() if not _IGNORED.search(k)}
+    num_layers = config.get("num_hidden_layers")
+    has_mtp = isinstance(num_layers, int) and any(
+        (m := _LAYER.match(k)) and int(m.group(1)) >= num_layers for k in found
+    )
+    has_scales = any(k.endswith(".weight_scale_inv") for k in found)
+    expected = spec_from_config(
+        config, name or base.resolve().name, source=where, include_mtp=has_mtp, include_scales=has_scales
+    )
+    want = {t.name for t in expected.tensors}
+    missing, extra = want - set(found), set(found) - want
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) the config implies are missing: {_sample(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} tensor(s) the config does not explain: {_sample(extra)}")
+    bad = [
+        f"{t.name} {list(found[t.name][1])} (config gives {list(t.shape)})"
+        for t in expected.tensors if t.name in found and found[t.name][1] != t.shape
+    ]
+    if bad:
+        problems.append(f"{len(bad)} shape(s) disagree with {config_path}: " + "; ".join(bad[:5]))
+    if problems:
+        raise ModelError(f"{where}: checkpoint does not match {config_path}:\n  " + "\n  ".join(problems))
+    tensors = tuple(replace(t, dtype=found[t.name][0]) for t in expected.tensors)
+    return replace(expected, tensors=tensors)
+
+
+def spec_from_safetensors_index(path: str | os.PathLike) -> ModelSpec:
+    """``model.safetensors.index.json`` (+ shard headers + the config.json beside it) -> ModelSpec.
+
+    The checkpoint view: MTP layers and ``weight_scale_inv`` tensors are included when the checkpoint
+    holds them, dtypes are those of the headers. ``metadata.total_size`` is not trusted (published
+    indexes are not always exact); the headers are checked tensor by tensor instead.
+    """
+    path = Path(path)
+    index = read_json(path)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelError(f"{path}: key 'weight_map' is missing or empty")
+    return spec_from_checkpoint(weight_map, path.parent, where=str(path))
+
+
+def spec_from_safetensors_file(path: str | os.PathLike) -> ModelSpec:
+    """A single-file checkpoint (``model.safetensors`` + config.json beside it) -> ModelSpec."""
+    path = Path(path)
+    names = read_safetensors_header(path)
+    return spec_from_checkpoint(dict.fromkeys(names, path.name), path.parent, where=str(path))

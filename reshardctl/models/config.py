@@ -1,0 +1,243 @@
+"""HF ``config.json`` -> :class:`ModelSpec`: the exact tensor inventory of the checkpoint.
+
+The per-architecture tensor tables live in :mod:`reshardctl.models.architectures`; this module reads
+the config numbers (every missing or ill-typed key is a :class:`ModelError` naming file and key),
+fills :class:`ModelDims` and expands the tables in HF checkpoint order: ``model.embed_tokens``,
+layers ``0..L-1`` (each in the fixed block order), ``model.norm``, ``lm_head``, then any MTP layers
+(``model.layers.L..``), so the main model is always a prefix of the MTP view.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+from typing import Any, Mapping
+
+from reshardctl.errors import ModelError
+from reshardctl.models.architectures import (
+    ARCHS, BY_CLASS, BY_MODEL_TYPE, EMBED, EXPERT, FINAL_NORM, FP8_KINDS, KIND_ROLE, LM_HEAD, MTP_AFTER,
+    MTP_BEFORE, Arch, Block, symbols,
+)
+from reshardctl.models.spec import DTYPE_BYTES, ModelDims, ModelSpec, TensorSpec
+
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+_MISSING = object()
+
+
+class _Config:
+    """Typed access to a config mapping; errors name the file (``where``) and the key."""
+
+    def __init__(self, config: Mapping[str, Any], where: str):
+        if not isinstance(config, Mapping):
+            raise ModelError(f"{where}: a config must be a JSON object, not {type(config).__name__}")
+        self.c = config
+        self.where = where
+
+    def fail(self, key: str, problem: str) -> ModelError:
+        return ModelError(f"{self.where}: key '{key}' {problem}")
+
+    def get_int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+        value = self.c.get(key, default)
+        if value is _MISSING:
+            raise self.fail(key, "is missing")
+        if value is None and default is not _MISSING:
+            value = default
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(key, f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.c.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def int_list(self, key: str) -> tuple[int, ...]:
+        value = self.c.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(key, f"must be a list of integers, got {value!r}")
+        return tuple(value)
+
+
+def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
+    """The :class:`Arch` of a config, from ``architectures[0]`` (else ``model_type``)."""
+    archs = config.get("architectures") if isinstance(config, Mapping) else None
+    supported = ", ".join(BY_CLASS)
+    if archs:
+        if not isinstance(archs, list) or not isinstance(archs[0], str):
+            raise ModelError(f"{where}: key 'architectures' must be a list of class names, got {archs!r}")
+        key = BY_CLASS.get(archs[0])
+        if key is None:
+            raise ModelError(
+                f"{where}: unsupported architecture {archs[0]!r} (key 'architectures'); supported: {supported}"
+            )
+        return ARCHS[key]
+    model_type = config.get("model_type") if isinstance(config, Mapping) else None
+    if model_type is None:
+        raise ModelError(f"{where}: missing key 'architectures' (and no 'model_type'); supported: {supported}")
+    key = BY_MODEL_TYPE.get(model_type)
+    if key is None:
+        raise ModelError(f"{where}: unsupported model_type {model_type!r} (key 'model_type'); supported: {supported}")
+    return ARCHS[key]
+
+
+def dims_from_config(config: Mapping[str, Any], *, where: str = "config", include_mtp: bool = False) -> ModelDims:
+    """Fill :class:`ModelDims` from a HF config (MoE layer rules per layout-rules §6)."""
+    arch = detect_arch(config, where)
+    c = _Config(config, where)
+    hidden = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    vocab = c.get_int("vocab_size")
+    tie = c.get_bool("tie_word_embeddings", False)
+    for flag in ("attention_bias", "mlp_bias"):
+        if c.get_bool(flag, False):
+            raise c.fail(flag, "is true: bias tensors are not supported")
+    kw: dict[str, Any] = {}
+    if arch.key == "deepseek_v3":
+        nope, rope = c.get_int("qk_nope_head_dim"), c.get_int("qk_rope_head_dim")
+        kw.update(
+            num_kv_heads=heads,  # MLA: one latent, num_key_value_heads unused
+            head_dim=nope + rope,
+            q_lora_rank=c.get_int("q_lora_rank", 0, minimum=0),
+            kv_lora_rank=c.get_int("kv_lora_rank"),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=c.get_int("v_head_dim"),
+            num_experts=c.get_int("n_routed_experts", minimum=0),
+            num_shared_experts=c.get_int("n_shared_experts", 0, minimum=0),
+        )
+        first_dense = c.get_int("first_k_dense_replace", minimum=0)
+        freq = c.get_int("moe_layer_freq", 1)
+        n_mtp = c.get_int("num_nextn_predict_layers", 0, minimum=0) if include_mtp else 0
+        moe = tuple(l for l in range(layers + n_mtp) if l >= first_dense and l % freq == 0)
+        kw["num_mtp_layers"] = n_mtp
+    else:
+        head_dim = c.c.get("head_dim")
+        if head_dim is None and arch.key == "llama":
+            if hidden % heads:
+                raise c.fail("num_attention_heads", f"({heads}) does not divide hidden_size ({hidden}); set head_dim")
+            head_dim = hidden // heads
+        else:
+            head_dim = c.get_int("head_dim")
+        kw.update(head_dim=head_dim, num_kv_heads=c.get_int("num_key_value_heads", heads))
+        moe = ()
+        if arch.key == "qwen3_moe":
+            kw["num_experts"] = c.get_int("num_experts", minimum=0)
+            step = c.get_int("decoder_sparse_step", 1)
+            dense_only = set(c.int_list("mlp_only_layers"))
+            moe = tuple(l for l in range(layers) if l not in dense_only and (l + 1) % step == 0)
+    if not kw.get("num_experts"):
+        moe = ()
+    if moe:
+        kw.update(moe_intermediate=c.get_int("moe_intermediate_size"), moe_layers=moe)
+    all_layers = layers + kw.get("num_mtp_layers", 0)
+    needs_dense = len(moe) < all_layers
+    intermediate = c.get_int("intermediate_size") if needs_dense else c.get_int("intermediate_size", 0, minimum=0)
+    return ModelDims(
+        arch=arch.key, hidden=hidden, num_layers=layers, num_heads=heads, vocab=vocab,
+        intermediate=intermediate, tie_embeddings=tie, **kw,
+    )
+
+
+def model_dtype(config: Mapping[str, Any], where: str = "config") -> str:
+    """``torch_dtype`` (or transformers 5 ``dtype``) of the config; bfloat16 when absent."""
+    key = "torch_dtype" if config.get("torch_dtype") is not None else "dtype"
+    value = config.get(key) or "bfloat16"
+    if isinstance(value, str) and value.startswith("torch."):
+        value = value[len("torch."):]
+    if value not in _FLOAT_DTYPES:
+        raise ModelError(f"{where}: key '{key}' must be one of {', '.join(_FLOAT_DTYPES)}, got {value!r}")
+    return value
+
+
+def fp8_format(config: Mapping[str, Any], where: str = "config") -> tuple[str, tuple[int, int]] | None:
+    """(fp8 dtype, weight block) of a block-fp8 ``quantization_config``; None when not fp8."""
+    q = config.get("quantization_config")
+    if not isinstance(q, Mapping) or q.get("quant_method") != "fp8":
+        return None
+    fmt = q.get("fmt", "e4m3")
+    dtype = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(fmt)
+    if dtype is None:
+        raise ModelError(f"{where}: key 'quantization_config.fmt' must be e4m3 or e5m2, got {fmt!r}")
+    block = q.get("weight_block_size")
+    if (
+        not isinstance(block, list) or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise ModelError(
+            f"{where}: key 'quantization_config.weight_block_size' must be [rows, cols] "
+            f"(only block-wise fp8 is supported), got {block!r}"
+        )
+    return dtype, (block[0], block[1])
+
+
+class _Builder:
+    """Expands the block tables into TensorSpecs (fp8 weights + scales when asked)."""
+
+    def __init__(self, dims: ModelDims, dtype: str, fp8: tuple[str, tuple[int, int]] | None):
+        self.sym = symbols(dims)
+        self.dtype = dtype
+        self.fp8 = fp8
+        self.out: list[TensorSpec] = []
+
+    def row(self, prefix: str, row, layer: int | None = None, expert: int | None = None) -> None:
+        suffix, kind, shape_syms, dtype = row
+        name = prefix + (suffix.format(e=expert) if expert is not None else suffix)
+        shape = tuple(self.sym[s] for s in shape_syms)
+        dtype = dtype or self.dtype
+        scaled = self.fp8 is not None and kind in FP8_KINDS
+        if scaled:
+            dtype = self.fp8[0]
+        self.out.append(TensorSpec(name, shape, dtype, KIND_ROLE[kind], kind, layer, expert))
+        if scaled:
+            (bo, bi), (o, i) = self.fp8[1], shape
+            self.out.append(TensorSpec(
+                name[: -len("weight")] + "weight_scale_inv", (ceil(o / bo), ceil(i / bi)), "float32",
+                "scale", "scale_inv", layer, expert, scale_of=name,
+            ))
+
+    def blocks(self, prefix: str, blocks: tuple[Block, ...], layer: int) -> None:
+        for block in blocks:
+            if block is EXPERT:
+                for e in range(self.sym["E"]):
+                    for row in block:
+                        self.row(prefix, row, layer, e)
+            else:
+                for row in block:
+                    self.row(prefix, row, layer)
+
+
+def spec_from_config(
+    config: Mapping[str, Any],
+    name: str,
+    *,
+    source: str = "",
+    include_mtp: bool = False,
+    include_scales: bool = False,
+) -> ModelSpec:
+    """The tensor inventory a HF checkpoint of this config holds.
+
+    ``include_mtp``: add DeepSeek MTP layers (``num_nextn_predict_layers``), as layers L, L+1, ...
+    ``include_scales``: for a block-fp8 ``quantization_config``, describe the fp8 linear weights as
+    ``float8_*`` plus their fp32 ``weight_scale_inv`` (the checkpoint view). Default: every weight in
+    the model dtype (the training view). No effect on configs without fp8 quantization.
+    """
+    where = source or f"config of {name}"
+    arch = detect_arch(config, where)
+    dims = dims_from_config(config, where=where, include_mtp=include_mtp and arch.mtp)
+    fp8 = fp8_format(config, where) if include_scales else None
+    b = _Builder(dims, model_dtype(config, where), fp8)
+    b.row("", EMBED)
+    for layer in range(dims.num_layers):
+        b.blocks(f"model.layers.{layer}.", arch.layer_blocks(dims, layer), layer)
+    b.row("", FINAL_NORM)
+    if not dims.tie_embeddings:
+        b.row("", LM_HEAD)
+    for layer in range(dims.num_layers, dims.num_layers + dims.num_mtp_layers):
+        prefix = f"model.layers.{layer}."
+        b.blocks(prefix, (MTP_BEFORE, *arch.layer_blocks(dims, layer), MTP_AFTER), layer)
+    return ModelSpec(name=name, dims=dims, tensors=tuple(b.out), source=source, config=dict(config))
