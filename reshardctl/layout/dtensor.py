@@ -153,6 +153,18 @@ def strided_chunk(s: IntervalSet, num_chunks: int, i: int, split_factor: int) ->
     return out
 
 
+def normalize_placements(placements: Sequence[DTensorPlacement], ndim: int) -> tuple[DTensorPlacement, ...]:
+    """Negative tensor dims counted from the end, as torch does (``Shard(-1)`` of a 2-d tensor = ``Shard(1)``)."""
+    out = []
+    for p in placements:
+        if isinstance(p, Shard) and -ndim <= p.dim < 0:
+            p = Shard(p.dim + ndim)
+        elif isinstance(p, StridedShard) and -ndim <= p.dim < 0:
+            p = StridedShard(p.dim + ndim, p.split_factor)
+        out.append(p)
+    return tuple(out)
+
+
 def check_placements(
     global_shape: Sequence[int], mesh: Mesh, placements: Sequence[DTensorPlacement], what: str = "tensor"
 ) -> list[str]:
@@ -200,6 +212,7 @@ def local_index_sets(
     global_shape: Sequence[int], mesh: Mesh, placements: Sequence[DTensorPlacement], *, what: str = "tensor"
 ) -> dict[int, IndexSet]:
     """Side-local rank -> the index set it holds (torch.chunk semantics, nested left to right)."""
+    placements = normalize_placements(placements, len(global_shape))
     problems = check_placements(global_shape, mesh, placements, what)
     if problems:
         raise LayoutError(problems)
@@ -288,6 +301,7 @@ def to_template(
     global_shape: Sequence[int], mesh: Mesh, placements: Sequence[DTensorPlacement], *, what: str = "tensor"
 ) -> Placement:
     """The ``Placement`` of a DTensor: an interned template pinned to the mesh's ranks (row-major)."""
+    placements = normalize_placements(placements, len(global_shape))
     problems = check_placements(global_shape, mesh, placements, what)
     if problems:
         raise LayoutError(problems)
@@ -346,8 +360,8 @@ class Rule:
     def placement_for(self, global_shape: Sequence[int], what: str) -> Placement:
         if not self.fsdp2_physical:
             return to_template(global_shape, self.mesh, self.placements, what=what)
-        problems = check_placements(global_shape, self.mesh, self.placements, what)
-        p = self.placements
+        p = normalize_placements(self.placements, len(global_shape))
+        problems = check_placements(global_shape, self.mesh, p, what)
         if not problems and not (
             self.mesh.ndim == 2 and isinstance(p[0], (StridedShard, Shard)) and isinstance(p[1], (Shard, Replicate))
         ):

@@ -1,0 +1,327 @@
+"""Generic layout files (YAML/JSON): per tensor-name pattern a mesh and DTensor placements.
+
+The data model is the one NCCL M2N and NeMo RL reshard use (a mesh + placements per HF weight), plus an
+explicit per-tensor form (templates of boxes + ranks) that ``export_layout_file`` writes for ANY
+``SideLayout`` and that loads back to an identical layout. Format: docs/layouts.md, "Generic layout files".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reshardctl.errors import LayoutError
+from reshardctl.layout.dtensor import (
+    DTensorLayout,
+    DTensorPlacement,
+    Mesh,
+    Partial,
+    Replicate,
+    Rule,
+    Shard,
+    StridedShard,
+    intern_template,
+)
+from reshardctl.layout.placement import Placement
+from reshardctl.layout.side import Side, SideLayout
+from reshardctl.models.spec import ModelSpec
+
+FORMAT = "reshardctl-layout/1"
+_TOP_KEYS = {"format", "world_size", "side", "meshes", "stages", "rules", "default", "templates", "tensors"}
+_RULE_KEYS = {"match", "mesh", "placements", "shape", "dtype", "stage", "fsdp2_physical"}
+_MESH_KEYS = {"shape", "dim_names", "ranks"}
+_TENSOR_KEYS = {"template", "shape", "slots", "ranks", "stage"}
+
+_INT = r"\s*(-?\d+)\s*"
+_PLACEMENT_RES = [
+    (re.compile(rf"(?:Shard|S)\((?:dim\s*=)?{_INT}\)"), lambda m: Shard(int(m[1]))),
+    (re.compile(r"(?:Replicate\(\s*\)|Replicate|R(?:\(\s*\))?)"), lambda m: Replicate()),
+    (
+        re.compile(rf"_?(?:StridedShard|S)\((?:dim\s*=)?{_INT},\s*(?:split_factor\s*=|sf\s*=)?{_INT}\)"),
+        lambda m: StridedShard(int(m[1]), int(m[2])),
+    ),
+    (
+        re.compile(r"(?:Partial|P)(?:\(\s*(?:reduce_op\s*=\s*)?['\"]?(\w*)['\"]?\s*\))?"),
+        lambda m: Partial(m[1] or "sum"),
+    ),
+]
+
+
+def parse_placement(value: Any) -> DTensorPlacement:
+    """``"Shard(0)"``, ``"S(0)"``, ``"Replicate()"``, ``"R"``, ``"_StridedShard(0, 2)"``, ``"_S(0,2)"``,
+    ``"Partial(sum)"``; or ``{"shard": 0}``, ``{"replicate": true}``, ``"replicate"``,
+    ``{"strided_shard": 0, "split_factor": 2}``, ``{"partial": "sum"}``. ``ValueError`` otherwise."""
+    if isinstance(value, str):
+        s = value.strip()
+        if s.lower() == "replicate":
+            return Replicate()
+        for rx, make in _PLACEMENT_RES:
+            m = rx.fullmatch(s)
+            if m:
+                return make(m)
+        raise ValueError(f"bad placement {value!r} (expected e.g. 'Shard(0)', 'Replicate()', '_StridedShard(0, 2)')")
+    if isinstance(value, dict):
+        keys = set(value)
+        if keys == {"shard"} and _is_int(value["shard"]):
+            return Shard(value["shard"])
+        if keys == {"replicate"}:
+            return Replicate()
+        if keys == {"strided_shard", "split_factor"} and _is_int(value["strided_shard"]) and _is_int(value["split_factor"]):
+            return StridedShard(value["strided_shard"], value["split_factor"])
+        if keys == {"partial"}:
+            return Partial(str(value["partial"] or "sum"))
+    raise ValueError(f"bad placement {value!r} (expected a string like 'Shard(0)' or a mapping like {{shard: 0}})")
+
+
+def placement_str(p: DTensorPlacement) -> str:
+    return str(p)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int_list(x: Any) -> bool:
+    return isinstance(x, list) and all(_is_int(v) for v in x)
+
+
+class _Problems(list):
+    def unknown(self, where: str, d: dict, allowed: set) -> None:
+        for k in d:
+            if k not in allowed:
+                self.append(f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _parse_mesh(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems) -> Mesh | None:
+    if isinstance(raw, str):
+        if raw in named:
+            return named[raw]
+        probs.append(f"{where}: no mesh named {raw!r} under 'meshes' (have: {', '.join(sorted(named)) or 'none'})")
+        return None
+    if not isinstance(raw, dict):
+        probs.append(f"{where}: a mesh is a mapping {{shape, dim_names, ranks}} or the name of one under 'meshes'")
+        return None
+    probs.unknown(where, raw, _MESH_KEYS)
+    shape = raw.get("shape")
+    if not _int_list(shape) or not shape:
+        probs.append(f"{where}.shape: expected a non-empty list of ints, got {shape!r}")
+        return None
+    names = raw.get("dim_names", [f"d{i}" for i in range(len(shape))])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        probs.append(f"{where}.dim_names: expected a list of strings, got {names!r}")
+        return None
+    try:
+        return Mesh.of(shape, names, raw.get("ranks"))
+    except (LayoutError, ValueError, TypeError) as e:
+        msgs = e.violations if isinstance(e, LayoutError) else [str(e)]
+        probs.extend(f"{where}: {m}" for m in msgs)
+        return None
+
+
+def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, is_default=False) -> Rule | None:
+    if not isinstance(raw, dict):
+        probs.append(f"{where}: expected a mapping, got {type(raw).__name__}")
+        return None
+    probs.unknown(where, raw, _RULE_KEYS - ({"match"} if is_default else set()))
+    n0 = len(probs)
+    pattern = "*" if is_default else raw.get("match")
+    if not isinstance(pattern, str) or not pattern:
+        probs.append(f"{where}.match: expected a glob or 're:<regex>' string, got {pattern!r}")
+    elif pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as e:
+            probs.append(f"{where}.match: bad regex {pattern[3:]!r}: {e}")
+    mesh = _parse_mesh(raw.get("mesh"), f"{where}.mesh", named, probs) if "mesh" in raw else None
+    if "mesh" not in raw:
+        probs.append(f"{where}: missing 'mesh'")
+    pls = raw.get("placements")
+    placements: list[DTensorPlacement] = []
+    if not isinstance(pls, list):
+        probs.append(f"{where}.placements: expected a list (one per mesh dim), got {pls!r}")
+    else:
+        for k, v in enumerate(pls):
+            try:
+                placements.append(parse_placement(v))
+            except ValueError as e:
+                probs.append(f"{where}.placements[{k}]: {e}")
+    shape = raw.get("shape")
+    if shape is not None and not _int_list(shape):
+        probs.append(f"{where}.shape: expected a list of ints, got {shape!r}")
+    stage = raw.get("stage")
+    if stage is not None and (not _is_int(stage) or stage < 0):
+        probs.append(f"{where}.stage: expected an int >= 0, got {stage!r}")
+    fsdp = raw.get("fsdp2_physical", False)
+    if not isinstance(fsdp, bool):
+        probs.append(f"{where}.fsdp2_physical: expected true/false, got {fsdp!r}")
+    if len(probs) > n0 or mesh is None:
+        return None
+    return Rule(pattern, mesh, tuple(placements), stage, fsdp, tuple(shape) if shape else None, raw.get("dtype"), where)
+
+
+def _parse_explicit(doc: dict, model: ModelSpec, probs: _Problems):
+    templates = []
+    for i, t in enumerate(doc.get("templates") or []):
+        where = f"templates[{i}]"
+        try:
+            templates.append(_template(t.get("shape"), t.get("slots")) if isinstance(t, dict) else None)
+            if isinstance(t, dict):
+                probs.unknown(where, t, {"shape", "slots"})
+        except (ValueError, TypeError) as e:
+            probs.append(f"{where}: {e}")
+            templates.append(None)
+    explicit: dict[str, Placement] = {}
+    stages: dict[str, int] = {}
+    names = {t.name for t in model.tensors}
+    tensors = doc.get("tensors") or {}
+    if not isinstance(tensors, dict):
+        probs.append("tensors: expected a mapping name -> {template|shape+slots, ranks, stage}")
+        return explicit, stages
+    unknown = [n for n in tensors if n not in names]
+    if unknown:
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        probs.append(f"tensors: {len(unknown)} names not in model {model.name}: {', '.join(unknown[:10])}{more}")
+    for name, e in tensors.items():
+        where = f"tensors[{name!r}]"
+        if not isinstance(e, dict):
+            probs.append(f"{where}: expected a mapping")
+            continue
+        probs.unknown(where, e, _TENSOR_KEYS)
+        try:
+            if "template" in e:
+                tpl = templates[e["template"]] if _is_int(e["template"]) and 0 <= e["template"] < len(templates) else None
+                if tpl is None:
+                    raise ValueError(f"template {e['template']!r} is not a valid index into 'templates'")
+            else:
+                tpl = _template(e.get("shape"), e.get("slots"))
+            ranks = e.get("ranks")
+            if not _int_list(ranks):
+                raise ValueError(f"ranks: expected a list of ints, got {ranks!r}")
+            explicit[name] = Placement(tpl, tuple(ranks))
+            st = e.get("stage", 0)
+            if not _is_int(st) or st < 0:
+                raise ValueError(f"stage: expected an int >= 0, got {st!r}")
+            stages[name] = st
+        except (ValueError, TypeError, KeyError) as err:
+            probs.append(f"{where}: {err}")
+    return explicit, stages
+
+
+def _template(shape, slots):
+    if not _int_list(shape):
+        raise ValueError(f"shape: expected a list of ints, got {shape!r}")
+    if not isinstance(slots, list):
+        raise ValueError("slots: expected a list (one list of boxes per slot)")
+    for s, boxes in enumerate(slots):
+        for b in boxes:
+            if len(b) != len(shape) or any(not (0 <= lo < hi <= n) for (lo, hi), n in zip(b, shape)):
+                raise ValueError(f"slots[{s}]: box {b} is empty or outside shape {shape}")
+    return intern_template(shape, slots)
+
+
+def load_layout_file(path: str | os.PathLike, model: ModelSpec, side: Side) -> DTensorLayout:
+    """Read a layout file into a ``DTensorLayout``; ``LayoutError`` lists every problem, each prefixed by
+    the file and the key path (``rules[2].placements[1]``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except OSError as e:
+        raise LayoutError(f"{path}: cannot read layout file: {e.strerror or e}") from None
+    except (ValueError, yaml.YAMLError) as e:
+        raise LayoutError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    probs = _Problems()
+    if not isinstance(doc, dict):
+        raise LayoutError(f"{path}: top level must be a mapping")
+    probs.unknown("top level", doc, _TOP_KEYS)
+    if doc.get("format", FORMAT) != FORMAT:
+        probs.append(f"format: {doc['format']!r} is not {FORMAT!r}")
+    world = doc.get("world_size")
+    if not _is_int(world) or world < 1:
+        probs.append(f"world_size: expected an int >= 1, got {world!r}")
+    if doc.get("side", side) != side:
+        probs.append(f"side: file is for {doc['side']!r}, loaded as {side!r}")
+    named: dict[str, Mesh] = {}
+    for name, m in (doc.get("meshes") or {}).items():
+        mesh = _parse_mesh(m, f"meshes.{name}", named, probs)
+        if mesh is not None:
+            named[name] = mesh
+    rules_raw = doc.get("rules") or []
+    if not isinstance(rules_raw, list):
+        probs.append("rules: expected a list")
+        rules_raw = []
+    rules = [_parse_rule(r, f"rules[{i}]", named, probs) for i, r in enumerate(rules_raw)]
+    default = _parse_rule(doc["default"], "default", named, probs, is_default=True) if doc.get("default") else None
+    explicit, stages = _parse_explicit(doc, model, probs)
+    stage_ranks = doc.get("stages")
+    if stage_ranks is not None and not (isinstance(stage_ranks, list) and all(_int_list(s) for s in stage_ranks)):
+        probs.append(f"stages: expected a list of rank lists, got {stage_ranks!r}")
+        stage_ranks = None
+    if probs:
+        raise LayoutError([f"{path}: {p}" for p in probs])
+    try:
+        return DTensorLayout(
+            model, side, world, [r for r in rules if r is not None], default,
+            explicit=explicit, explicit_stages=stages, stage_ranks=stage_ranks, source=str(path),
+        )
+    except LayoutError as e:
+        raise LayoutError([f"{path}: {v}" for v in e.violations]) from None
+
+
+def layout_to_doc(layout: SideLayout) -> dict:
+    """The explicit per-tensor form of any ``SideLayout`` (shared templates listed once)."""
+    tids: dict[int, int] = {}
+    templates: list[dict] = []
+    tensors: dict[str, dict] = {}
+    multi = layout.num_stages() > 1
+    for i, t in enumerate(layout.model.tensors):
+        p = layout.placement(i)
+        k = tids.get(id(p.template))
+        if k is None:
+            k = tids[id(p.template)] = len(templates)
+            templates.append({
+                "shape": list(p.template.shape),
+                "slots": [[[list(iv) for iv in box] for box in h] for h in p.template.holdings],
+            })
+        entry = {"template": k, "ranks": list(p.ranks)}
+        if multi:
+            entry["stage"] = layout.stage_of(i)
+        tensors[t.name] = entry
+    return {
+        "format": FORMAT,
+        "side": layout.side,
+        "world_size": layout.world_size,
+        "stages": [list(layout.stage_ranks(s)) for s in range(layout.num_stages())],
+        "templates": templates,
+        "tensors": tensors,
+    }
+
+
+def export_layout_file(layout: SideLayout, path: str | os.PathLike) -> Path:
+    """Write ``layout`` in explicit form (JSON for ``.json``, YAML otherwise), atomically."""
+    path = Path(path)
+    doc = layout_to_doc(layout)
+    if path.suffix == ".json":
+        text = json.dumps(doc, separators=(",", ":")) + "\n"
+    else:
+        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
