@@ -532,3 +532,14 @@ def test_hostlist_property(items):
     # every name keeps the zero padding of its range's low bound and round-trips alone
     for host in got[:5]:
         assert expand_hostlist(host) == (host,)
+
+
+def test_docs_examples_yaml_and_toml_agree(tmp_path):
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "site-profiles.md").read_text()
+    yaml_text = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
+    toml_text = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    y = load_profile(write(tmp_path, yaml_text, "ex.yaml"))
+    t = load_profile(write(tmp_path, toml_text, "ex.toml"))
+    assert y == t and y.name == "mycluster" and y.total_gpus == 128
