@@ -44,9 +44,11 @@ def _root(
 
 # --- command registration: one line per command module -------------------------------------------
 from reshardctl.commands import profile as _profile  # noqa: E402
+from reshardctl.commands import layout as _layout  # noqa: E402
 from reshardctl.commands import model as _model  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
+app.add_typer(_layout.app, name="layout")
 app.add_typer(_model.app, name="model")
 
 

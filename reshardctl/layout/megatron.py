@@ -19,6 +19,8 @@ granularity (see ``shard_rules.scale_template``).
 
 from __future__ import annotations
 
+from math import lcm
+
 from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
@@ -94,8 +96,8 @@ class MegatronLayout(SideLayout):
             DP = 1
             problems.append(f"world size {world_size} is not a multiple of tp({TP}) x cp({CP}) x pp({PP}) = "
                             f"{TP * CP * PP} ({frac(world_size, TP * CP * PP)}), so dp cannot be derived")
-        else:
-            DP = 1
+        else:  # smallest dp that also fits the expert grid: tp*cp*dp divisible by etp*ep
+            DP = lcm(TP * CP, ETP * EP) // (TP * CP) if (d.num_experts and EP > 1) else 1
         self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.vpp = TP, PP, CP, DP, EP, ETP, VPP
         self.world_size = TP * CP * DP * PP
         self.stage_size = S = TP * CP * DP

@@ -1,0 +1,140 @@
+"""`reshardctl layout show`: who holds what, per tensor (rank -> boxes) or per rank (local params)."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import typer
+
+from reshardctl.commands import output
+from reshardctl.errors import InputError, LayoutError
+
+app = typer.Typer(help="Trainer / inference layouts: which rank holds which part of every tensor.",
+                  no_args_is_help=True)
+
+
+def fmt_box(box) -> str:
+    """``[0:512, 0:1024]`` (numpy slice notation, half-open)."""
+    return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
+
+
+def _load_model(name: str, layers: int | None):
+    try:
+        from reshardctl.models import load_model
+    except ImportError as e:  # pragma: no cover - the catalog is part of the package
+        raise InputError(f"the model catalog is not available ({e})") from None
+    return load_model(name, layers=layers)
+
+
+def _side_gpus(site: str | None) -> int | None:
+    """GPUs one side gets from a site profile: the profile's GPUs split evenly between train and infer."""
+    if not site:
+        return None
+    from reshardctl.site import load_profile
+
+    return load_profile(site).total_gpus // 2
+
+
+def _tensor_rows(layout, pattern: str | None) -> list[dict]:
+    rows = []
+    for i, t in enumerate(layout.model.tensors):
+        if pattern and not fnmatch.fnmatchcase(t.name, pattern):
+            continue
+        pl = layout.placement(i)
+        groups: dict[tuple, list[int]] = {}
+        for r, h in pl.items():
+            if h:
+                groups.setdefault(h, []).append(r)
+        rows.append({
+            "tensor": t.name, "shape": list(t.shape), "dtype": t.dtype, "stage": layout.stage_of(i),
+            "holders": [{"ranks": sorted(set(rs)), "boxes": [[list(iv) for iv in b] for b in h]}
+                        for h, rs in groups.items()],
+        })
+    return rows
+
+
+def _rank_params(layout, rank: int, pattern: str | None) -> list[dict]:
+    if not 0 <= rank < layout.world_size:
+        raise LayoutError(f"--rank {rank} is outside {layout.side} world size {layout.world_size}")
+    out = []
+    for p in layout.local_params(rank):
+        segs = [s for s in p.segments if not pattern or fnmatch.fnmatchcase(s.hf_name, pattern)]
+        if pattern and not segs:
+            continue
+        out.append({"param": p.name, "shape": list(p.shape), "dtype": p.dtype,
+                    "segments": [{"tensor": s.hf_name, "box": [list(iv) for iv in s.box], "offset": list(s.offset)}
+                                 for s in segs]})
+    return out
+
+
+def _ranks_str(rs: list[int]) -> str:
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"{rs[0]}-{rs[-1]}"
+    return ",".join(map(str, rs))
+
+
+@app.command("show")
+def show(
+    model: str = typer.Option(..., "--model", "-m", help="Preset name or path (config.json / index / directory)."),
+    layers: int = typer.Option(None, "--layers", help="Keep only the first N decoder layers."),
+    train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
+    infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
+    train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
+    infer_style: str = typer.Option("vllm", "--infer-style", help="vllm | dtensor"),
+    train_layout: str = typer.Option(None, "--train-layout", help="Trainer layout file (overrides --train)."),
+    infer_layout: str = typer.Option(None, "--infer-layout", help="Inference layout file (overrides --infer)."),
+    side: str = typer.Option("both", "--side", help="train | infer | both"),
+    rank: int = typer.Option(None, "--rank", help="Show this rank's local (framework) parameters with segments."),
+    tensor: str = typer.Option(None, "--tensor", help="Only HF tensors matching this glob."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    site: str = typer.Option(None, "--site", help="Site profile: check each side's world size against half its GPUs."),
+) -> None:
+    """Print, per HF tensor, which ranks hold which boxes (or, with --rank, that rank's parameters)."""
+    from reshardctl.layout.build import build_layout, validate_allocation
+
+    if side not in ("train", "infer", "both"):
+        raise InputError(f"--side {side!r}: expected train, infer or both")
+    m = _load_model(model, layers)
+    gpus = _side_gpus(site)
+    sides = ["train", "infer"] if side == "both" else [side]
+    args = {"train": (train, train_style, train_layout), "infer": (infer, infer_style, infer_layout)}
+    layouts, problems = {}, []
+    for s in sides:
+        spec, style, lf = args[s]
+        try:
+            layouts[s] = build_layout(m, s, spec, style, lf, world_size=gpus)
+            if gpus is not None:
+                validate_allocation(layouts[s], gpus, s)
+        except LayoutError as e:  # report both sides' problems together
+            problems.extend(f"{s}: {v}" for v in e.violations)
+    if problems:
+        raise LayoutError(problems)
+    result = {"model": m.name, "tensors": len(m.tensors), "sides": {}}
+    for s, lay in layouts.items():
+        entry = {"layout": lay.describe(), "world_size": lay.world_size, "stages": [
+            list(lay.stage_ranks(p)) for p in range(lay.num_stages())]}
+        if rank is not None:
+            entry["rank"] = rank
+            entry["params"] = _rank_params(lay, rank, tensor)
+        else:
+            entry["tensors"] = _tensor_rows(lay, tensor)
+        result["sides"][s] = entry
+    if as_json:
+        output.print_json(result)
+        return
+    con = output.console()
+    con.print(f"[bold]{m.name}[/bold]: {len(m.tensors)} tensors")
+    for s, entry in result["sides"].items():
+        con.print(f"\n[bold]{s}[/bold]: {entry['layout']}  ({entry['world_size']} ranks, "
+                  f"{len(entry['stages'])} stage{'s' if len(entry['stages']) != 1 else ''})")
+        if rank is not None:
+            for p in entry["params"]:
+                con.print(f"  {p['param']}  {p['shape']} {p['dtype']}")
+                for sg in p["segments"]:
+                    con.print(f"      {fmt_box(sg['box'])} of {sg['tensor']}  at offset {sg['offset']}")
+            continue
+        for row in entry["tensors"]:
+            con.print(f"  {row['tensor']}  {row['shape']} (stage {row['stage']})")
+            for h in row["holders"]:
+                boxes = " + ".join(fmt_box(b) for b in h["boxes"])
+                con.print(f"      rank {_ranks_str(h['ranks'])}: {boxes}")

@@ -1,0 +1,93 @@
+"""One factory for a side's layout: a parallel string + a style (or a layout file) -> ``SideLayout``.
+
+Styles: train ``megatron`` (default) | ``dtensor``; infer ``vllm`` (default) | ``dtensor``.
+``dtensor`` maps the parallel string onto a 2-D DTensor mesh ``(dp, tp)`` (``rank = dp*TP + tp``):
+column-parallel HF tensors (q/k/v, gate/up, q_b/kv_b, embeddings, lm_head, MTP eh_proj, expert gate/up)
+``(Replicate(), Shard(0))``, row-parallel ones (o, down) ``(Replicate(), Shard(1))``, everything else
+replicated — torchtitan-style TP on unfused HF tensors with plain DDP replicas; pp/ep/cp/vpp need a
+layout file. A layout file (``--train-layout``/``--infer-layout``) overrides the string and the style.
+
+Defaults when no parallel string is given fit the ``local`` site profile (4 ranks a side):
+``tp=2,dp=2`` on both sides (``dp`` is derived from ``world_size`` when one is given).
+"""
+
+from __future__ import annotations
+
+from reshardctl.errors import LayoutError
+from reshardctl.layout.parallel_spec import ParallelSpec, parse_parallel
+from reshardctl.layout.side import SideLayout
+from reshardctl.models.spec import ModelSpec
+
+STYLES = {"train": ("megatron", "dtensor"), "infer": ("vllm", "dtensor")}
+DEFAULT_STYLE = {"train": "megatron", "infer": "vllm"}
+DEFAULT_SPEC = {"train": "tp=2,dp=2", "infer": "tp=2,dp=2"}
+
+_COLUMN = frozenset({"q", "k", "v", "q_b", "kv_b", "mlp_gate", "mlp_up", "shared_gate", "shared_up", "embed",
+                     "lm_head", "mtp_eh_proj", "expert_gate", "expert_up"})
+_ROW = frozenset({"o", "mlp_down", "shared_down", "expert_down"})
+
+
+def build_layout(model: ModelSpec, side: str, spec: str | None = None, style: str | None = None,
+                 layout_file: str | None = None, *, world_size: int | None = None) -> SideLayout:
+    """``side`` is ``train`` or ``infer``; ``spec`` e.g. ``"tp=4,pp=2"`` (None: ``DEFAULT_SPEC``)."""
+    if side not in STYLES:
+        raise LayoutError(f"side must be 'train' or 'infer', got {side!r}")
+    flag = f"--{side}"
+    if layout_file:
+        from reshardctl.layout.layout_file import load_layout_file
+
+        return load_layout_file(layout_file, model, side)  # type: ignore[arg-type]
+    style = style or DEFAULT_STYLE[side]
+    if style not in STYLES[side]:
+        raise LayoutError(f"--{side}-style {style!r}: expected one of {', '.join(STYLES[side])}")
+    if spec is None and world_size is None:
+        spec = DEFAULT_SPEC[side]
+    elif spec is None:
+        spec = "tp=2" if world_size % 2 == 0 else "tp=1"
+    ps = parse_parallel(spec, flag=flag)
+    if style == "megatron":
+        from reshardctl.layout.megatron import MegatronLayout
+
+        return MegatronLayout(model, ps, world_size)
+    if style == "vllm":
+        from reshardctl.layout.vllm import VllmLayout
+
+        return VllmLayout(model, ps, world_size)
+    return dtensor_from_parallel(model, side, ps, world_size)
+
+
+def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_size: int | None = None) -> SideLayout:
+    try:
+        from reshardctl.layout.dtensor import DTensorLayout, Mesh, Replicate, Shard, to_template
+    except ImportError as e:  # pragma: no cover - the module is part of the package
+        raise LayoutError(f"dtensor style needs reshardctl.layout.dtensor ({e})") from None
+    problems = []
+    for key in ("pp", "ep", "cp", "vpp"):
+        if getattr(ps, key) != 1:
+            problems.append(f"--{side}-style dtensor maps tp and dp onto a (dp, tp) mesh; {key}={getattr(ps, key)} "
+                            f"needs a layout file (--{side}-layout FILE)")
+    tp = ps.tp
+    dp = ps.dp if ps.dp is not None else (world_size // tp if world_size and world_size % tp == 0 else 1)
+    if world_size is not None and dp * tp != world_size:
+        problems.append(f"world size tp({tp}) x dp({dp}) = {dp * tp} ranks, but {world_size} were given")
+    if problems:
+        raise LayoutError(problems)
+    mesh = Mesh.of((dp, tp), ("dp", "tp"))
+    col, row, rep = (Replicate(), Shard(0)), (Replicate(), Shard(1)), (Replicate(), Replicate())
+    explicit = {}
+    for t in model.tensors:
+        pl = col if t.kind in _COLUMN else row if t.kind in _ROW else rep
+        explicit[t.name] = to_template(t.shape, mesh, pl, what=t.name)
+    return DTensorLayout(model, side, dp * tp, explicit=explicit,  # type: ignore[arg-type]
+                         source=f"--{side} {ps} (dtensor mesh dp={dp},tp={tp})")
+
+
+def validate_allocation(layout: SideLayout, available_ranks: int, side: str) -> None:
+    """Raise ``LayoutError`` unless the layout uses exactly the ``available_ranks`` GPUs given to ``side``
+    (e.g. ``reshardctl.site.load_profile(...).total_gpus`` split between the sides)."""
+    if layout.world_size == available_ranks:
+        return
+    factors = getattr(layout, "factors", None)
+    lhs = " x ".join(f"{k}({v})" for k, v in factors) + " = " if factors else "= "
+    raise LayoutError(f"{side} world size {lhs}{layout.world_size} ranks, but the allocation has "
+                      f"{available_ranks}", hint="change the parallel sizes or the allocation (site profile)")
