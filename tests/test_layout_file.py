@@ -253,3 +253,16 @@ def test_rule_stage_and_direct_construction():
     assert lay.num_stages() == 2
     assert lay.stage_ranks(0) == (0, 1) and lay.stage_ranks(1) == (2, 3)
     assert lay.stage_of(model.index("lm_head.weight")) == 1 and lay.stage_of(0) == 0
+
+
+def test_inline_explicit_entry_mixed_with_rules(tmp_path):
+    model = tiny_model()
+    p = write(tmp_path, """
+        world_size: 4
+        tensors:
+          model.norm.weight: {shape: [8], slots: [[[[0, 8]]], [[[0, 8]]]], ranks: [0, 1]}
+        default: {mesh: {shape: [4]}, placements: [R]}
+    """)
+    lay = load_layout_file(p, model, "train")
+    assert lay.placement(model.index("model.norm.weight")).ranks == (0, 1)
+    assert lay.placement(0).ranks == (0, 1, 2, 3)
