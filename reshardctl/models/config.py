@@ -130,10 +130,10 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
             step = c.get_int("decoder_sparse_step", 1)
             dense_only = set(c.int_list("mlp_only_layers"))
             moe = tuple(l for l in range(layers) if l not in dense_only and (l + 1) % step == 0)
-    if not kw.get("num_experts"):
-        moe = ()
-    if moe:
+    if kw.get("num_experts"):
         kw.update(moe_intermediate=c.get_int("moe_intermediate_size"), moe_layers=moe)
+    else:
+        moe = ()
     all_layers = layers + kw.get("num_mtp_layers", 0)
     needs_dense = len(moe) < all_layers
     intermediate = c.get_int("intermediate_size") if needs_dense else c.get_int("intermediate_size", 0, minimum=0)
