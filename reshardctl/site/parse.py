@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -184,8 +185,11 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
             return default
         return v
     if spec.kind == "str":
-        if not isinstance(v, str) or not v.strip():
-            c.wrong_type(path, spec, v) if not isinstance(v, str) else c.add(path, f"is empty (expected {spec.form})")
+        if not isinstance(v, str):
+            c.wrong_type(path, spec, v)
+            return default
+        if not v.strip():
+            c.add(path, f"is empty (expected {spec.form})")
             return default
         return v
     if spec.kind == "strlist":
@@ -237,9 +241,7 @@ def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
             names.extend(expand_hostlist(item))
         except ProfileError as exc:
             c.add(path, exc.message)
-    if not names and items and not c.problems:
-        c.add("nodes", "is empty")
-    dups = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    dups = sorted(n for n, k in Counter(names).items() if k > 1)
     if dups:
         c.add("nodes", f"lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
     if not isinstance(v, str) and isinstance(v, (list, tuple)) and not v:

@@ -8,6 +8,7 @@ picklable (submitit) and cannot be changed after loading.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,7 +182,7 @@ class SiteProfile:
             p.append("site name is empty")
         if not self.nodes:
             p.append("nodes is empty")
-        dups = sorted({n for n in self.nodes if self.nodes.count(n) > 1}) if len(set(self.nodes)) != len(self.nodes) else []
+        dups = sorted(n for n, k in Counter(self.nodes).items() if k > 1)
         if dups:
             p.append(f"nodes lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
         if not self.gpus_per_node >= 1:
