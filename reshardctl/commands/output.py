@@ -8,6 +8,7 @@ import traceback
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from reshardctl.errors import ReshardError
 
@@ -49,6 +50,6 @@ def print_json(data: Any) -> None:
 
 def error(exc: ReshardError) -> None:
     kind = "error" if exc.exit_code == 2 else "failed"
-    err_console().print(f"[bold red]{kind}:[/bold red] {exc}", markup=True, highlight=False)
+    err_console().print(f"[bold red]{kind}:[/bold red] {escape(str(exc))}", markup=True, highlight=False)
     if verbose() and exc.exit_code != 2:
         err_console().print("".join(traceback.format_exception(exc)))
