@@ -198,6 +198,7 @@ def test_mesh_validation():
         Mesh((2, 2), ("a", "b"), (0, 1, 2))
     with pytest.raises(LayoutError, match="dim names"):
         Mesh.of((2, 2), ("a",))
+    assert hash(Mesh((2,), ["tp"], [1, 0])) == hash(Mesh.of((2,), ("tp",), [1, 0]))
     m = Mesh.of((2, 3), ("dp", "tp"), [[5, 4, 3], [2, 1, 0]])
     assert m.rank_at((1, 0)) == 2 and m.coord_of(2) == (1, 0)
 

@@ -71,6 +71,7 @@ def test_chunk_examples_and_helpers():
     assert s.take(IntervalSet([(0, 1), (4, 5)])).intervals == ((2, 3), (9, 10))
     assert s.position_of(np.array([2, 4, 8, 9])).tolist() == [0, 2, 3, 4]
     assert s.offset(1) == s.shift(1)
+    assert s.contains(np.array([1, 2, 5, 8, 10, 99])).tolist() == [False, True, False, True, False, False]
     with pytest.raises(ValueError):
         s.chunk(0, 0)
     with pytest.raises(ValueError):

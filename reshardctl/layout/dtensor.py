@@ -90,6 +90,9 @@ class Mesh:
     ranks: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(k) for k in self.shape))
+        object.__setattr__(self, "dim_names", tuple(self.dim_names))
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         problems = []
         if not self.shape or any(int(k) < 1 for k in self.shape):
             problems.append(f"mesh shape {list(self.shape)} must have at least one dim, each >= 1")
@@ -366,6 +369,9 @@ class Rule:
             self.mesh.ndim == 2 and isinstance(p[0], (StridedShard, Shard)) and isinstance(p[1], (Shard, Replicate))
         ):
             problems.append(f"{what}: fsdp2_physical needs placements (_StridedShard(d, tp), Shard(t)) on a (dp, tp) mesh")
+        if not problems and isinstance(p[0], StridedShard) and isinstance(p[1], Shard) and p[1].dim == p[0].dim \
+                and p[0].split_factor != self.mesh.shape[1]:
+            problems.append(f"{what}: fsdp2_physical: {p[0]} has split_factor != tp size {self.mesh.shape[1]}")
         if problems:
             raise LayoutError(problems)
         tp_dim = p[1].dim if isinstance(p[1], Shard) else None

@@ -141,8 +141,15 @@ class IntervalSet:
         return f"IntervalSet({list(self._key)})"
 
     def __contains__(self, i: int) -> bool:
-        k = int(np.searchsorted(self._stops, i, side="right"))
-        return k < len(self._key) and self._starts[k] <= i
+        return bool(self.contains(np.asarray([i]))[0])
+
+    def contains(self, indices: np.ndarray) -> np.ndarray:
+        """Vectorised membership test -> bool array."""
+        idx = np.asarray(indices, dtype=_I64)
+        k = np.searchsorted(self._stops, idx, side="right")
+        ok = k < self._starts.size
+        ok[ok] = self._starts[k[ok]] <= idx[ok]
+        return ok
 
     def to_indices(self) -> np.ndarray:
         """The ordered element list as an int64 array (vectorised: no loop per interval)."""
@@ -284,7 +291,7 @@ class IndexSet:
         hi = [np.searchsorted(grids[d], arr[:, d, 1]) for d in range(nd)]
         for k in range(len(boxes)):  # one slice assignment per box
             cover[tuple(slice(int(lo[d][k]), int(hi[d][k])) for d in range(nd))] = True
-        in_prod = [np.isin(grids[d][:-1], dims[d].to_indices()) for d in range(nd)]
+        in_prod = [dims[d].contains(grids[d][:-1]) for d in range(nd)]
         if not cover[np.ix_(*in_prod)].all():
             raise ValueError(f"the union of {len(boxes)} boxes is not a product of per-dim index sets")
         return cls(shape, dims)
