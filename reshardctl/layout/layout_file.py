@@ -79,10 +79,6 @@ def parse_placement(value: Any) -> DTensorPlacement:
     raise ValueError(f"bad placement {value!r} (expected a string like 'Shard(0)' or a mapping like {{shard: 0}})")
 
 
-def placement_str(p: DTensorPlacement) -> str:
-    return str(p)
-
-
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
