@@ -1,0 +1,74 @@
+"""ParallelSpec parsing and the build_layout factory / allocation check."""
+
+from __future__ import annotations
+
+import pytest
+
+from reshardctl.errors import LayoutError
+from reshardctl.layout.build import build_layout, validate_allocation
+from reshardctl.layout.parallel_spec import ParallelSpec, parse_parallel
+from test_parallel_models import tiny_llama, tiny_qwen3_moe
+
+
+def test_parse_full():
+    s = parse_parallel("tp=4, pp=2,ep=2 etp=1,dp=3,cp=2,vpp=2,first=3,last_stage_layers=5,expert_parallel=on")
+    assert s == ParallelSpec(tp=4, pp=2, ep=2, etp=1, dp=3, cp=2, vpp=2, first_stage_layers=3,
+                             last_stage_layers=5, expert_parallel=True)
+    assert parse_parallel("") == ParallelSpec() and parse_parallel(None) == ParallelSpec()
+    assert parse_parallel(str(s)) == s
+    assert parse_parallel("tp=2").dp is None  # dp omitted: derived from the world size
+
+
+def test_parse_collects_every_problem_with_flag_key_and_suggestion():
+    with pytest.raises(LayoutError) as ei:
+        parse_parallel("tq=4,pp=two,dp=0,ep=-1,expert_parallel=maybe,tp", flag="--infer")
+    v = ei.value.violations
+    assert len(v) == 6
+    assert any("--infer" in x and "'tq'" in x and "did you mean 'tp'" in x for x in v)
+    assert any("pp='two'" in x and "not an integer" in x for x in v)
+    assert any("dp=0" in x and "positive" in x for x in v)
+    assert any("ep=-1" in x for x in v)
+    assert any("expert_parallel" in x and "boolean" in x for x in v)
+    assert any("key=value" in x for x in v)
+    assert all(x.startswith("--infer") for x in v)
+
+
+def test_parse_duplicate_key():
+    with pytest.raises(LayoutError, match="given twice"):
+        parse_parallel("tp=2,tp=4", flag="--train")
+
+
+def test_build_defaults_fit_local_profile():
+    m = tiny_llama()
+    for side, style in (("train", "megatron"), ("infer", "vllm"), ("train", "dtensor"), ("infer", "dtensor")):
+        lay = build_layout(m, side, None, style, None)
+        assert lay.world_size == 4 and lay.side == side
+    lay = build_layout(m, "train", "tp=2", "megatron", None, world_size=8)
+    assert lay.dp == 4 and lay.world_size == 8
+
+
+def test_build_bad_style_and_side():
+    m = tiny_llama()
+    with pytest.raises(LayoutError, match="--infer-style 'megatron'"):
+        build_layout(m, "infer", "tp=2", "megatron", None)
+    with pytest.raises(LayoutError, match="side must be"):
+        build_layout(m, "both", "tp=2", "megatron", None)
+
+
+def test_dtensor_style_matches_vllm_for_plain_tp():
+    m = tiny_llama()
+    d = build_layout(m, "infer", "tp=2,dp=2", "dtensor", None)
+    v = build_layout(m, "infer", "tp=2,dp=2", "vllm", None)
+    i = m.index("model.layers.0.self_attn.o_proj.weight")
+    assert sorted(d.placement(i).items()) == sorted(v.placement(i).items())
+    with pytest.raises(LayoutError, match="pp=2 needs a layout file"):
+        build_layout(m, "train", "tp=2,pp=2", "dtensor", None)
+
+
+def test_validate_allocation_message():
+    m = tiny_qwen3_moe()
+    lay = build_layout(m, "infer", "tp=8,pp=2", "vllm", None)
+    with pytest.raises(LayoutError) as ei:
+        validate_allocation(lay, 12, "infer")
+    assert "world size tp(8) x pp(2) x dp(1) = 16 ranks, but the allocation has 12" in str(ei.value)
+    validate_allocation(lay, 16, "infer")
