@@ -150,21 +150,4 @@ def intersect_templates(src: ShardTemplate, dst: ShardTemplate, tensor_name: str
     )
 
 
-def split_box(box: Box, row_bytes_of, max_bytes: int) -> list[Box]:
-    """Split a box into boxes of at most ``max_bytes``: along the outermost dim with extent > 1,
-    recursing inward when a single slice of that dim is still too big. ``row_bytes_of(box)`` gives
-    the bytes of a box."""
-    if row_bytes_of(box) <= max_bytes:
-        return [box]
-    for d, (a, b) in enumerate(box):
-        if b - a > 1:
-            one = box[:d] + ((a, a + 1),) + box[d + 1 :]
-            per = row_bytes_of(one)
-            if per <= max_bytes:
-                step = max(1, max_bytes // per)
-                return [box[:d] + ((s, min(s + step, b)),) + box[d + 1 :] for s in range(a, b, step)]
-            return [p for s in range(a, b) for p in split_box(box[:d] + ((s, s + 1),) + box[d + 1 :], row_bytes_of, max_bytes)]
-    raise PlanError(f"cannot split box {box} below {max_bytes} bytes (one element is larger)")
-
-
-__all__ = ["PairPieces", "intersect_templates", "split_box"]
+__all__ = ["PairPieces", "intersect_templates"]

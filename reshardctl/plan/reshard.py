@@ -9,7 +9,9 @@ import numpy as np
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec, TensorSpec
 from reshardctl.plan.model import Unit
-from reshardctl.plan.pairs import PairPieces, intersect_templates, split_box
+from reshardctl.layout.indexset import split_box
+from reshardctl.layout.placement import box_numel
+from reshardctl.plan.pairs import PairPieces, intersect_templates
 from reshardctl.plan.rounds import Round, RoundPacker
 from reshardctl.plan.routing import TransferTable, route
 from reshardctl.topology import Topology
@@ -75,22 +77,22 @@ def staging_vector(table: TransferTable, world: int) -> np.ndarray:
     ).astype(np.int64)
 
 
-def _split_table(table: TransferTable, shape_tail_bytes: Callable, bound: int) -> TransferTable:
+def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTable:
+    """Cut every transfer into row-major pieces of at most ``bound`` bytes."""
     parts = []
+    max_elems = max(1, bound // itemsize)
     for t in range(len(table)):
         box = tuple(zip(table.lo[t].tolist(), table.hi[t].tolist()))
-        boxes = split_box(box, shape_tail_bytes, bound)
-        lo = np.asarray([[a for a, _ in b] for b in boxes], dtype=np.int64)
-        hi = np.asarray([[z for _, z in b] for b in boxes], dtype=np.int64)
+        boxes = split_box(box, max_elems)
         n = len(boxes)
         parts.append(
             TransferTable(
                 np.full(n, table.src[t], np.int32),
                 np.full(n, table.dst[t], np.int32),
                 np.full(n, table.stage[t], np.int8),
-                lo,
-                hi,
-                np.asarray([shape_tail_bytes(b) for b in boxes], dtype=np.int64),
+                np.asarray([[a for a, _ in b] for b in boxes], dtype=np.int64),
+                np.asarray([[z for _, z in b] for b in boxes], dtype=np.int64),
+                np.asarray([box_numel(b) * itemsize for b in boxes], dtype=np.int64),
             )
         )
     return TransferTable.concat(parts)
@@ -112,9 +114,8 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
                 out_units.append(u)
                 packer.add_unit(len(out_units) - 1, vec, len(u.tensors), len(u.table))
                 continue
-            itemsize = u.itemsize
-            split = _split_table(u.table, lambda b: itemsize * int(np.prod([z - a for a, z in b])), bound)
-            out_units.append(Unit(u.tensors, split, u.stage, itemsize))
+            split = _split_table(u.table, u.itemsize, bound)
+            out_units.append(Unit(u.tensors, split, u.stage, u.itemsize))
             uid = len(out_units) - 1
             for inst in range(len(u.tensors)):
                 packer.add_pieces(uid, inst, split.src, split.dst, split.nbytes)
