@@ -17,7 +17,7 @@ from reshardctl.models.architectures import (
     ARCHS, BY_CLASS, BY_MODEL_TYPE, EMBED, EXPERT, FINAL_NORM, FP8_KINDS, KIND_ROLE, LM_HEAD, MTP_AFTER,
     MTP_BEFORE, Arch, Block, symbols,
 )
-from reshardctl.models.spec import DTYPE_BYTES, ModelDims, ModelSpec, TensorSpec
+from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
 
 _FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _MISSING = object()
