@@ -178,6 +178,7 @@ class MegatronLayout(SideLayout):
         self._stage_ranks = tuple(tuple(range(p * S, (p + 1) * S)) for p in range(PP))
         self._tied_pp = d.tie_embeddings and PP > 1
         self._stage_index: dict[int, list[int]] | None = None
+        self._by_index: list[Placement | None] = [None] * len(model.tensors)
 
     # ------------------------------------------------------------------ public
     def describe(self) -> str:
@@ -217,6 +218,12 @@ class MegatronLayout(SideLayout):
         return megatron_padded_vocab(self.model.dims.vocab, self.tp)
 
     def placement(self, index: int) -> Placement:
+        p = self._by_index[index]
+        if p is None:
+            p = self._by_index[index] = self._placement(index)
+        return p
+
+    def _placement(self, index: int) -> Placement:
         t = self.model.tensors[index]
         kind = t.kind
         if kind == "scale_inv":

@@ -148,6 +148,7 @@ class VllmLayout(SideLayout):
         self._owner = [j for j, (a, b) in enumerate(self.expert_ranges) for _ in range(a, b)]
         self._templates = Interner()
         self._placements = Interner()
+        self._by_index: list[Placement | None] = [None] * len(model.tensors)
 
     # ------------------------------------------------------------------ public
     def describe(self) -> str:
@@ -175,6 +176,12 @@ class VllmLayout(SideLayout):
         return vllm_padded_vocab(self.model.dims.vocab)
 
     def placement(self, index: int) -> Placement:
+        p = self._by_index[index]
+        if p is None:
+            p = self._by_index[index] = self._placement(index)
+        return p
+
+    def _placement(self, index: int) -> Placement:
         t = self.model.tensors[index]
         kind = t.kind
         if kind == "scale_inv":
