@@ -72,3 +72,15 @@ def test_validate_allocation_message():
         validate_allocation(lay, 12, "infer")
     assert "world size tp(8) x pp(2) x dp(1) = 16 ranks, but the allocation has 12" in str(ei.value)
     validate_allocation(lay, 16, "infer")
+
+
+def test_layout_file_roundtrip_through_build(tmp_path):
+    from reshardctl.layout.layout_file import export_layout_file
+
+    m = tiny_qwen3_moe()
+    lay = build_layout(m, "train", "tp=2,pp=2,ep=2", "megatron", None)
+    path = export_layout_file(lay, tmp_path / "train.yaml")
+    back = build_layout(m, "train", None, None, str(path))
+    assert back.world_size == lay.world_size
+    for i in range(len(m.tensors)):
+        assert sorted(back.placement(i).items()) == sorted(lay.placement(i).items())
