@@ -120,11 +120,19 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        return sum(t.numel for t in self.tensors)
+        got = self.__dict__.get("_num_params")
+        if got is None:
+            got = sum(t.numel for t in self.tensors)
+            object.__setattr__(self, "_num_params", got)
+        return got
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        got = self.__dict__.get("_num_bytes")
+        if got is None:
+            got = sum(t.nbytes for t in self.tensors)
+            object.__setattr__(self, "_num_bytes", got)
+        return got
 
     def index(self, name: str) -> int:
         """Position of a tensor by HF name (O(1) after first call)."""

@@ -152,10 +152,17 @@ def lower_bound(plan: Plan, links: Links) -> LowerBound:
     domains = np.unique(infer_dom)
     dom_index = {int(d): k for k, d in enumerate(domains)}
     dom_bytes = np.zeros(len(domains))  # distinct bytes needed per inference domain
-    cache: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    counts: dict[tuple[int, int], int] = {}
+    keep = []  # placements stay referenced, so their ids are stable
     for i, t in enumerate(model.tensors):
         p = plan.infer.placement(i)
-        key = (id(p.template), p.ranks)
+        key = (id(p), t.itemsize)
+        if key in counts:
+            counts[key] += 1
+            continue
+        counts[key] = 1
+        keep.append(p)
         got = cache.get(key)
         if got is None:
             tpl = p.template
@@ -167,9 +174,11 @@ def lower_bound(plan: Plan, links: Links) -> LowerBound:
                 np.add.at(per_rank, ranks, n)
                 for d in np.unique(infer_dom[ranks]):
                     per_dom[dom_index[int(d)]] += n
-            got = cache[key] = (per_rank, per_dom)
-        need += got[0] * t.itemsize
-        dom_bytes += got[1] * t.itemsize
+            cache[key] = (per_rank, per_dom)
+    for key, n in counts.items():
+        per_rank, per_dom = cache[key]
+        need += per_rank * key[1] * n
+        dom_bytes += per_dom * key[1] * n
     cands: list[tuple[float, str]] = []
     shares_domain = np.intersect1d(topo.domain_of[:T], infer_dom).size > 0
     has_nvlink_peer = topo.gpus_per_node > 1 or topo.nodes_per_domain > 1

@@ -73,15 +73,14 @@ def fingerprint(plan: Plan) -> str:
         h.update(b"\0")
 
     put((plan.transport, plan.bucket_bytes, plan.relay, plan.model.name))
-    for t in plan.model.tensors:
-        put((t.name, t.shape, t.dtype))
+    h.update("\n".join(f"{t.name}|{t.shape}|{t.dtype}" for t in plan.model.tensors).encode())
     put((plan.train.describe(), plan.infer.describe(), sorted(plan.topology.describe().items())))
     for u in plan.units:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
             h.update(np.ascontiguousarray(arr).tobytes())
-    for r in plan.rounds:
-        put((r.index, r.stage, [(e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for e in r.entries]))
+    entries = [(r.index, r.stage, e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for r in plan.rounds for e in r.entries]
+    h.update(np.asarray(entries, dtype=np.int64).tobytes())
     for b in plan.buckets:
         put(b)
     return h.hexdigest()[:16]

@@ -20,19 +20,35 @@ from reshardctl.topology import Topology
 def group_tensors(
     model: ModelSpec, train: SideLayout, infer: SideLayout, select: Callable[[TensorSpec], bool] | None
 ) -> list[tuple[object, object, list[int]]]:
-    """Tensors with the same (trainer placement, inference placement, itemsize), in model order."""
-    groups: dict[tuple, tuple[object, object, list[int]]] = {}
+    """Tensors with the same (trainer placement, inference placement, itemsize), in model order.
+
+    Layouts intern their Placement objects, so the first pass keys on object identity (the
+    placements stay referenced, so identities are stable); the second merges equal placements that
+    are distinct objects."""
+    by_id: dict[tuple[int, int, int], tuple[object, object, list[int]]] = {}
     for i, t in enumerate(model.tensors):
         if select is not None and not select(t):
             continue
         sp, dp = train.placement(i), infer.placement(i)
-        key = (id(sp.template), sp.ranks, id(dp.template), dp.ranks, t.itemsize)
-        g = groups.get(key)
+        key = (id(sp), id(dp), t.itemsize)
+        g = by_id.get(key)
         if g is None:
-            groups[key] = (sp, dp, [i])
+            by_id[key] = (sp, dp, [i])
         else:
             g[2].append(i)
-    return list(groups.values())
+    merged: dict[tuple, tuple[object, object, list[int]]] = {}
+    for (_, _, itemsize), (sp, dp, members) in by_id.items():
+        key = (id(sp.template), sp.ranks, id(dp.template), dp.ranks, itemsize)
+        g = merged.get(key)
+        if g is None:
+            merged[key] = (sp, dp, list(members))
+        else:
+            g[2].extend(members)
+    out = list(merged.values())
+    for g in out:
+        g[2].sort()
+    out.sort(key=lambda g: g[2][0])
+    return out
 
 
 def build_units(
@@ -119,8 +135,8 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
             uid = len(out_units) - 1
             for inst in range(len(u.tensors)):
                 packer.add_pieces(uid, inst, split.src, split.dst, split.nbytes)
-        packer.close()
-        rounds.extend(packer.rounds)
-        loads.extend(packer.loads)
-        index = packer.next_index
+        stage_rounds, stage_loads = packer.finish()
+        rounds.extend(stage_rounds)
+        loads.extend(stage_loads)
+        index += len(stage_rounds)
     return out_units, rounds, loads

@@ -2,9 +2,12 @@
 
 Staging of a rank in a round = bytes it packs to send + bytes it receives. Work arrives as *units*:
 ``count`` identical tensor instances, each with the same per-rank load vector, so tens of thousands of
-expert tensors cost one numpy step each, not one Python object per transfer. A unit whose single
-instance exceeds the bound on some rank is split into pieces (``split_box``) and packed transfer by
-transfer. Greedy first-fit in model order: simple, deterministic, and the bound holds by construction.
+expert tensors cost one numpy step each, not one Python object per transfer.
+
+Packing is first-fit over all open rounds (not next-fit): a unit's instances go into the earliest
+rounds where every rank it touches still has room, so one round carries the work of many disjoint
+rank sets at once. A unit whose single instance exceeds the bound on some rank is split into pieces
+(``split_box``) and placed transfer by transfer. The bound holds by construction.
 """
 
 from __future__ import annotations
@@ -33,51 +36,71 @@ class Round:
 
 
 class RoundPacker:
-    """Accumulates entries into rounds for one stage; ``close()`` ends the current round."""
+    """First-fit packing into rounds of one stage; ``finish()`` returns them in order."""
 
     def __init__(self, world: int, bound: int, stage: int, first_index: int):
+        self.world = world
         self.bound = bound
         self.stage = stage
-        self.load = np.zeros(world, dtype=np.int64)
-        self.entries: list[Entry] = []
-        self.rounds: list[Round] = []
-        self.loads: list[np.ndarray] = []  # staging per rank of each closed round
-        self.next_index = first_index
+        self.first_index = first_index
+        self.load = np.zeros((0, world), dtype=np.int64)  # [rounds, world]
+        self.entries: list[list[Entry]] = []
 
-    def close(self) -> None:
-        if self.entries:
-            self.rounds.append(Round(self.next_index, self.stage, tuple(self.entries)))
-            self.loads.append(self.load.copy())
-            self.next_index += 1
-        self.entries = []
-        self.load[:] = 0
+    def _grow(self, n: int) -> None:
+        self.load = np.concatenate([self.load, np.zeros((n, self.world), dtype=np.int64)])
+        self.entries.extend([] for _ in range(n))
 
     def add_unit(self, unit: int, load: np.ndarray, count: int, n_transfers: int) -> None:
         """``count`` instances of a unit whose per-instance staging vector is ``load`` (max <= bound)."""
         nz = np.nonzero(load)[0]
+        if nz.size == 0:
+            return
         v = load[nz]
+        per_new = int((self.bound // v).min())  # instances that fit in an empty round (>= 1)
+        room = ((self.bound - self.load[:, nz]) // v).min(axis=1) if len(self.load) else np.zeros(0, np.int64)
+        room = np.maximum(room, 0)
+        take = np.minimum(room, np.maximum(count - (np.cumsum(room) - room), 0))
+        placed = int(take.sum())
+        if placed < count:
+            extra = -(-(count - placed) // per_new)
+            start = len(self.load)
+            self._grow(extra)
+            rest = count - placed
+            new_take = np.full(extra, per_new, dtype=np.int64)
+            new_take[-1] = rest - per_new * (extra - 1)
+            take = np.concatenate([take, new_take])
+            del start
         pos = 0
-        while pos < count:
-            room = (self.bound - self.load[nz]) // v
-            k = int(min(room.min(), count - pos)) if nz.size else count - pos
-            if k <= 0:
-                self.close()
-                continue
-            self.load[nz] += k * v
-            self.entries.append(Entry(unit, pos, pos + k, 0, n_transfers))
+        for r in np.nonzero(take)[0].tolist():
+            k = int(take[r])
+            self.load[r, nz] += k * v
+            self.entries[r].append(Entry(unit, pos, pos + k, 0, n_transfers))
             pos += k
 
     def add_pieces(self, unit: int, inst: int, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
-        """One oversized instance, transfer by transfer (each transfer already <= bound)."""
-        start = 0
+        """One oversized instance, transfer by transfer (each transfer already <= bound).
+        Consecutive transfers that land in the same round share one entry."""
+        last_round, start = -1, 0
         for t in range(len(nbytes)):
             s, d, b = int(src[t]), int(dst[t]), int(nbytes[t])
-            if self.load[s] + b > self.bound or self.load[d] + b > self.bound:
-                if t > start:
-                    self.entries.append(Entry(unit, inst, inst + 1, start, t))
-                    start = t
-                self.close()
-            self.load[s] += b
-            self.load[d] += b
-        if len(nbytes) > start:
-            self.entries.append(Entry(unit, inst, inst + 1, start, len(nbytes)))
+            ok = (self.load[:, s] + b <= self.bound) & (self.load[:, d] + b <= self.bound) if len(self.load) else np.zeros(0, bool)
+            if s == d:
+                ok &= self.load[:, s] + 2 * b <= self.bound
+            hits = np.nonzero(ok)[0]
+            if hits.size:
+                r = int(hits[0])
+            else:
+                self._grow(1)
+                r = len(self.load) - 1
+            if r != last_round:
+                if last_round >= 0:
+                    self.entries[last_round].append(Entry(unit, inst, inst + 1, start, t))
+                last_round, start = r, t
+            self.load[r, s] += b
+            self.load[r, d] += b
+        if last_round >= 0:
+            self.entries[last_round].append(Entry(unit, inst, inst + 1, start, len(nbytes)))
+
+    def finish(self) -> tuple[list[Round], list[np.ndarray]]:
+        rounds = [Round(self.first_index + i, self.stage, tuple(e)) for i, e in enumerate(self.entries)]
+        return rounds, [self.load[i].copy() for i in range(len(self.load))]

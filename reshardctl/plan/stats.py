@@ -43,6 +43,10 @@ def traffic(table: TransferTable, topo, world: int) -> np.ndarray:
     return out
 
 
+def _by_link(table: TransferTable, topo) -> np.ndarray:
+    return np.bincount(link_class(table, topo), weights=table.nbytes.astype(np.float64), minlength=3)
+
+
 @dataclass(frozen=True)
 class PlanStats:
     bytes_total: int  # p2p bytes moved (relayed bytes count on every hop)
@@ -72,18 +76,17 @@ def p2p_stats(plan: Plan) -> PlanStats:
             n = e.inst_hi - e.inst_lo
             full = e.t_lo == 0 and e.t_hi == len(unit.table)
             if full:
-                tr = unit_traffic.get(e.unit)
-                if tr is None:
-                    tr = unit_traffic[e.unit] = traffic(unit.table, topo, world)
-                tab = unit.table
+                got = unit_traffic.get(e.unit)
+                if got is None:
+                    got = unit_traffic[e.unit] = (traffic(unit.table, topo, world), _by_link(unit.table, topo))
+                tr, links = got
             else:
                 tab = unit.table.take(np.arange(e.t_lo, e.t_hi))
-                tr = traffic(tab, topo, world)
+                tr, links = traffic(tab, topo, world), _by_link(tab, topo)
             rounds[r, :MSGS] += n * tr[:MSGS]
             rounds[r, MSGS] = np.maximum(rounds[r, MSGS], tr[MSGS])  # messages merge per peer
             staging += n * (tr[NIC_SEND] + tr[NIC_RECV] + tr[NVL_SEND] + tr[NVL_RECV])
-            cls = link_class(tab, topo)
-            by_link += n * np.bincount(cls, weights=tab.nbytes.astype(np.float64), minlength=3)
+            by_link += n * links
         max_staging = max(max_staging, int(staging.max()) if world else 0)
     per_rank = rounds.sum(axis=0) if len(plan.rounds) else np.zeros((K, world))
     return PlanStats(

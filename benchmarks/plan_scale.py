@@ -1,0 +1,94 @@
+"""Planner scale: planning time and peak memory vs model size and rank count (DGX H100 layouts).
+
+Each case runs in a fresh subprocess (clean peak-RSS high-water mark). Prints one row per case and
+how planning time grows with tensors x ranks, measured side by side in this one run.
+
+    .venv/bin/python benchmarks/plan_scale.py            # all cases
+    .venv/bin/python benchmarks/plan_scale.py --quick    # the smallest case of each model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CASES = [
+    # (model, trainer layout (Megatron), inference layout (vLLM))
+    ("llama-3.1-70b", "tp=8,pp=8", "tp=8,dp=8"),  # 64 + 64
+    ("llama-3.1-70b", "tp=8,pp=4,dp=8", "tp=8,dp=32"),  # 256 + 256
+    ("llama-3.1-70b", "tp=8,pp=8,dp=8", "tp=8,dp=64"),  # 512 + 512
+    ("qwen3-235b-a22b", "tp=4,pp=4,ep=8,etp=1", "tp=8,dp=8"),  # 64 + 64
+    ("qwen3-235b-a22b", "tp=4,pp=2,ep=16,etp=1,dp=32", "tp=8,dp=32,expert_parallel=1"),  # 256 + 256
+    ("deepseek-v3", "pp=16,ep=4,first=3,last=2", "tp=8,dp=8"),  # 64 + 64
+    ("deepseek-v3", "pp=16,ep=16,first=3,last=2", "tp=32,dp=8"),  # 256 + 256 (the issue's case)
+    ("deepseek-v3", "pp=16,ep=32,dp=32,first=3,last=2", "tp=32,dp=16"),  # 512 + 512
+]
+QUICK = {0, 3, 5}
+
+CHILD = r"""
+import json, resource, sys, time
+from reshardctl.layout.build import build_layout
+from reshardctl.models import load_model
+from reshardctl.plan.cost import Links, lower_bound, predict
+from reshardctl.plan.planner import build_plan
+from reshardctl.plan.stats import p2p_stats
+from reshardctl.site import load_profile
+from reshardctl.topology import Topology
+
+model_name, train_spec, infer_spec = sys.argv[1:4]
+site = load_profile("dgx-h100")
+model = load_model(model_name)
+train = build_layout(model, "train", train_spec)
+infer = build_layout(model, "infer", infer_spec)
+topo = Topology(train.world_size, infer.world_size, site.gpus_per_node, site.nvlink_domain_nodes)
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+plan = build_plan(model, train, infer, topo, transport="reshard", bucket_bytes=site.refit.bucket_bytes, relay=True)
+t1 = time.perf_counter()
+links = Links.from_site(site)
+stats = p2p_stats(plan)
+pred = predict(plan, links, stats)
+lb = lower_bound(plan, links)
+t2 = time.perf_counter()
+rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({
+    "tensors": len(model.tensors), "train": train.world_size, "infer": infer.world_size,
+    "plan_s": t1 - t0, "cost_s": t2 - t1, "rss_before_mb": rss0 / 1024, "rss_peak_mb": rss1 / 1024,
+    "units": len(plan.units), "rounds": len(plan.rounds), "transfers": plan.num_transfers,
+    "predicted_s": pred.predicted_s, "lower_bound_s": lb.seconds,
+}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'model':<16} {'trainer':<32} {'inference':<30} {'tensors':>7} {'ranks':>9} {'plan s':>7} "
+          f"{'stats+cost s':>12} {'peak MB':>8} {'+MB':>6} {'rounds':>6} {'transfers':>10} {'pred s':>7} {'LB s':>6}")
+    for i, (model, tr, inf) in enumerate(CASES):
+        if args.quick and i not in QUICK:
+            continue
+        out = subprocess.run([sys.executable, "-c", CHILD, model, tr, inf], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{model} {tr} -> {inf}: FAILED\n{out.stderr[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r.update(model=model, train_spec=tr, infer_spec=inf)
+        rows.append(r)
+        print(f"{model:<16} {tr:<32} {inf:<30} {r['tensors']:>7} {r['train']:>4}+{r['infer']:<4} {r['plan_s']:>7.2f} "
+              f"{r['cost_s']:>12.2f} {r['rss_peak_mb']:>8.0f} {r['rss_peak_mb'] - r['rss_before_mb']:>6.0f} "
+              f"{r['rounds']:>6} {r['transfers']:>10} {r['predicted_s']:>7.3f} {r['lower_bound_s']:>6.3f}")
+    if len(rows) > 1:
+        base = min(rows, key=lambda r: r["tensors"] * (r["train"] + r["infer"]))
+        print("\ngrowth vs the smallest case (tensors x ranks, planning time):")
+        for r in rows:
+            work = r["tensors"] * (r["train"] + r["infer"]) / (base["tensors"] * (base["train"] + base["infer"]))
+            print(f"  {r['model']:<16} {r['train']:>4}+{r['infer']:<4} work x{work:7.1f}   time x{r['plan_s'] / base['plan_s']:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
