@@ -1,0 +1,308 @@
+"""`reshardctl plan` through reshardctl.cli.main(argv): defaults, --json, --out (all or nothing),
+--export-transfers checked by an independent checker, --compare-infer ordering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reshardctl.cli import main
+from reshardctl.layout.build import build_layout
+from reshardctl.models import load_model
+from reshardctl.plan.serialize import load_plan
+from reshardctl.site import load_profile
+from reshardctl.topology import Topology
+
+# A small llama (2 layers, hidden 64, vocab 256): export checks hold whole tensors in numpy.
+SMALL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_profile_path(monkeypatch):
+    monkeypatch.delenv("RESHARDCTL_PROFILE_PATH", raising=False)
+
+
+@pytest.fixture
+def small_model(tmp_path) -> str:
+    d = tmp_path / "small"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SMALL))
+    return str(d / "config.json")
+
+
+def run_json(capsys, *args) -> dict:
+    code = main(["plan", *args, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+# ------------------------------------------------------------------ basics ----------------------------
+def test_no_args_works(capsys):
+    assert main(["plan"]) == 0
+    out, err = capsys.readouterr()
+    for word in ("reshard", "gather_broadcast", "hybrid", "lower bound", "NCCL m2n.reshard", "tiny-llama"):
+        assert word in out
+    assert "Traceback" not in err
+
+
+def test_json_keys(capsys):
+    d = run_json(capsys)
+    for k in ("fingerprint", "bytes_total", "lower_bound_s", "lower_bound_reason", "transports", "m2n_compat",
+              "planning_s", "inputs"):
+        assert k in d, k
+    assert set(d["transports"]) == {"reshard", "gather_broadcast", "hybrid"}
+    model = load_model("tiny-llama")
+    assert d["bytes_total"] == model.num_bytes
+    assert d["inputs"]["site"] == "local" and d["inputs"]["model"] == "tiny-llama"
+    assert d["inputs"]["relay"] is False  # local is cpu_only: auto = off
+    assert d["inputs"]["bucket_bytes"] == load_profile("local").refit.bucket_bytes
+    for name, t in d["transports"].items():
+        for k in ("predicted_s", "efficiency", "bytes_moved", "transfers", "rounds", "buckets", "max_staging_bytes",
+                  "busiest", "fingerprint", "bytes_by_link"):
+            assert k in t, (name, k)
+        assert sum(t["bytes_by_link"].values()) == t["bytes_moved"]
+        assert t["efficiency"] == pytest.approx(d["lower_bound_s"] / t["predicted_s"])
+        assert 0 < t["efficiency"] <= 1 + 1e-9
+        assert t["max_staging_bytes"] <= d["inputs"]["bucket_bytes"]
+    assert d["fingerprint"] == d["transports"][d["primary_transport"]]["fingerprint"]
+    assert d["transports"]["gather_broadcast"]["rounds"] == 0 and d["transports"]["reshard"]["buckets"] == 0
+    c = d["m2n_compat"]
+    assert c["compatible_tensors"] + c["incompatible_tensors"] == len(model.tensors)
+
+
+def test_single_transport_and_bucket(capsys):
+    d = run_json(capsys, "--transport", "gather_broadcast", "--bucket-mb", "16", "--relay", "on")
+    assert list(d["transports"]) == ["gather_broadcast"]
+    assert d["inputs"]["bucket_bytes"] == 16 << 20 and d["inputs"]["relay"] is True
+    assert d["primary_transport"] == "gather_broadcast"
+
+
+def test_relay_auto_rule():
+    from reshardctl.commands.plan import resolve_relay
+
+    assert resolve_relay("auto", load_profile("local"))[0] is False  # cpu_only
+    for name in ("dgx-h100", "gb200-nvl72"):
+        p = load_profile(name)
+        nic = min(p.links.nic_bytes_per_s, p.links.node_nic_bytes_per_s / p.gpus_per_node)
+        assert resolve_relay("auto", p)[0] is (not p.cpu_only and p.links.nvlink_bytes_per_s >= 2 * nic)
+    assert resolve_relay("on", load_profile("local"))[0] is True
+
+
+# ------------------------------------------------------------------ --out -----------------------------
+def test_out_writes_loadable_plans(capsys, tmp_path):
+    out = tmp_path / "o" / "plans"
+    d = run_json(capsys, "--train", "tp=2,pp=2", "--out", str(out))
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json"]
+    assert json.loads((out / "plan.json").read_text())["fingerprint"] == d["fingerprint"]
+    m = load_model("tiny-llama")
+    tr = build_layout(m, "train", "tp=2,pp=2", "megatron")
+    inf = build_layout(m, "infer", None, "vllm")
+    topo = Topology.from_site(load_profile("local"), tr.world_size, inf.world_size)
+    for t, rep in d["transports"].items():
+        plan = load_plan(out / f"plan-{t}.npz", m, tr, inf, topo)
+        assert plan.fingerprint == rep["fingerprint"]
+    # rerun into the existing directory: files replaced, no temp files left
+    run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert not list(tmp_path.glob("o/.*"))
+
+
+def test_bad_layout_writes_nothing(capsys, tmp_path):
+    out, exp = tmp_path / "out", tmp_path / "t.jsonl"
+    code = main(["plan", "--train", "tp=3", "--out", str(out), "--export-transfers", str(exp)])
+    o, err = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" not in err and "16/3" in err and "tp=3" in err
+    assert not out.exists() and not exp.exists()
+    assert list(tmp_path.iterdir()) == []
+    # an existing --out directory is left untouched by a failing run
+    out.mkdir()
+    (out / "plan.json").write_text("old")
+    code = main(["plan", "--infer", "tp=2,dp=3", "--out", str(out)])
+    o, err = capsys.readouterr()
+    assert code == 2 and "1 + 2 = 3 nodes" in err
+    assert [p.name for p in out.iterdir()] == ["plan.json"] and (out / "plan.json").read_text() == "old"
+
+
+def test_all_layout_problems_listed(capsys):
+    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "--train" in err and "--compare-infer" in err and "layout problems" in err
+
+
+# ------------------------------------------------------------------ --export-transfers ----------------
+def _holding_mask(placement, rank, shape) -> np.ndarray:
+    m = np.zeros(shape, dtype=bool)
+    for box in placement.holding(rank):
+        m[tuple(slice(a, b) for a, b in box)] = True
+    return m
+
+
+def _sl(region) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in region)
+
+
+def check_export(lines: list[dict], model, train, infer) -> dict:
+    """Independent checker of an export: from the layouts' placements only.
+
+    Every destination element is received exactly once from a source that holds it (stage 1: a
+    trainer rank per the trainer placement, or a bucket broadcast whose gathers cover the tensor
+    exactly once from holders; stage 2: an inference relay that received it in stage 1), and
+    replaying the lines on synthetic data (a global arange per tensor) gives every inference rank
+    exactly its slice."""
+    T, I = train.world_size, infer.world_size
+    idx = {t.name: i for i, t in enumerate(model.tensors)}
+    truth = {t.name: np.arange(t.numel, dtype=np.int64).reshape(t.shape) for t in model.tensors}
+    count = {}  # (tensor, infer rank) -> int array of receives per element
+    buf = {}  # (tensor, infer rank) -> received values (-1 = nothing yet)
+
+    def dst_arrays(name, r):
+        key = (name, r)
+        if key not in count:
+            shape = model.tensors[idx[name]].shape
+            count[key] = np.zeros(shape, dtype=np.int64)
+            buf[key] = np.full(shape, -1, dtype=np.int64)
+        return count[key], buf[key]
+
+    def receive(name, r, sl, values):
+        c, b = dst_arrays(name, r)
+        c[sl] += 1
+        b[sl] = values
+
+    p2p = [ln for ln in lines if ln["op"] == "p2p"]
+    for stage in (1, 2):
+        for ln in (x for x in p2p if x["stage"] == stage):
+            name, sl = ln["tensor"], _sl(ln["region"])
+            t = model.tensors[idx[name]]
+            assert ln["bytes"] == int(np.prod([b - a for a, b in ln["region"]])) * t.itemsize
+            assert T <= ln["dst"] < T + I and ln["dst_side_rank"] == ln["dst"] - T
+            if stage == 1:
+                assert 0 <= ln["src"] < T and ln["src_side_rank"] == ln["src"]
+                assert _holding_mask(train.placement(idx[name]), ln["src"], t.shape)[sl].all(), ln
+                values = truth[name][sl]
+            else:
+                assert T <= ln["src"] < T + I and ln["src_side_rank"] == ln["src"] - T
+                c, b = dst_arrays(name, ln["src"] - T)
+                assert (c[sl] == 1).all(), f"relay {ln['src']} forwards {name}{ln['region']} it did not receive"
+                values = b[sl]
+            receive(name, ln["dst"] - T, sl, values)
+    gathers: dict[tuple[int, str], np.ndarray] = {}
+    for ln in (x for x in lines if x["op"] == "gather"):
+        name, sl = ln["tensor"], _sl(ln["region"])
+        t = model.tensors[idx[name]]
+        assert 0 <= ln["src"] < T and 0 <= ln["dst"] < T
+        assert _holding_mask(train.placement(idx[name]), ln["src"], t.shape)[sl].all(), ln
+        gathers.setdefault((ln["bucket"], name), np.zeros(t.shape, np.int64))[sl] += 1
+    for ln in (x for x in lines if x["op"] == "broadcast"):
+        name = ln["tensor"]
+        g = gathers.pop((ln["bucket"], name))
+        assert (g == 1).all(), f"bucket {ln['bucket']}: {name} not gathered exactly once"
+        assert sorted(ln["dst"]) == list(range(T, T + I)) and ln["dst_side_rank"] == list(range(I))
+        for r in range(I):  # every inference rank keeps what it holds from the broadcast tensor
+            keep = _holding_mask(infer.placement(idx[name]), r, model.tensors[idx[name]].shape)
+            c, b = dst_arrays(name, r)
+            c[keep] += 1
+            b[keep] = truth[name][keep]
+    assert not gathers, f"gathered but never broadcast: {sorted(gathers)[:3]}"
+    received = 0
+    for i, t in enumerate(model.tensors):
+        for r in range(I):
+            need = _holding_mask(infer.placement(i), r, t.shape)
+            c, b = dst_arrays(t.name, r)
+            assert (c[need] == 1).all(), f"{t.name} on infer rank {r}: elements received {c[need].min()}..{c[need].max()} times"
+            assert (c[~need] == 0).all(), f"{t.name} on infer rank {r}: received elements it does not hold"
+            assert (b[need] == truth[t.name][need]).all(), f"{t.name} on infer rank {r}: wrong data"
+            received += int(need.sum()) * t.itemsize
+    return {"lines": len(lines), "bytes_received": received}
+
+
+def _export(capsys, tmp_path, model, *args) -> tuple[list[dict], dict]:
+    exp = tmp_path / "t.jsonl"
+    d = run_json(capsys, "--model", model, "--export-transfers", str(exp), *args)
+    lines = [json.loads(x) for x in exp.read_text().splitlines()]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    return lines, d
+
+
+@pytest.mark.parametrize("train,infer,relay", [
+    ("tp=2,pp=2", "tp=2,dp=2", "on"),
+    ("tp=2,dp=2", "tp=4", "off"),
+    ("tp=4", "tp=1,dp=4", "on"),
+])
+def test_export_reshard_exact(capsys, tmp_path, small_model, train, infer, relay):
+    lines, d = _export(capsys, tmp_path, small_model, "--transport", "reshard", "--train", train, "--infer", infer,
+                       "--relay", relay)
+    m = load_model(small_model)
+    tl, il = build_layout(m, "train", train, "megatron"), build_layout(m, "infer", infer, "vllm")
+    rep = check_export(lines, m, tl, il)
+    assert all(ln["op"] == "p2p" for ln in lines)
+    assert rep["lines"] == d["transports"]["reshard"]["p2p_transfers"]
+    assert sum(ln["bytes"] for ln in lines) == d["transports"]["reshard"]["bytes_moved"]
+    if relay == "on" and il.world_size > 1 and "dp=4" in infer:
+        assert any(ln["stage"] == 2 for ln in lines)
+
+
+@pytest.mark.parametrize("transport", ["gather_broadcast", "hybrid"])
+def test_export_buckets_exact(capsys, tmp_path, small_model, transport):
+    lines, d = _export(capsys, tmp_path, small_model, "--transport", transport, "--train", "tp=2,pp=2",
+                       "--infer", "tp=2,dp=2", "--bucket-mb", "0.01")
+    m = load_model(small_model)
+    check_export(lines, m, build_layout(m, "train", "tp=2,pp=2", "megatron"), build_layout(m, "infer", None, "vllm"))
+    ops = {ln["op"] for ln in lines}
+    assert {"gather", "broadcast"} <= ops
+    assert ("p2p" in ops) == (transport == "hybrid")
+    assert len({ln["bucket"] for ln in lines if ln["op"] == "broadcast"}) == d["transports"][transport]["buckets"]
+
+
+def test_checker_catches_a_bad_export(capsys, tmp_path, small_model):
+    lines, _ = _export(capsys, tmp_path, small_model, "--transport", "reshard")
+    m = load_model(small_model)
+    tl, il = build_layout(m, "train", None, "megatron"), build_layout(m, "infer", None, "vllm")
+    with pytest.raises(AssertionError):
+        check_export(lines[1:], m, tl, il)  # a missing piece
+    with pytest.raises(AssertionError):
+        check_export(lines + lines[:1], m, tl, il)  # a duplicate
+    first = lines[0]
+    i = m.index(first["tensor"])
+    wrong = [r for r in range(tl.world_size)
+             if not _holding_mask(tl.placement(i), r, m.tensors[i].shape)[_sl(first["region"])].all()]
+    assert wrong  # tp=2: the other TP rank does not hold this piece
+    bad = dict(first, src=wrong[0], src_side_rank=wrong[0])
+    with pytest.raises(AssertionError):
+        check_export([bad] + lines[1:], m, tl, il)  # a source that does not hold the piece
+    c = first["region"]
+    wrong_data = [dict(first, region=[[a, b] for a, b in c])]
+    wrong_data[0]["dst"] = first["dst"] + 1 if first["dst"] + 1 < tl.world_size + il.world_size else first["dst"] - 1
+    wrong_data[0]["dst_side_rank"] = wrong_data[0]["dst"] - tl.world_size
+    with pytest.raises(AssertionError):
+        check_export(wrong_data + lines[1:], m, tl, il)  # delivered to the wrong rank
+
+
+# ------------------------------------------------------------------ --compare-infer -------------------
+def test_compare_infer_ordered_by_predicted(capsys):
+    d = run_json(capsys, "--transport", "reshard", "--compare-infer", "tp=4", "--compare-infer", "tp=1,dp=4",
+                 "--compare-infer", "tp=2,dp=1")
+    rows = d["compare"]
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4]
+    assert [r["predicted_s"] for r in rows] == sorted(r["predicted_s"] for r in rows)
+    assert {r["infer"] for r in rows} == {"tp=4", "tp=1,dp=4", "tp=2,dp=1", "tp=2,dp=2"}
+    assert sum(r["current"] for r in rows) == 1
+    assert all(r["transport"] == "reshard" for r in rows)
+    assert main(["plan", "--compare-infer", "tp=4"]) == 0
+    out, _ = capsys.readouterr()
+    assert "by predicted refit time" in out
+
+
+def test_help_lists_plan(capsys):
+    assert main(["--help"]) == 0
+    assert "plan" in capsys.readouterr().out
