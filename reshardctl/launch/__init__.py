@@ -1,0 +1,1 @@
+"""Starting rank processes: on this machine (``local``), later Slurm."""

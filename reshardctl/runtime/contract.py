@@ -1,0 +1,169 @@
+"""What the runtime consumes and produces.
+
+``ExecutablePlan`` is the planner's side of the contract (any object with these members will do);
+``StaticPlan`` is a plain, picklable snapshot of one (what a launcher ships to rank processes);
+``RunOptions`` are the knobs of one run; ``RankReport`` is what one rank hands back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from reshardctl.layout.placement import Box
+from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.schedule import Step
+
+Holdings = Mapping[int, tuple[Box, ...]]  # tensor index -> boxes (in a fixed order)
+
+
+@runtime_checkable
+class ExecutablePlan(Protocol):
+    model: ModelSpec
+    train_world: int
+    infer_world: int
+    transport: str
+    fingerprint: str
+    bucket_bytes: int
+
+    def steps_for(self, global_rank: int) -> list[Step]: ...
+
+    def src_holdings(self, train_rank: int) -> Holdings: ...
+
+    def dst_holdings(self, infer_rank: int) -> Holdings: ...
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """Every rank's steps and holdings written out: picklable, no planner code needed to read it."""
+
+    model: ModelSpec
+    train_world: int
+    infer_world: int
+    transport: str
+    fingerprint: str
+    bucket_bytes: int
+    steps: Mapping[int, tuple[Step, ...]]  # global rank -> steps (missing = no steps)
+    src: Mapping[int, Holdings]  # train rank -> holdings
+    dst: Mapping[int, Holdings]  # infer rank -> holdings
+
+    @property
+    def world_size(self) -> int:
+        return self.train_world + self.infer_world
+
+    def __reduce__(self):
+        # ModelSpec keeps its config in a mappingproxy, which pickle refuses: ship its parts instead.
+        m = self.model
+        parts = (m.name, m.dims, m.tensors, m.source, dict(m.config))
+        return (_rebuild_static, (parts, self.train_world, self.infer_world, self.transport, self.fingerprint,
+                                  self.bucket_bytes, dict(self.steps), dict(self.src), dict(self.dst)))
+
+    def steps_for(self, global_rank: int) -> list[Step]:
+        return list(self.steps.get(global_rank, ()))
+
+    def src_holdings(self, train_rank: int) -> Holdings:
+        return self.src.get(train_rank, {})
+
+    def dst_holdings(self, infer_rank: int) -> Holdings:
+        return self.dst.get(infer_rank, {})
+
+    @classmethod
+    def freeze(cls, plan: ExecutablePlan) -> "StaticPlan":
+        """Snapshot any plan (e.g. the planner's own object) into a StaticPlan."""
+        if isinstance(plan, StaticPlan):
+            return plan
+        world = plan.train_world + plan.infer_world
+        return cls(
+            model=plan.model,
+            train_world=plan.train_world,
+            infer_world=plan.infer_world,
+            transport=plan.transport,
+            fingerprint=plan.fingerprint,
+            bucket_bytes=plan.bucket_bytes,
+            steps={r: tuple(plan.steps_for(r)) for r in range(world)},
+            src={r: dict(plan.src_holdings(r)) for r in range(plan.train_world)},
+            dst={r: dict(plan.dst_holdings(r)) for r in range(plan.infer_world)},
+        )
+
+
+def _rebuild_static(parts, *rest) -> "StaticPlan":
+    name, dims, tensors, source, config = parts
+    return StaticPlan(ModelSpec(name, dims, tensors, source, config), *rest)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Knobs of one run, identical on every rank."""
+
+    run_dir: str | None = None  # events go to <run_dir>/events/rank-<N>.jsonl; None = no events
+    iterations: int = 1
+    first_step: int = 1  # training step of the first refit; inference starts on step first_step-1
+    timeout_s: float = 60.0  # bound on every blocking communication call
+    rendezvous_timeout_s: float | None = None  # default: timeout_s
+    device: str = "auto"  # "auto" (CUDA when available), "cpu", "cuda"
+    checkpoint: str | None = None  # safetensors file or directory; None = synthetic weights
+    initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
+    full_check: bool = False  # compare every destination box to the weight source before commit
+    overlap: bool = True  # pack/gather step k+1 while step k is in flight
+    dump_weights: bool = False  # inference ranks torch.save their current weights at the end
+    baseline: bool = False  # after the refits, time raw send/recv of the same message sizes
+    faults: str | None = None  # test-only fault spec (see faults.py); RESHARDCTL_TEST_* env vars too
+
+
+@dataclass(frozen=True)
+class IterationReport:
+    step: int
+    committed: bool
+    transfer_s: float  # from the common start (barrier) to this rank's last step finished
+    verify_s: float
+    commit_s: float
+    full_check_s: float
+    bytes_sent: int  # payload bytes (regions), without padding and trailers
+    bytes_received: int
+    wire_bytes: int  # bytes actually posted (sent + received), padding and trailers included
+
+
+@dataclass(frozen=True)
+class RankReport:
+    global_rank: int
+    side: str
+    side_rank: int
+    ok: bool
+    error_type: str | None = None
+    error_message: str | None = None
+    backend: str = ""
+    device: str = ""
+    rendezvous_s: float = 0.0
+    group_init_s: float = 0.0
+    materialise_s: float = 0.0
+    iterations: tuple[IterationReport, ...] = ()
+    peak_staging_bytes: int = 0  # transient pack/receive/bucket buffers (high-water mark)
+    staged_weight_bytes: int = 0  # the second (staged) copy of the inference weights
+    baseline: Mapping[str, float] = field(default_factory=dict)  # seconds, bytes of the raw transfer
+
+    def raise_for_status(self) -> None:
+        if not self.ok:
+            from reshardctl.errors import TransferError, VerificationError
+
+            cls = VerificationError if self.error_type == "VerificationError" else TransferError
+            raise cls(f"rank {self.global_rank} ({self.side} {self.side_rank}): {self.error_message}")
+
+
+def world_of(plan: ExecutablePlan) -> int:
+    return plan.train_world + plan.infer_world
+
+
+def side_of(global_rank: int, train_world: int) -> tuple[str, int]:
+    return ("train", global_rank) if global_rank < train_world else ("infer", global_rank - train_world)
+
+
+__all__: Sequence[str] = (
+    "ExecutablePlan",
+    "Holdings",
+    "IterationReport",
+    "RankReport",
+    "RunOptions",
+    "StaticPlan",
+    "side_of",
+    "world_of",
+)

@@ -1,0 +1,66 @@
+"""One JSON line per phase per rank: ``<run_dir>/events/rank-<N>.jsonl``.
+
+    with events.phase("round/transfer", round=3, bytes=n, peers=[4, 5]):
+        ...
+
+records ``phase``, ``rank``, ``side``, ``start`` (unix time), ``duration_s``, the given fields and, when
+the body raised, ``error_type`` and ``error`` (then re-raises). Spans measured by hand (an async
+transfer posted in one place and waited in another) go through ``record``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class EventLog:
+    def __init__(self, run_dir: str | Path | None, rank: int, side: str, **common: Any):
+        self.rank, self.side, self.common = rank, side, common
+        self.path = None if run_dir is None else Path(run_dir) / "events" / f"rank-{rank}.jsonl"
+        self._fh = None
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._fh.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
+
+    def record(self, phase: str, start: float, duration_s: float, error: BaseException | None = None,
+               **fields: Any) -> None:
+        rec: dict[str, Any] = {
+            "phase": phase, "rank": self.rank, "side": self.side,
+            "start": round(start, 6), "duration_s": round(duration_s, 6),
+        }
+        rec.update(self.common)
+        rec.update({k: v for k, v in fields.items() if v is not None})
+        if error is not None:
+            rec["error_type"] = type(error).__name__
+            rec["error"] = str(error)
+        self._write(rec)
+
+    @contextmanager
+    def phase(self, name: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Time the body; the yielded dict may be filled with more fields (bytes known only later)."""
+        start, t0 = time.time(), time.perf_counter()
+        extra: dict[str, Any] = {}
+        try:
+            yield extra
+        except BaseException as exc:
+            self.record(name, start, time.perf_counter() - t0, error=exc, **fields, **extra)
+            raise
+        self.record(name, start, time.perf_counter() - t0, **fields, **extra)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

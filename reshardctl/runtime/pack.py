@@ -1,0 +1,288 @@
+"""Packing regions into one contiguous byte message per peer, and back.
+
+Message layout (computed from the plan alone, identically on both sides):
+every region starts at an 8-byte aligned offset (row-major bytes of its box), then an 8-byte aligned
+trailer with one int64 checksum per region. Bucket layout (gather-and-broadcast): every full tensor
+at an 8-byte aligned offset, then one int64 checksum per tensor.
+
+Copies go through uint8 views of the local box tensors, so any dtype, any alignment and any box
+works; torch turns them into row-wise memcpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from reshardctl.errors import TransferError
+from reshardctl.layout.placement import Box, box_numel, box_shape
+from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.schedule import Region
+from reshardctl.runtime.checksum import checksum
+
+
+def align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def _norm(box: Box) -> Box:
+    return box if box else ((0, 1),)
+
+
+def _intersect(a: Box, b: Box) -> Box | None:
+    out = []
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if lo >= hi:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """uint8 view of a tensor whose last dim is contiguous: shape (..., last * itemsize)."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t.view(torch.uint8)
+
+
+def _byte_slices(inner: Box, origin: Box, itemsize: int) -> tuple[slice, ...]:
+    sl = [slice(a - o, b - o) for (a, b), (o, _) in zip(inner, origin)]
+    last = sl[-1]
+    sl[-1] = slice(last.start * itemsize, last.stop * itemsize)
+    return tuple(sl)
+
+
+def _byte_shape(box: Box, itemsize: int) -> tuple[int, ...]:
+    shape = list(box_shape(_norm(box)))
+    shape[-1] *= itemsize
+    return tuple(shape)
+
+
+@dataclass(frozen=True)
+class Layout:
+    offsets: tuple[int, ...]  # start of every item
+    sizes: tuple[int, ...]  # bytes of every item
+    trailer: int  # offset of the int64 checksums (one per item)
+    size: int  # total message bytes
+
+    @property
+    def payload(self) -> int:
+        return sum(self.sizes)
+
+
+def layout_of(sizes: Sequence[int]) -> Layout:
+    offsets, off = [], 0
+    for n in sizes:
+        offsets.append(off)
+        off = align8(off + n)
+    return Layout(tuple(offsets), tuple(sizes), off, off + 8 * len(sizes))
+
+
+def message_layout(model: ModelSpec, regions: Sequence[Region]) -> Layout:
+    """The byte layout of one message; checks every region's size against its box first."""
+    for r in regions:
+        t = model.tensors[r.tensor]
+        want = box_numel(r.box) * t.itemsize
+        if r.nbytes != want or len(r.box) != len(t.shape):
+            raise TransferError(
+                f"plan region of {t.name} {r.box}: nbytes {r.nbytes} but the box holds {want} bytes"
+                f" ({box_numel(r.box)} x {t.itemsize})"
+            )
+    return layout_of([r.nbytes for r in regions])
+
+
+def bucket_layout(model: ModelSpec, tensors: Sequence[int]) -> Layout:
+    return layout_of([model.tensors[i].nbytes for i in tensors])
+
+
+class LocalWeights:
+    """One rank's data of several tensors: for every tensor index, its boxes and one tensor per box."""
+
+    def __init__(self, model: ModelSpec, holdings: Mapping[int, tuple[Box, ...]], data: Mapping[int, list[torch.Tensor]]):
+        self.model = model
+        self.boxes = {i: tuple(b) for i, b in holdings.items()}
+        self.data = {i: list(data[i]) for i in self.boxes}
+        for i, boxes in self.boxes.items():
+            ts = self.data[i]
+            if len(ts) != len(boxes):
+                raise TransferError(f"{model.tensors[i].name}: {len(ts)} local tensors for {len(boxes)} boxes")
+            for b, t in zip(boxes, ts):
+                if tuple(t.shape) != box_shape(b):
+                    raise TransferError(f"{model.tensors[i].name}: local tensor {tuple(t.shape)} for box {b}")
+        self._pieces: dict[tuple[int, Box], tuple[tuple[int, Box], ...]] = {}
+        self.coverage: dict[tuple[int, int], list[Box]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for ts in self.data.values() for t in ts)
+
+    def pieces(self, index: int, box: Box) -> tuple[tuple[int, Box], ...]:
+        """(local box number, intersection) for every local box overlapping ``box``; must cover it."""
+        key = (index, box)
+        got = self._pieces.get(key)
+        if got is None:
+            nb = _norm(box)
+            out = []
+            for k, lb in enumerate(self.boxes.get(index, ())):
+                inter = _intersect(_norm(lb), nb)
+                if inter is not None:
+                    out.append((k, inter))
+            covered = sum(box_numel(i) for _, i in out)
+            if covered != box_numel(nb):
+                name = self.model.tensors[index].name
+                raise TransferError(
+                    f"{name} {box}: this rank holds {covered} of its {box_numel(nb)} elements"
+                    f" (boxes {self.boxes.get(index, ())})"
+                )
+            got = tuple(out)
+            self._pieces[key] = got
+        return got
+
+    def _shaped(self, index: int, box: Box, buf: torch.Tensor) -> torch.Tensor:
+        """``buf`` as the byte-shaped view of ``box``: a flat contiguous segment is reshaped; an
+        already shaped (possibly strided) view is taken as it is."""
+        shape = _byte_shape(box, self.model.tensors[index].itemsize)
+        if tuple(buf.shape) == shape:
+            return buf
+        return buf.view(shape)
+
+    def read_into(self, index: int, box: Box, dst: torch.Tensor) -> None:
+        """Copy ``tensor[index][box]`` (global coordinates) into ``dst``: a flat uint8 segment of the
+        box's bytes (row-major) or a uint8 view already shaped like the box (last dim in bytes)."""
+        isz = self.model.tensors[index].itemsize
+        nb = _norm(box)
+        view = self._shaped(index, box, dst)
+        for k, inter in self.pieces(index, box):
+            lb = _norm(self.boxes[index][k])
+            view[_byte_slices(inter, nb, isz)].copy_(byte_view(self.data[index][k])[_byte_slices(inter, lb, isz)])
+
+    def write_from(self, index: int, box: Box, src: torch.Tensor) -> None:
+        """Copy ``tensor[index][box]`` from ``src`` (flat segment or shaped view) into the local tensors,
+        recording what was written (``coverage_problems``)."""
+        isz = self.model.tensors[index].itemsize
+        nb = _norm(box)
+        view = self._shaped(index, box, src)
+        for k, inter in self.pieces(index, box):
+            lb = _norm(self.boxes[index][k])
+            byte_view(self.data[index][k])[_byte_slices(inter, lb, isz)].copy_(view[_byte_slices(inter, nb, isz)])
+            self.coverage.setdefault((index, k), []).append(inter)
+
+    def reset_coverage(self) -> None:
+        self.coverage = {}
+
+    def coverage_problems(self, limit: int = 20) -> list[str]:
+        """Boxes not exactly covered (each element written once) since the last reset."""
+        problems: list[str] = []
+        for i, boxes in self.boxes.items():
+            for k, b in enumerate(boxes):
+                parts = self.coverage.get((i, k), [])
+                got, want = sum(box_numel(p) for p in parts), box_numel(_norm(b))
+                overlap = None
+                if got == want and 1 < len(parts) <= 256:
+                    overlap = next(
+                        ((p, q) for a, p in enumerate(parts) for q in parts[a + 1 :] if _intersect(p, q)), None
+                    )
+                if got != want or overlap:
+                    name = self.model.tensors[i].name
+                    why = f"written twice: {overlap}" if overlap else f"{got} of {want} elements written"
+                    problems.append(f"{name} box {b}: {why}")
+                    if len(problems) >= limit:
+                        return problems
+        return problems
+
+    def swap_data(self, other: "LocalWeights") -> None:
+        """Exchange tensors with ``other`` (same holdings): the commit's pointer swap."""
+        if self.boxes != other.boxes:
+            raise TransferError("cannot swap weights of different holdings")
+        self.data, other.data = other.data, self.data
+
+
+class BufferPool:
+    """Reusable uint8 buffers (no page faults after the first refit); tracks the staging high-water mark."""
+
+    def __init__(self, device: torch.device, limit_bytes: int | None = None):
+        self.device = device
+        self.limit = limit_bytes
+        self._free: list[torch.Tensor] = []
+        self.in_use = 0
+        self.peak = 0
+        self.reserved = 0
+
+    def acquire(self, n: int) -> torch.Tensor:
+        best = None
+        for j, b in enumerate(self._free):
+            if n <= b.numel() <= 2 * n + 4096 and (best is None or b.numel() < self._free[best].numel()):
+                best = j
+        if best is not None:
+            block = self._free.pop(best)
+        else:
+            if self.limit is not None:
+                self._free.sort(key=lambda b: b.numel())
+                while self._free and self.reserved + n > self.limit:
+                    self.reserved -= self._free.pop().numel()
+            block = torch.empty(max(n, 8), dtype=torch.uint8, device=self.device)
+            self.reserved += block.numel()
+        self.in_use += block.numel()
+        self.peak = max(self.peak, self.in_use)
+        return block
+
+    def release(self, block: torch.Tensor) -> None:
+        self.in_use -= block.numel()
+        self._free.append(block)
+
+    def clear(self) -> None:
+        self.reserved -= sum(b.numel() for b in self._free)
+        self._free.clear()
+
+
+def pack_message(regions: Sequence[Region], layout: Layout, local: LocalWeights, buf: torch.Tensor) -> None:
+    """Regions into ``buf[:layout.size]`` plus their checksums in the trailer."""
+    sums = []
+    for r, off in zip(regions, layout.offsets):
+        seg = buf[off : off + r.nbytes]
+        local.read_into(r.tensor, r.box, seg)
+        sums.append(checksum(seg))
+    _write_trailer(buf, layout, sums)
+
+
+def _write_trailer(buf: torch.Tensor, layout: Layout, sums: list[torch.Tensor]) -> None:
+    if sums:
+        gaps = buf[: layout.trailer]
+        # zero the alignment padding so the wire bytes are deterministic
+        for off, n, nxt in zip(layout.offsets, layout.sizes, layout.offsets[1:] + (layout.trailer,)):
+            if off + n < nxt:
+                gaps[off + n : nxt].zero_()
+        buf[layout.trailer : layout.size].view(torch.int64).copy_(torch.stack(sums))
+
+
+def verify_message(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
+    """Per-item bool tensor: True where the item's checksum does not match the trailer (no host sync)."""
+    if not layout.sizes:
+        return torch.zeros(0, dtype=torch.bool, device=buf.device)
+    got = torch.stack([checksum(buf[o : o + n]) for o, n in zip(layout.offsets, layout.sizes)])
+    return got != buf[layout.trailer : layout.size].view(torch.int64)
+
+
+def unpack_message(regions: Sequence[Region], layout: Layout, buf: torch.Tensor, local: LocalWeights) -> None:
+    for r, off in zip(regions, layout.offsets):
+        local.write_from(r.tensor, r.box, buf[off : off + r.nbytes])
+
+
+def bucket_tensor_view(model: ModelSpec, index: int, layout: Layout, pos: int, buf: torch.Tensor) -> torch.Tensor:
+    """The uint8 byte view (full shape, last dim in bytes) of the ``pos``-th tensor of a bucket."""
+    t = model.tensors[index]
+    off = layout.offsets[pos]
+    return buf[off : off + t.nbytes].view(_byte_shape(tuple((0, n) for n in t.shape), t.itemsize))
+
+
+def box_bytes_in(full_view: torch.Tensor, box: Box, itemsize: int) -> torch.Tensor:
+    """``box`` of a full-tensor byte view."""
+    nb = _norm(box)
+    return full_view[_byte_slices(nb, tuple((0, 0) for _ in nb), itemsize)]
+
+
+def write_trailer(buf: torch.Tensor, layout: Layout, sums: Iterable[torch.Tensor]) -> None:
+    _write_trailer(buf, layout, list(sums))
