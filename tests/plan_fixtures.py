@@ -12,10 +12,14 @@ def chunk_bounds(n: int, k: int, i: int) -> tuple[int, int]:
     return min(i * c, n), min((i + 1) * c, n)
 
 
-def toy_model(shapes: list[tuple[int, ...]], roles: list[str] | None = None, dtype: str = "bfloat16") -> ModelSpec:
+def toy_model(
+    shapes: list[tuple[int, ...]], roles: list[str] | None = None, dtype: str | list[str] = "bfloat16"
+) -> ModelSpec:
+    """``dtype``: one dtype for every tensor, or one per tensor."""
     roles = roles or ["ffn"] * len(shapes)
+    dtypes = [dtype] * len(shapes) if isinstance(dtype, str) else list(dtype)
     tensors = tuple(
-        TensorSpec(f"t{i}.weight", tuple(s), dtype, roles[i], "mlp_up", layer=i) for i, s in enumerate(shapes)
+        TensorSpec(f"t{i}.weight", tuple(s), dtypes[i], roles[i], "mlp_up", layer=i) for i, s in enumerate(shapes)
     )
     dims = ModelDims("toy", 8, len(shapes), 1, 1, 8, 8, 8)
     return ModelSpec("toy", dims, tensors)
@@ -34,7 +38,10 @@ class SplitLayout(SideLayout):
         self._cache = {}
 
     def describe(self) -> str:
-        return f"split shards={self.shards} replicas={self.replicas} dims={self.dims} stages={self.stages}"
+        return (
+            f"split shards={self.shards} replicas={self.replicas} dims={self.dims} stages={self.stages}"
+            f" perm={self.perm}"
+        )
 
     def num_stages(self):
         return self.stages
@@ -61,3 +68,34 @@ class SplitLayout(SideLayout):
                     ranks.append(self.perm[s * self.shards * self.replicas + r * self.shards + k])
             self._cache[key] = Placement(ShardTemplate(t.shape, tuple(holdings)), tuple(ranks))
         return self._cache[key]
+
+
+class BoxLayout(SideLayout):
+    """Explicit placements: ``holdings[i]`` is a list of (rank, boxes) pairs for tensor i (one slot
+    each; a tensor may leave ranks out or leave elements uncovered, for error cases)."""
+
+    def __init__(self, model, side, world_size, holdings, stages=None):
+        self.model, self.side, self.world_size = model, side, world_size
+        self._holdings = [list(h) for h in holdings]
+        self._stages = stages  # per tensor stage index, or None (one stage)
+        self._placements = [
+            Placement(ShardTemplate(t.shape, tuple(tuple(b) for _, b in h)), tuple(r for r, _ in h))
+            for t, h in zip(model.tensors, self._holdings)
+        ]
+
+    def describe(self) -> str:
+        return f"boxes {self._holdings!r}"
+
+    def placement(self, i):
+        return self._placements[i]
+
+    def num_stages(self):
+        return 1 if self._stages is None else max(self._stages) + 1
+
+    def stage_of(self, i):
+        return 0 if self._stages is None else self._stages[i]
+
+    def stage_ranks(self, s):
+        if self._stages is None:
+            return tuple(range(self.world_size))
+        return tuple(sorted({r for i, h in enumerate(self._holdings) if self._stages[i] == s for r, _ in h}))

@@ -1,0 +1,214 @@
+"""Property-based tests of ``build_plan``: random toy models, layouts, topologies and buckets, checked
+by the independent checker (tests/plan_checker.py) and against a naive plan written here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plan_checker import check_plan, naive_cross_domain_bytes
+from plan_fixtures import SplitLayout, toy_model
+from reshardctl.plan.cost import Links, lower_bound, predict
+from reshardctl.plan.model import HYBRID_RESHARD_ROLES
+from reshardctl.plan.planner import build_plan
+from reshardctl.plan.stats import p2p_stats
+from reshardctl.topology import Topology
+
+# RESHARDCTL_PROPERTY_SCALE=20 multiplies the examples and draws fresh random ones (soak runs);
+# the default is small, fixed (derandomized) and fast.
+SCALE = int(os.environ.get("RESHARDCTL_PROPERTY_SCALE", "1"))
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=SCALE == 1)
+
+ROLES = ("ffn", "expert", "norm", "attention")
+DTYPES = ("bfloat16", "float32", "int8")
+
+
+@st.composite
+def layouts(draw, model, side, max_world):
+    stages = draw(st.integers(1, 2))
+    shards = draw(st.integers(1, 4))
+    replicas = draw(st.integers(1, 3))
+    while shards * replicas * stages > max_world:
+        replicas = max(1, replicas - 1) if replicas > 1 else replicas
+        if shards * replicas * stages > max_world:
+            shards = max(1, shards - 1)
+    dims = tuple(draw(st.lists(st.integers(0, 2), min_size=1, max_size=3)))
+    world = shards * replicas * stages
+    perm = draw(st.permutations(range(world))) if draw(st.booleans()) else None
+    return SplitLayout(model, side, shards, replicas=replicas, dims=dims, perm=perm, stages=stages)
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(1, 4))
+    shapes = [tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))) for _ in range(n)]
+    roles = [draw(st.sampled_from(ROLES)) for _ in range(n)]
+    dtypes = [draw(st.sampled_from(DTYPES)) for _ in range(n)]
+    model = toy_model(shapes, roles, dtypes)
+    train = draw(layouts(model, "train", 8))
+    infer = draw(layouts(model, "infer", 12))
+    topo = Topology(train.world_size, infer.world_size, draw(st.integers(1, 4)), draw(st.integers(1, 3)))
+    # tiny buckets force splitting (>= 4 bytes: one float32 element must fit)
+    bucket = draw(st.one_of(st.integers(4, 64), st.sampled_from([100, 1000, 1 << 20])))
+    return model, train, infer, topo, bucket
+
+
+def _plan(s, transport="reshard", relay=False, **kw):
+    model, train, infer, topo, bucket = s
+    return build_plan(model, kw.get("train", train), kw.get("infer", infer), topo,
+                      transport=transport, bucket_bytes=kw.get("bucket", bucket), relay=relay)
+
+
+@pytest.mark.parametrize("transport", ["reshard", "gather_broadcast", "hybrid"])
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(s=scenarios(), relay=st.booleans())
+def test_checker_passes(s, relay, transport):
+    plan = _plan(s, transport, relay)
+    rep = check_plan(plan, hybrid_roles=HYBRID_RESHARD_ROLES if transport == "hybrid" else None)
+    st_ = p2p_stats(plan)
+    assert st_.max_staging <= plan.bucket_bytes
+    # the planner's own accounting agrees with the checker's (computed from steps_for)
+    assert st_.bytes_by_link == rep.bytes_by_link
+    assert st_.bytes_total == rep.p2p_bytes
+    assert st_.max_staging == rep.max_staging
+    assert st_.num_transfers == sum(1 for _ in plan.iter_transfers())
+
+
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(s=scenarios())
+def test_relay_and_topology_never_add_cross_domain_bytes(s):
+    model, train, infer, topo, _ = s
+    plain = p2p_stats(_plan(s, relay=False)).cross_domain_bytes
+    relayed_plan = _plan(s, relay=True)
+    relayed = p2p_stats(relayed_plan).cross_domain_bytes
+    naive = naive_cross_domain_bytes(model, train, infer, topo)
+    assert relayed <= plain <= naive
+    # relay only changes who sends: the bytes every inference rank receives are the same
+    check_plan(relayed_plan, replay=False)
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(s=scenarios(), transport=st.sampled_from(["reshard", "gather_broadcast", "hybrid"]), relay=st.booleans(),
+       data=st.data())
+def test_fingerprint_deterministic_and_sensitive(s, transport, relay, data):
+    model, train, infer, topo, bucket = s
+    a, b = _plan(s, transport, relay), _plan(s, transport, relay)
+    assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
+    assert _plan(s, transport, relay, bucket=bucket + 1).fingerprint != a.fingerprint
+    # a different inference layout with the same world size: permuted ranks or another split dim
+    if infer.world_size > 1 and data.draw(st.booleans()):
+        perm = list(infer.perm)
+        perm[0], perm[1] = perm[1], perm[0]
+        other = SplitLayout(model, "infer", infer.shards, infer.replicas, infer.dims, perm, infer.stages)
+    else:
+        other = SplitLayout(model, "infer", infer.shards, infer.replicas, infer.dims + (1,), infer.perm, infer.stages)
+    assert _plan(s, transport, relay, infer=other).fingerprint != a.fingerprint
+    other_train = SplitLayout(model, "train", train.shards, train.replicas, train.dims + (2,), train.perm, train.stages)
+    assert _plan(s, transport, relay, train=other_train).fingerprint != a.fingerprint
+
+
+links_st = st.builds(
+    lambda nic, nvl_ratio, nics, lat: Links(nic, nic * nvl_ratio, nic * nics, lat, lat * 5),
+    st.sampled_from([12.5e9, 25e9, 50e9]),
+    st.sampled_from([1.0, 4.0, 18.0]),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 1e-6]),
+)
+
+
+@settings(max_examples=50 * SCALE, **SETTINGS)
+@given(s=scenarios(), relay=st.booleans(), links=links_st)
+def test_prediction_never_beats_lower_bound(s, relay, links):
+    plans = {t: _plan(s, t, relay) for t in ("reshard", "gather_broadcast", "hybrid")}
+    lbs = {t: lower_bound(p, links) for t, p in plans.items()}
+    assert len({(lb.seconds, lb.reason) for lb in lbs.values()}) == 1  # transport-independent
+    lb = lbs["reshard"].seconds
+    pred = predict(plans["reshard"], links).predicted_s
+    assert pred >= lb * (1 - 1e-9)
+    assert lb > 0
+
+
+@settings(max_examples=25 * SCALE, **SETTINGS)
+@given(s=scenarios())
+def test_hybrid_is_reshard_plus_broadcast(s):
+    """Hybrid reshards exactly the tensors reshard would (with the same bytes) and broadcasts the rest."""
+    model = s[0]
+    hyb = _plan(s, "hybrid")
+    ids = {r.tensor for rank in range(hyb.world) for st_ in hyb.steps_for(rank) if hasattr(st_, "sends")
+           for p in st_.sends + st_.recvs for r in p.regions}
+    assert ids == {i for i, t in enumerate(model.tensors) if t.role in HYBRID_RESHARD_ROLES}
+    assert {i for b in hyb.buckets for i in b.tensors} == {
+        i for i, t in enumerate(model.tensors) if t.role not in HYBRID_RESHARD_ROLES
+    }
+
+
+# ---- arbitrary box layouts: multi-box holdings, overlapping (non-identical) source replicas, ranks
+# holding nothing, several slots on one rank -----------------------------------------------------
+@st.composite
+def grid_cells(draw, shape):
+    cuts = []
+    for n in shape:
+        inner = sorted(set(draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
+        pts = [0, *inner, n]
+        cuts.append(list(zip(pts, pts[1:])))
+    cells = [()]
+    for c in cuts:
+        cells = [cell + (iv,) for cell in cells for iv in c]
+    return cells
+
+
+@st.composite
+def box_layouts(draw, model, side, world):
+    from plan_fixtures import BoxLayout
+
+    holdings = []
+    for t in model.tensors:
+        cells = draw(grid_cells(t.shape))
+        per_rank: dict[int, list] = {}
+        for cell in cells:
+            for r in draw(st.sets(st.integers(0, world - 1), min_size=1, max_size=min(3, world))):
+                per_rank.setdefault(r, []).append(cell)
+        slots = []
+        for r in draw(st.permutations(range(world))):
+            boxes = per_rank.get(r, [])
+            if len(boxes) > 1 and draw(st.booleans()):  # some ranks hold their boxes as two slots
+                k = draw(st.integers(1, len(boxes) - 1))
+                slots += [(r, tuple(boxes[:k])), (r, tuple(boxes[k:]))]
+            else:
+                slots.append((r, tuple(boxes)))
+        holdings.append(slots)
+    return BoxLayout(model, side, world, holdings)
+
+
+@st.composite
+def box_scenarios(draw):
+    n = draw(st.integers(1, 3))
+    shapes = [tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))) for _ in range(n)]
+    model = toy_model(shapes, [draw(st.sampled_from(ROLES)) for _ in range(n)], [draw(st.sampled_from(DTYPES)) for _ in range(n)])
+    tw, iw = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    train, infer = draw(box_layouts(model, "train", tw)), draw(box_layouts(model, "infer", iw))
+    topo = Topology(tw, iw, draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    bucket = draw(st.one_of(st.integers(4, 64), st.sampled_from([1000, 1 << 20])))
+    return model, train, infer, topo, bucket
+
+
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(s=box_scenarios(), transport=st.sampled_from(["reshard", "gather_broadcast", "hybrid"]), relay=st.booleans())
+def test_checker_passes_on_box_layouts(s, transport, relay):
+    plan = _plan(s, transport, relay)
+    rep = check_plan(plan, hybrid_roles=HYBRID_RESHARD_ROLES if transport == "hybrid" else None)
+    st_ = p2p_stats(plan)
+    assert st_.max_staging <= plan.bucket_bytes
+    assert st_.bytes_by_link == rep.bytes_by_link
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(s=box_scenarios())
+def test_box_layouts_cross_domain_bounds(s):
+    model, train, infer, topo, _ = s
+    plain = p2p_stats(_plan(s, relay=False)).cross_domain_bytes
+    relayed = p2p_stats(_plan(s, relay=True)).cross_domain_bytes
+    assert relayed <= plain <= naive_cross_domain_bytes(model, train, infer, topo)
