@@ -212,3 +212,20 @@ def test_box_layouts_cross_domain_bounds(s):
     plain = p2p_stats(_plan(s, relay=False)).cross_domain_bytes
     relayed = p2p_stats(_plan(s, relay=True)).cross_domain_bytes
     assert relayed <= plain <= naive_cross_domain_bytes(model, train, infer, topo)
+
+
+@settings(max_examples=30 * SCALE, **SETTINGS)
+@given(s=scenarios(), bucket=st.integers(1, 3), transport=st.sampled_from(["reshard", "hybrid", "gather_broadcast"]),
+       relay=st.booleans())
+def test_bucket_below_one_element(s, bucket, transport, relay):
+    """A bucket smaller than one element of a p2p tensor is a PlanError (it used to break the staging
+    bound silently); otherwise the plan is valid (broadcast buckets may hold one larger tensor)."""
+    from reshardctl.errors import PlanError
+
+    model = s[0]
+    p2p = [t for t in model.tensors if transport == "reshard" or (transport == "hybrid" and t.role in HYBRID_RESHARD_ROLES)]
+    if any(t.itemsize > bucket for t in p2p):
+        with pytest.raises(PlanError, match="smaller than one element"):
+            _plan(s, transport, relay, bucket=bucket)
+    else:
+        check_plan(_plan(s, transport, relay, bucket=bucket))

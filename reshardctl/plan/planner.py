@@ -43,6 +43,16 @@ def build_plan(
     elif transport == "hybrid":
         units = build_units(model, train, infer, topology, relay=relay, select=lambda t: t.role in HYBRID_RESHARD_ROLES)
     if units:
+        # a p2p transfer cannot be cut below one element: a bucket smaller than an element would
+        # silently break the staging bound, so say so
+        small = next((u for u in units if u.itemsize > bucket_bytes and len(u.table)), None)
+        if small is not None:
+            t = model.tensors[int(small.tensors[0])]
+            raise PlanError(
+                f"bucket size {bucket_bytes} bytes is smaller than one element of {t.name} "
+                f"({t.dtype}, {t.itemsize} bytes): p2p rounds cannot stage it",
+                hint=f"use a bucket of at least {max(u.itemsize for u in units)} bytes",
+            )
         units, rounds, _ = schedule_rounds(units, topology.world, bucket_bytes)
     if transport in ("gather_broadcast", "hybrid"):
         select = None if transport == "gather_broadcast" else (lambda t: t.role not in HYBRID_RESHARD_ROLES)
