@@ -1,0 +1,142 @@
+"""Multi-process refits on gloo (spawned CPU processes, a fresh port per run).
+
+Every destination byte is checked here, in the test process, against ``weights.synthetic_region``
+(independently of the runtime's own checksums), from the weights each inference rank dumps at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reshardctl.errors import TransferError, VerificationError
+from reshardctl.launch.local import free_port, run_local
+from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.events import read_events
+from reshardctl.runtime.weights import synthetic_region
+
+from runtime_plans import bucket_plan, p2p_plan, relay_case, rows_cols_case
+
+TIMEOUT = 15.0
+
+
+def u8(t):
+    return (t.reshape(1) if t.dim() == 0 else t).view(torch.uint8)
+
+
+def assert_inference_weights(run_dir: Path, plan, step: int) -> None:
+    for d in range(plan.infer_world):
+        dump = torch.load(run_dir / "weights" / f"rank-{plan.train_world + d}.pt")
+        assert dump["step"] == step
+        want_holdings = plan.dst_holdings(d)
+        assert dump["holdings"] == dict(want_holdings)
+        for i, boxes in want_holdings.items():
+            for box, have in zip(boxes, dump["tensors"][i]):
+                want = synthetic_region(plan.model.tensors[i], box, step)
+                assert torch.equal(u8(have), u8(want)), (d, plan.model.tensors[i].name, box, step)
+
+
+def opts(tmp_path, **kw) -> RunOptions:
+    base = dict(run_dir=str(tmp_path), timeout_s=TIMEOUT, dump_weights=True)
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def test_p2p_uneven_boxes_byte_exact_over_three_refits(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    reports = run_local(plan, opts(tmp_path, iterations=3, first_step=5, full_check=True))
+    assert [r.ok for r in reports] == [True] * 4
+    assert all(len(r.iterations) == 3 and all(i.committed for i in r.iterations) for r in reports)
+    assert_inference_weights(tmp_path, plan, 7)
+    sent = sum(i.bytes_sent for r in reports for i in r.iterations[:1])
+    got = sum(i.bytes_received for r in reports for i in r.iterations[:1])
+    assert sent == got == sum(t.nbytes for t in m.tensors) + m.tensors[3].nbytes  # norm goes to both
+    ev = read_events(tmp_path / "events" / "rank-2.jsonl")
+    phases = {e["phase"] for e in ev}
+    assert {"rendezvous", "group_init", "materialise", "round/transfer", "round/unpack", "verify",
+            "verify/full", "commit"} <= phases
+    assert "round/pack" in {e["phase"] for e in read_events(tmp_path / "events" / "rank-0.jsonl")}
+    assert all(r.peak_staging_bytes > 0 for r in reports)
+
+
+def test_stage2_relay_round(tmp_path):
+    m, src, dst, relay = relay_case()
+    plan = p2p_plan(m, src, dst, relay=relay)
+    reports = run_local(plan, opts(tmp_path, iterations=2))
+    assert all(r.ok for r in reports)
+    assert_inference_weights(tmp_path, plan, 2)
+    # relays forwarded what they received: their bytes_sent are non-zero
+    assert reports[2].iterations[0].bytes_sent > 0 and reports[3].iterations[0].bytes_sent > 0
+
+
+def test_gather_broadcast_buckets(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = bucket_plan(m, src, dst, [[0], [1, 2], [3]])
+    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True))
+    assert all(r.ok for r in reports)
+    assert_inference_weights(tmp_path, plan, 2)
+    phases = {e["phase"] for e in read_events(tmp_path / "events" / "rank-0.jsonl")}
+    assert {"bucket/gather", "bucket/broadcast"} <= phases
+
+
+def test_corrupted_byte_fails_verification_and_nobody_commits(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst)
+    with pytest.raises(VerificationError) as info:
+        run_local(plan, opts(tmp_path, iterations=3, faults="corrupt:rank=3,step=2"))
+    msg = str(info.value)
+    assert "rank 3 (infer 1) failed verification" in msg and "checksum mismatch" in msg
+    assert_inference_weights(tmp_path, plan, 1)  # step 1 committed, step 2 rolled back everywhere
+    reports = info.value.reports
+    assert [len(r.iterations) for r in reports] == [1, 1, 1, 1]
+    ev = read_events(tmp_path / "events" / "rank-3.jsonl")
+    assert any(e["phase"] == "verify" and e.get("verdict") == 1 for e in ev)
+    assert any(e["phase"] == "commit" and e.get("error_type") == "VerificationError" for e in ev)
+
+
+def test_corrupted_broadcast_bucket_is_caught(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = bucket_plan(m, src, dst, [[0, 1, 2, 3]])
+    with pytest.raises(VerificationError):
+        run_local(plan, opts(tmp_path, iterations=2, faults="corrupt:rank=2,step=2"))
+    assert_inference_weights(tmp_path, plan, 1)
+
+
+def test_dead_peer_fails_within_the_timeout(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    t0 = time.monotonic()
+    with pytest.raises(TransferError) as info:
+        run_local(plan, opts(tmp_path, iterations=3, timeout_s=5.0, faults="die:rank=1,step=2"))
+    elapsed = time.monotonic() - t0
+    assert not isinstance(info.value, VerificationError)
+    assert "rank 1: exited with code 17" in str(info.value)
+    assert elapsed < 60, elapsed  # spawn ~15 s + bounded failure, not a hang
+    assert_inference_weights(tmp_path, plan, 1)
+
+
+def test_module_entry_with_torchrun_style_env(tmp_path):
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst)
+    (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
+    port = free_port()
+    procs = []
+    for r in range(4):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "reshardctl.runtime.worker", "--plan", str(tmp_path / "plan.pkl"),
+             "--run-dir", str(tmp_path), "--device", "cpu", "--timeout-s", "15", "--dump-weights"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    assert_inference_weights(tmp_path, plan, 1)
+    assert (tmp_path / "reports" / "rank-3.json").is_file()

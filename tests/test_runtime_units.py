@@ -1,0 +1,274 @@
+"""Runtime pieces that need no process group: checksums, environment, packing, weights, events, faults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reshardctl.errors import LaunchError, TransferError
+from reshardctl.plan.schedule import Region
+from reshardctl.runtime.checksum import CHUNK, checksum
+from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
+from reshardctl.runtime.env import read_rank_env
+from reshardctl.runtime.events import EventLog, read_events
+from reshardctl.runtime.executor import check_mirror
+from reshardctl.runtime.faults import Faults, parse_faults
+from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, pack_message, unpack_message,
+                                     verify_message)
+from reshardctl.runtime.weights import CheckpointWeights, materialise, restep_, synthetic_region
+
+from runtime_plans import bucket_plan, model, p2p_plan, relay_case, rows_cols_case
+
+
+def u8(t: torch.Tensor) -> torch.Tensor:
+    return (t.reshape(1) if t.dim() == 0 else t).view(torch.uint8)
+
+
+# ---- checksum ---------------------------------------------------------------------------------------
+def _buf(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 4096, CHUNK * 8 * 2 + 5])
+def test_checksum_catches_every_single_byte_flip_position(n):
+    b = _buf(n)
+    ref = checksum(b)
+    for pos in sorted({0, n // 3, n // 2, n - 1}):
+        c = b.clone()
+        c[pos] ^= 0x01
+        assert checksum(c) != ref
+
+
+def test_checksum_catches_swapped_blocks_and_length():
+    b = _buf(1 << 20)
+    ref = checksum(b)
+    for blk, (i, j) in [(8, (0, 64)), (4096, (0, 8192)), (3, (5, 101)), (1 << 16, (0, 1 << 18))]:
+        c = b.clone()
+        c[i:i + blk], c[j:j + blk] = b[j:j + blk].clone(), b[i:i + blk].clone()
+        assert checksum(c) != ref, (blk, i, j)
+    z = torch.zeros(100, dtype=torch.uint8)
+    assert checksum(z) != checksum(torch.zeros(101, dtype=torch.uint8))
+    # position sensitive even for a block moved across the chunk boundary
+    c = b.clone()
+    c[: CHUNK], c[CHUNK: 2 * CHUNK] = b[CHUNK: 2 * CHUNK].clone(), b[: CHUNK].clone()
+    assert checksum(c) != ref
+
+
+def test_checksum_independent_of_address():
+    b = _buf(1000)
+    big = torch.zeros(1003, dtype=torch.uint8)
+    big[3:] = b
+    assert checksum(big[3:]) == checksum(b)  # unaligned view: same value
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=1, max_size=3000), pos=st.integers(0, 10 ** 6), flip=st.integers(1, 255))
+def test_checksum_property_any_byte_change(data, pos, flip):
+    b = torch.tensor(list(data), dtype=torch.uint8)
+    c = b.clone()
+    c[pos % len(data)] ^= flip
+    assert checksum(c) != checksum(b)
+    assert checksum(b.clone()) == checksum(b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=16, max_size=3000), a=st.integers(0, 10 ** 6), b=st.integers(0, 10 ** 6),
+       ln=st.integers(1, 64))
+def test_checksum_property_swapped_distinct_blocks(data, a, b, ln):
+    n = len(data)
+    ln = min(ln, n // 2)
+    i, j = sorted((a % (n - ln + 1), b % (n - ln + 1)))
+    if j < i + ln:
+        j = i + ln
+    if j + ln > n:
+        return
+    t = torch.tensor(list(data), dtype=torch.uint8)
+    if torch.equal(t[i:i + ln], t[j:j + ln]):
+        return  # swapping equal blocks changes nothing
+    s = t.clone()
+    s[i:i + ln], s[j:j + ln] = t[j:j + ln].clone(), t[i:i + ln].clone()
+    assert checksum(s) != checksum(t)
+
+
+# ---- environment ----------------------------------------------------------------------------------
+BASE = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+NO_CUDA = dict(cuda_available=lambda: False)
+
+
+def test_env_torchrun():
+    e = read_rank_env(2, 2, {**BASE, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, **NO_CUDA)
+    assert (e.global_rank, e.side, e.side_rank, e.local_rank, e.backend, e.source) == (3, "infer", 1, 1, "gloo", "torchrun")
+
+
+def test_env_own_launcher_wins_and_backend_choice():
+    env = {**BASE, "RANK": "0", "WORLD_SIZE": "4", "RESHARDCTL_RANK": "1", "RESHARDCTL_WORLD_SIZE": "4"}
+    e = read_rank_env(2, 2, env, cuda_available=lambda: True)
+    assert (e.global_rank, e.side, e.backend, e.source, e.device) == (1, "train", "nccl", "reshardctl", "cuda:0")
+    assert read_rank_env(2, 2, {**env, "RESHARDCTL_FORCE_CPU": "1"}, cuda_available=lambda: True).backend == "gloo"
+    assert read_rank_env(2, 2, env, force_cpu=True, cuda_available=lambda: True).backend == "gloo"
+
+
+def test_env_slurm_het_job():
+    env = {**BASE, "SLURM_PROCID": "5", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+           "SLURM_NTASKS_HET_GROUP_0": "4", "SLURM_NTASKS_HET_GROUP_1": "2"}
+    e = read_rank_env(4, 2, env, **NO_CUDA)
+    assert (e.global_rank, e.world_size, e.side, e.side_rank, e.local_rank, e.node_rank) == (5, 6, "infer", 1, 1, 2)
+    e = read_rank_env(4, 2, {**env, "SLURM_PROCID": "3"}, **NO_CUDA)
+    assert (e.side, e.side_rank) == ("train", 3)
+    with pytest.raises(LaunchError, match="het group 0 has 4 tasks"):
+        read_rank_env(3, 3, env, **NO_CUDA)
+
+
+def test_env_slurm_two_jobs_and_errors():
+    env = {**BASE, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "RESHARDCTL_SIDE": "infer"}
+    e = read_rank_env(4, 2, env, **NO_CUDA)
+    assert (e.global_rank, e.side, e.side_rank) == (5, "infer", 1)
+    with pytest.raises(LaunchError, match="needs 4"):
+        read_rank_env(4, 2, {**env, "RESHARDCTL_SIDE": "train"}, **NO_CUDA)
+    with pytest.raises(LaunchError, match="no rendezvous address"):
+        read_rank_env(1, 1, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, **NO_CUDA)
+    with pytest.raises(LaunchError, match="world size 3"):
+        read_rank_env(1, 1, {**BASE, "RANK": "0", "WORLD_SIZE": "3"}, **NO_CUDA)
+    with pytest.raises(LaunchError, match="no rank"):
+        read_rank_env(1, 1, BASE, **NO_CUDA)
+
+
+# ---- weights --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float8_e4m3fn", "float64", "int8"])
+def test_synthetic_regions_agree_with_the_full_tensor_and_restep(dtype):
+    m = model([("t", (9, 7), dtype)])
+    t = m.tensors[0]
+    full = synthetic_region(t, ((0, 9), (0, 7)), 3)
+    assert torch.equal(u8(full[2:8, 1:4]), u8(synthetic_region(t, ((2, 8), (1, 4)), 3)))
+    nxt = synthetic_region(t, ((0, 9), (0, 7)), 4)
+    assert (u8(full) != u8(nxt)).all()  # every byte changes from one step to the next
+    assert torch.equal(u8(restep_(t, full.clone(), 3, 4)), u8(nxt))
+
+
+def test_checkpoint_reads_only_slices(tmp_path):
+    from safetensors.torch import save_file
+
+    m = model([("a", (6, 4), "bfloat16"), ("b", (5,), "float32")])
+    full = {t.name: synthetic_region(t, tuple((0, n) for n in t.shape), 7) for t in m.tensors}
+    save_file(full, str(tmp_path / "model.safetensors"))
+    src = CheckpointWeights(m, tmp_path)
+    got = materialise(m, {0: (((2, 5), (1, 3)),), 1: (((1, 4),),)}, 0, source=src)
+    assert torch.equal(u8(got[0][0]), u8(full["a"][2:5, 1:3].contiguous()))
+    assert torch.equal(u8(got[1][0]), u8(full["b"][1:4].contiguous()))
+    src.close()
+
+
+# ---- packing --------------------------------------------------------------------------------------
+def test_pack_unpack_roundtrip_multi_box_sender_and_receiver():
+    m = model([("x", (6, 5), "float8_e4m3fn"), ("y", (4, 3), "bfloat16"), ("s", (), "float32")])
+    # sender holds x in two row boxes; one region spans both (the fallback path)
+    sh = {0: (((0, 2), (0, 5)), ((2, 6), (0, 5))), 1: (((0, 4), (0, 3)),), 2: ((),)}
+    sender = LocalWeights(m, sh, materialise(m, sh, 5))
+    regions = (Region(0, ((1, 5), (1, 4)), 12), Region(1, ((1, 3), (0, 3)), 12), Region(2, (), 4))
+    lay = message_layout(m, regions)
+    assert all(o % 8 == 0 for o in lay.offsets) and lay.size == lay.trailer + 8 * 3
+    buf = torch.empty(lay.size, dtype=torch.uint8)
+    pack_message(regions, lay, sender, buf)
+    assert not verify_message(lay, buf).any()
+    rh = {0: (((1, 3), (1, 4)), ((3, 5), (1, 4))), 1: (((1, 3), (0, 3)),), 2: ((),)}
+    recv = LocalWeights(m, rh, {i: [torch.zeros_like(t) for t in ts] for i, ts in materialise(m, rh, 0).items()})
+    unpack_message(regions, lay, buf, recv)
+    assert recv.coverage_problems() == []
+    want = materialise(m, rh, 5)
+    for i in rh:
+        for a, b in zip(recv.data[i], want[i]):
+            assert torch.equal(u8(a), u8(b))
+    buf[lay.offsets[1] + 3] ^= 1
+    assert verify_message(lay, buf).tolist() == [False, True, False]
+
+
+def test_region_not_held_and_bad_sizes_are_errors():
+    m = model([("x", (4, 4), "float32")])
+    w = LocalWeights(m, {0: (((0, 2), (0, 4)),)}, materialise(m, {0: (((0, 2), (0, 4)),)}, 1))
+    with pytest.raises(TransferError, match="holds 8 of its 16"):
+        w.read_into(0, ((0, 4), (0, 4)), torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(TransferError, match="nbytes 30"):
+        message_layout(m, (Region(0, ((0, 2), (0, 4)), 30),))
+
+
+def test_coverage_detects_gaps_and_double_writes():
+    m = model([("x", (4, 4), "float32")])
+    h = {0: (((0, 4), (0, 4)),)}
+    w = LocalWeights(m, h, materialise(m, h, 1))
+    seg = torch.zeros(32, dtype=torch.uint8)
+    w.write_from(0, ((0, 2), (0, 4)), seg)
+    assert "8 of 16" in w.coverage_problems()[0]
+    w.write_from(0, ((1, 3), (0, 4)), seg)
+    assert "written twice" in w.coverage_problems()[0]
+
+
+def test_buffer_pool_reuses_and_tracks_peak():
+    pool = BufferPool(torch.device("cpu"))
+    a = pool.acquire(1000)
+    b = pool.acquire(500)
+    assert pool.peak == 1500
+    pool.release(a)
+    c = pool.acquire(900)
+    assert c.data_ptr() == a.data_ptr() and pool.peak == 1500
+    pool.release(b), pool.release(c)
+    assert pool.in_use == 0
+
+
+# ---- plans, events, faults --------------------------------------------------------------------------
+def test_hand_plans_satisfy_the_protocol_and_mirror():
+    m, src, dst = rows_cols_case()
+    for plan in (p2p_plan(m, src, dst), p2p_plan(m, src, dst, per_tensor_rounds=True),
+                 bucket_plan(m, src, dst, [[0, 1], [2, 3]])):
+        assert isinstance(plan, ExecutablePlan)
+        for r in range(4):
+            check_mirror(plan, r)
+    m, src, dst, relay = relay_case()
+    plan = p2p_plan(m, src, dst, relay=relay)
+    assert any(s.stage == 2 for s in plan.steps_for(3))
+    import pickle
+
+    again = pickle.loads(pickle.dumps(plan))
+    assert again.steps_for(3) == plan.steps_for(3) and again.model.tensors == plan.model.tensors
+
+
+def test_mismatched_plan_is_refused_before_posting():
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst)
+    steps = dict(plan.steps)
+    r0 = steps[2][0]
+    steps[2] = (type(r0)(r0.index, r0.stage, r0.sends, r0.recvs[:1]),)  # rank 2 forgets rank 1's message
+    bad = StaticPlan(m, 2, 2, "reshard", "x", 1 << 20, steps, src, dst)
+    with pytest.raises(TransferError, match="expects nothing"):
+        check_mirror(bad, 1)
+
+
+def test_events_record_success_and_failure(tmp_path):
+    log = EventLog(tmp_path, 3, "infer")
+    with log.phase("round/transfer", round=2, bytes=10, peers=[0, 1]) as extra:
+        extra["note"] = "x"
+    with pytest.raises(ValueError):
+        with log.phase("verify"):
+            raise ValueError("boom")
+    log.close()
+    ev = read_events(tmp_path / "events" / "rank-3.jsonl")
+    assert [e["phase"] for e in ev] == ["round/transfer", "verify"]
+    assert ev[0]["round"] == 2 and ev[0]["peers"] == [0, 1] and ev[0]["note"] == "x" and ev[0]["duration_s"] >= 0
+    assert ev[1]["error_type"] == "ValueError" and ev[1]["error"] == "boom" and ev[1]["side"] == "infer"
+    json.dumps(ev)
+
+
+def test_fault_spec():
+    f = parse_faults("corrupt:rank=2,step=3", {"RESHARDCTL_TEST_DIE": "rank=1,step=2"})
+    assert [(x.kind, x.rank, x.step) for x in f] == [("corrupt", 2, 3), ("die", 1, 2)]
+    faults = Faults(f, 2)
+    b = torch.zeros(16, dtype=torch.uint8)
+    assert not faults.maybe_corrupt(2, b, 16)
+    assert faults.maybe_corrupt(3, b, 16) and b.sum() > 0
+    assert not faults.maybe_corrupt(3, b, 16)  # once per step
+    with pytest.raises(ValueError):
+        parse_faults("explode:rank=1,step=1", {})
