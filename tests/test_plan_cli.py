@@ -306,3 +306,33 @@ def test_compare_infer_ordered_by_predicted(capsys):
 def test_help_lists_plan(capsys):
     assert main(["--help"]) == 0
     assert "plan" in capsys.readouterr().out
+
+
+LAYOUT_3D = """\
+world_size: 8
+side: train
+rules:
+  - match: "*.mlp.*"
+    mesh: {shape: [2, 2, 2], dim_names: [a, b, c]}
+    placements: ["Shard(0)", "Replicate()", "Replicate()"]
+default:
+  mesh: {shape: [8], dim_names: [dp]}
+  placements: ["Replicate()"]
+"""
+
+
+def test_layout_file_and_compat_reasons(capsys, tmp_path, small_model):
+    lf = tmp_path / "train.yaml"
+    lf.write_text(LAYOUT_3D)
+    d = run_json(capsys, "--model", small_model, "--train-layout", str(lf), "--infer", "tp=2,dp=2",
+                 "--site", "dgx-h100", "--transport", "reshard")
+    c = d["m2n_compat"]
+    assert "mesh" in c["mesh_source"]
+    g = c["reasons"]["train_mesh_ndim"]
+    assert g["tensors"] == 6 and g["max"] == 3  # gate/up/down of 2 layers
+    assert all(".mlp." in n for n in g["examples"])
+    assert c["incompatible_tensors"] == 6 and c["compatible_tensors"] == c["tensors"] - 6
+    assert d["inputs"]["train"].startswith("dtensor")
+    assert main(["plan", "--model", small_model, "--train-layout", str(lf), "--site", "dgx-h100"]) == 0
+    out, _ = capsys.readouterr()
+    assert "6 trainer mesh has more than 2 dims" in out
