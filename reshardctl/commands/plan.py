@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from reshardctl.commands import output
-from reshardctl.errors import InputError, LayoutError, ReshardError
+from reshardctl.errors import InputError, LayoutError
 from reshardctl.plan.model import TRANSPORTS, Plan
 
 TRANSPORT_CHOICES = TRANSPORTS + ("all",)
@@ -526,5 +526,4 @@ def plan_cmd(
         render(result)
 
 
-__all__ = ["plan_cmd", "prepare", "run", "transfer_lines", "export_transfers", "write_out", "resolve_relay",
-           "ReshardError"]
+__all__ = ["plan_cmd", "prepare", "run", "transfer_lines", "export_transfers", "write_out", "resolve_relay"]
