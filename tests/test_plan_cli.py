@@ -111,8 +111,10 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
         plan = load_plan(out / f"plan-{t}.npz", m, tr, inf, topo)
         assert plan.fingerprint == rep["fingerprint"]
     # rerun into the existing directory: files replaced, no temp files left
-    run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
-    assert sorted(p.name for p in out.iterdir()) == names
+    d2 = run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"]
+    assert json.loads((out / "plan.json").read_text())["transports"].keys() == {"reshard"}
+    assert load_plan(out / "plan-reshard.npz", m, tr, inf, topo).fingerprint == d2["fingerprint"] == d["fingerprint"]
     assert not list(tmp_path.glob("o/.*"))
 
 

@@ -396,7 +396,8 @@ def _write_files(d: Path, plans: dict[str, Plan], result: dict, suffix: str = ""
 
 def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> list[Path]:
     """All-or-nothing: a new DIR is filled under a temp name and renamed; into an existing DIR every file
-    is written under a temp name first, then each is renamed over its final name."""
+    is written under a temp name first, then each is renamed over its final name (and ``plan-*.npz`` of
+    transports not planned this time are removed, so DIR always matches its plan.json)."""
     out = Path(out)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -419,6 +420,10 @@ def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> l
         raise
     for tmpf, name in files:
         os.replace(tmpf, out / name)
+    written = {name for _, name in files}
+    for stale in out.glob("plan-*.npz"):  # plans of transports this run did not plan: not ours any more
+        if stale.name not in written:
+            stale.unlink(missing_ok=True)
     return [out / name for _, name in files]
 
 
