@@ -36,6 +36,26 @@ def build_buckets(
         if select is None or select(t):
             by_stage.setdefault(train.stage_of(i), []).append(i)
     full_templates: dict[tuple[int, ...], ShardTemplate] = {}
+    piece_cache: dict[tuple[int, int, int], list[tuple[int, tuple, int]]] = {}
+    keep = []  # placements stay referenced, so their ids are stable
+
+    def gather_pieces(i: int, leader: int) -> list[tuple[int, tuple, int]]:
+        """(source rank, box, bytes) covering tensor i once, routed to the leader; cached per placement."""
+        t = model.tensors[i]
+        sp = train.placement(i)
+        key = (id(sp), leader, t.itemsize)
+        got = piece_cache.get(key)
+        if got is None:
+            keep.append(sp)
+            tpl = full_templates.setdefault(t.shape, ShardTemplate(t.shape, ((full_box(t.shape),),)))
+            pieces = intersect_templates(sp.template, tpl, t.name)
+            table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray([leader], np.int32), topo, t.itemsize)
+            got = piece_cache[key] = [
+                (int(table.src[k]), tuple(zip(table.lo[k].tolist(), table.hi[k].tolist())), int(table.nbytes[k]))
+                for k in range(len(table))
+            ]
+        return got
+
     buckets: list[BroadcastBucket] = []
     index = first_index
     for stage in sorted(by_stage):
@@ -49,14 +69,8 @@ def build_buckets(
                 return
             gather: dict[int, list[Region]] = {}
             for i in current:
-                t = model.tensors[i]
-                sp = train.placement(i)
-                tpl = full_templates.setdefault(t.shape, ShardTemplate(t.shape, ((full_box(t.shape),),)))
-                pieces = intersect_templates(sp.template, tpl, t.name)
-                table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray([leader], np.int32), topo, t.itemsize)
-                for k in range(len(table)):
-                    box = tuple(zip(table.lo[k].tolist(), table.hi[k].tolist()))
-                    gather.setdefault(int(table.src[k]), []).append(Region(i, box, int(table.nbytes[k])))
+                for src, box, nb in gather_pieces(i, leader):
+                    gather.setdefault(src, []).append(Region(i, box, nb))
             buckets.append(
                 BroadcastBucket(
                     index=index,

@@ -83,9 +83,16 @@ def route(
         k_sorted = key[order]
         first = np.ones(n, dtype=bool)
         first[1:] = k_sorted[1:] != k_sorted[:-1]
-        group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-        relay_of = order[group_start]  # the group's first destination relays
-        is_follower = ~first & remote[order]
+        starts = np.nonzero(first)[0]
+        sizes = np.diff(np.append(starts, n))
+        gid = np.cumsum(first) - 1  # group id of each sorted position
+        # the relay rotates over the group's destinations (piece by piece), so the network bytes
+        # entering a domain spread over all its replicas' NICs instead of piling onto replica 0
+        relay_pos = starts + (np.arange(len(starts)) + rotation) % sizes
+        is_relay = np.zeros(n, dtype=bool)
+        is_relay[relay_pos] = True
+        relay_of = order[relay_pos[gid]]
+        is_follower = ~is_relay & remote[order]
         followers = order[is_follower]
         src[followers] = dst[relay_of[is_follower]]
         stage[followers] = 2
