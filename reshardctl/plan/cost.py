@@ -83,7 +83,7 @@ def _round_time(tr: np.ndarray, node_of: np.ndarray, num_nodes: int, links: Link
 def _bucket_traffic(plan: Plan, bucket) -> tuple[np.ndarray, np.ndarray]:
     """[K, world] traffic of a bucket's gather, and of its broadcast (one ring over root + receivers)."""
     world = plan.world
-    node, dom = plan.topology.node_of, plan.topology.domain_of
+    dom = plan.topology.domain_of
     g = np.zeros((5, world))
     for pr in bucket.gather:
         if pr.peer == bucket.root:

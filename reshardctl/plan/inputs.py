@@ -1,0 +1,156 @@
+"""Resolve and validate every input of a plan or a run: site, model, layouts, topology, bucket, relay.
+
+One function (``prepare``) loads everything and raises ONE ``InputError``/``LayoutError`` listing every
+problem, before any planning or process start. Pure apart from reading the input files.
+
+``--relay auto`` turns the two-stage fan-out on when the site has GPUs (not ``cpu_only``) and the
+NVLink bandwidth of a GPU is at least twice its NIC bandwidth, where a GPU's NIC bandwidth is
+``min(nic_bytes_per_s, nics_per_node * nic_bytes_per_s / gpus_per_node)`` (its rail, or its share of
+the node's NICs when every GPU sends at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reshardctl.errors import InputError, LayoutError
+from reshardctl.plan.model import TRANSPORTS
+
+TRANSPORT_CHOICES = TRANSPORTS + ("all",)
+RELAY_MODES = ("auto", "on", "off")
+MIB = 1 << 20
+
+
+@dataclass
+class Candidate:
+    spec: str
+    layout: object
+    topology: object
+    current: bool = False
+
+
+@dataclass
+class Inputs:
+    site: object
+    model: object
+    train: object
+    infer: object
+    topology: object
+    links: object
+    bucket_bytes: int
+    relay: bool
+    relay_mode: str
+    relay_reason: str
+    transports: tuple[str, ...]
+    primary: str
+    train_style: str
+    infer_style: str
+    layers: int | None
+    compare: list[Candidate] = field(default_factory=list)
+
+
+def nic_per_gpu(site) -> float:
+    lk = site.links
+    return min(lk.nic_bytes_per_s, lk.node_nic_bytes_per_s / site.gpus_per_node)
+
+
+def resolve_relay(mode: str, site) -> tuple[bool, str]:
+    """``(relay, why)`` for ``--relay auto|on|off``."""
+    if mode == "on":
+        return True, "--relay on"
+    if mode == "off":
+        return False, "--relay off"
+    if site.cpu_only:
+        return False, f"auto: site {site.name} is cpu_only"
+    nv, nic = site.links.nvlink_bytes_per_s, nic_per_gpu(site)
+    on = nv >= 2 * nic
+    return on, f"auto: NVLink {nv / 1e9:g} GB/s per GPU {'>=' if on else '<'} 2 x NIC {nic / 1e9:g} GB/s per GPU"
+
+
+def _layout(model, side, spec, style, layout_file, problems: list[str], label: str):
+    from reshardctl.layout.build import build_layout
+
+    try:
+        return build_layout(model, side, spec, style, str(layout_file) if layout_file else None)
+    except LayoutError as e:
+        problems.extend(f"{label}: {v}" for v in e.violations)
+    except InputError as e:
+        problems.append(f"{label}: {e}")
+    return None
+
+
+def _topology(site, train, infer, problems: list[str], label: str):
+    from reshardctl.topology import Topology
+
+    try:
+        return Topology.from_site(site, train.world_size, infer.world_size)
+    except LayoutError as e:
+        problems.extend(f"{label}: {v}" for v in e.violations)
+    return None
+
+
+def prepare(
+    *, site: str, model: str, layers: int | None, train: str | None, infer: str | None, train_style: str,
+    infer_style: str, train_layout: str | None, infer_layout: str | None, transport: str,
+    bucket_mb: float | None, relay: str, out: str | None = None, export: str | None = None,
+    compare: list[str] | None = None,
+) -> Inputs:
+    """Load and validate every input; raise one ``InputError`` listing every problem."""
+    from reshardctl.models import load_model
+    from reshardctl.plan.cost import Links
+    from reshardctl.site import load_profile
+
+    problems: list[str] = []
+    if transport not in TRANSPORT_CHOICES:
+        problems.append(f"--transport {transport!r}: expected one of {', '.join(TRANSPORT_CHOICES)}")
+    if relay not in RELAY_MODES:
+        problems.append(f"--relay {relay!r}: expected one of {', '.join(RELAY_MODES)}")
+    if bucket_mb is not None and not bucket_mb > 0:
+        problems.append(f"--bucket-mb must be > 0 (got {bucket_mb:g})")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        problems.append(f"--out {out}: exists and is not a directory")
+    if export is not None:
+        ep = Path(export)
+        if ep.is_dir():
+            problems.append(f"--export-transfers {export}: is a directory")
+        elif not ep.parent.is_dir():
+            problems.append(f"--export-transfers {export}: directory {ep.parent} does not exist")
+    for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
+        if lf is not None and not Path(lf).is_file():
+            problems.append(f"{flag} {lf}: no such file")
+    if problems:  # flag problems first: nothing below can help them
+        _raise(problems)
+    prof = load_profile(site)
+    m = load_model(model, layers=layers)
+    tl = _layout(m, "train", train, train_style, train_layout, problems, "--train")
+    il = _layout(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
+    topo = _topology(prof, tl, il, problems, "allocation") if tl is not None and il is not None else None
+    cands: list[Candidate] = []
+    compare = list(compare or [])
+    for spec in compare:
+        cl = _layout(m, "infer", spec, infer_style, None, problems, f"--compare-infer {spec!r}")
+        if cl is not None and tl is not None:
+            ct = _topology(prof, tl, cl, problems, f"--compare-infer {spec!r}")
+            if ct is not None:
+                cands.append(Candidate(spec, cl, ct))
+    if problems:
+        _raise(problems, layout=True)
+    mb = bucket_mb if bucket_mb is not None else prof.refit.bucket_mb
+    on, why = resolve_relay(relay, prof)
+    transports = TRANSPORTS if transport == "all" else (transport,)
+    primary = prof.refit.transport if transport == "all" else transport
+    if compare:
+        from reshardctl.layout.build import DEFAULT_SPEC
+
+        cur = infer_layout or infer or DEFAULT_SPEC["infer"]
+        cands.insert(0, Candidate(str(cur), il, topo, current=True))
+    return Inputs(prof, m, tl, il, topo, Links.from_site(prof), int(mb * MIB), on, relay, why, transports, primary,
+                  train_style, infer_style, layers, cands)
+
+
+def _raise(problems: list[str], layout: bool = False) -> None:
+    if layout:
+        raise LayoutError(problems)
+    msg = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+    raise InputError(msg)

@@ -1,0 +1,163 @@
+"""The plan report: per-transport figures (the ``--json`` object of ``reshardctl plan``), what-if ranking."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from reshardctl.plan.inputs import Inputs
+from reshardctl.plan.model import Plan
+
+LINK_CLASSES = ("intra_node", "intra_domain", "cross_domain")
+
+
+def _class_of(topo, a: int, b: int) -> int:
+    if topo.node_of[a] == topo.node_of[b]:
+        return 0
+    return 1 if topo.domain_of[a] == topo.domain_of[b] else 2
+
+
+def bucket_link_bytes(plan: Plan) -> np.ndarray:
+    """Bytes per link class of the broadcast buckets: gathers to the root, then the broadcast ring."""
+    out = np.zeros(3, dtype=np.int64)
+    topo = plan.topology
+    for b in plan.buckets:
+        for pr in b.gather:
+            if pr.peer != b.root:
+                out[_class_of(topo, pr.peer, b.root)] += pr.nbytes
+        for a, c in zip(b.group, b.group[1:]):
+            out[_class_of(topo, a, c)] += b.nbytes
+    return out
+
+
+def side_of(plan: Plan, rank: int) -> tuple[str, int]:
+    T = plan.train_world
+    return ("train", rank) if rank < T else ("infer", rank - T)
+
+
+def transport_report(plan: Plan, links, lb) -> dict:
+    """One transport's row (the ``transports.<name>`` object of ``--json``)."""
+    from reshardctl.plan.cost import predict
+    from reshardctl.plan.stats import p2p_stats
+
+    stats = p2p_stats(plan) if plan.rounds else None
+    pred = predict(plan, links, stats)
+    by_link = np.zeros(3, dtype=np.int64)
+    if stats is not None:
+        by_link += np.asarray([stats.bytes_by_link[k] for k in LINK_CLASSES], dtype=np.int64)
+    by_link += bucket_link_bytes(plan)
+    transfers = plan.num_transfers + sum(
+        sum(len(pr.regions) for pr in b.gather if pr.peer != b.root) + len(b.group) - 1 for b in plan.buckets)
+    staging = max([stats.max_staging if stats else 0] + [b.nbytes for b in plan.buckets])
+    side, side_rank = side_of(plan, pred.busiest_rank)
+    return {
+        "predicted_s": pred.predicted_s,
+        "efficiency": (lb.seconds / pred.predicted_s) if pred.predicted_s > 0 else 1.0,
+        "bytes_moved": int(pred.bytes_moved),
+        "transfers": int(transfers),
+        "p2p_transfers": int(plan.num_transfers),
+        "rounds": len(plan.rounds),
+        "buckets": len(plan.buckets),
+        "max_staging_bytes": int(staging),
+        "busiest": {"rank": int(pred.busiest_rank), "side": side, "side_rank": int(side_rank),
+                    "link": pred.busiest_link, "bytes": int(pred.busiest_link_bytes)},
+        "fingerprint": plan.fingerprint,
+        "relay": bool(plan.relay),
+        "bucket_bytes": int(plan.bucket_bytes),
+        "bytes_by_link": {k: int(v) for k, v in zip(LINK_CLASSES, by_link)},
+        "planning_s": plan.planning_s,
+    }
+
+
+def infer_needed_bytes(model, infer) -> int:
+    """Bytes all inference ranks together must end up holding (replicas counted per rank)."""
+    total = 0
+    cache: dict = {}
+    for i, t in enumerate(model.tensors):
+        p = infer.placement(i)
+        n = cache.get(id(p.template))
+        if n is None:
+            n = cache[id(p.template)] = sum(p.template.slot_numel(s) for s in range(p.template.num_slots))
+        total += n * t.itemsize
+    return int(total)
+
+
+def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
+    """Plan every requested transport (+ candidates); return the plans and the ``--json`` object."""
+    from reshardctl.plan.cost import lower_bound
+    from reshardctl.plan.m2n_compat import m2n_compat
+    from reshardctl.plan.planner import build_plan
+
+    t0 = time.perf_counter()
+    order = (inp.primary,) + tuple(t for t in inp.transports if t != inp.primary) if inp.primary in inp.transports else inp.transports
+    plans: dict[str, Plan] = {}
+    for tname in order:
+        plans[tname] = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=tname,
+                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+    first = plans[order[0]]
+    lb = lower_bound(first, inp.links)
+    reports = {t: transport_report(p, inp.links, lb) for t, p in plans.items()}
+    reshard_units = plans["reshard"].units if "reshard" in plans and not inp.relay else None
+    compat = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=reshard_units)
+    result = {
+        "fingerprint": first.fingerprint,
+        "primary_transport": order[0],
+        "bytes_total": int(inp.model.num_bytes),
+        "bytes_needed_by_inference_ranks": infer_needed_bytes(inp.model, inp.infer),
+        "lower_bound_s": lb.seconds,
+        "lower_bound_reason": lb.reason,
+        "transports": reports,
+        "m2n_compat": compat,
+        "planning_s": 0.0,
+        "inputs": inputs_json(inp),
+    }
+    if inp.compare:
+        result["compare"] = compare(inp, order[0])
+    result["planning_s"] = time.perf_counter() - t0
+    return plans, result
+
+
+def compare(inp: Inputs, transport: str) -> list[dict]:
+    from reshardctl.plan.cost import lower_bound, predict
+    from reshardctl.plan.planner import build_plan
+
+    rows = []
+    for c in inp.compare:
+        p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
+                       bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+        pred = predict(p, inp.links)
+        lb = lower_bound(p, inp.links)
+        rows.append({
+            "infer": c.spec, "layout": c.layout.describe(), "current": c.current,
+            "infer_world": c.layout.world_size, "transport": transport, "predicted_s": pred.predicted_s,
+            "lower_bound_s": lb.seconds,
+            "efficiency": lb.seconds / pred.predicted_s if pred.predicted_s > 0 else 1.0,
+            "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint,
+        })
+    rows.sort(key=lambda r: (r["predicted_s"], r["infer"]))
+    for k, r in enumerate(rows, 1):
+        r["rank"] = k
+    return rows
+
+
+def inputs_json(inp: Inputs) -> dict:
+    s, m = inp.site, inp.model
+    return {
+        "site": s.name,
+        "site_source": s.source,
+        "model": m.name,
+        "model_source": m.source,
+        "layers": inp.layers,
+        "num_tensors": len(m.tensors),
+        "train": inp.train.describe(),
+        "infer": inp.infer.describe(),
+        "train_style": inp.train_style,
+        "infer_style": inp.infer_style,
+        "topology": inp.topology.describe(),
+        "transports": list(inp.transports),
+        "bucket_bytes": inp.bucket_bytes,
+        "relay": inp.relay,
+        "relay_mode": inp.relay_mode,
+        "relay_reason": inp.relay_reason,
+    }
