@@ -85,6 +85,26 @@ def fingerprint(plan: Plan) -> str:
     put((plan.transport, plan.bucket_bytes, plan.relay, plan.model.name))
     h.update("\n".join(f"{t.name}|{t.shape}|{t.dtype}" for t in plan.model.tensors).encode())
     put((plan.train.describe(), plan.infer.describe(), sorted(plan.topology.describe().items())))
+    # the placements themselves: describe() need not determine them (a layout file edited in place
+    # keeps its describe(), and load_plan would accept a stale plan for it)
+    for layout in (plan.train, plan.infer):
+        by_id: dict[int, int] = {}  # id(placement) -> content ordinal (placements are interned)
+        by_content: dict[tuple, int] = {}
+        keep: list = []  # alive, so ids stay unique
+        rows = np.empty((len(plan.model.tensors), 2), dtype=np.int64)
+        for i in range(len(plan.model.tensors)):
+            p = layout.placement(i)
+            k = by_id.get(id(p))
+            if k is None:
+                keep.append(p)
+                content = (p.template.shape, p.template.holdings, p.ranks)
+                k = by_content.get(content)
+                if k is None:
+                    k = by_content[content] = len(by_content)
+                    put(content)
+                by_id[id(p)] = k
+            rows[i] = k, layout.stage_of(i)
+        h.update(rows.tobytes())
     for u in plan.units:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
