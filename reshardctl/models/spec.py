@@ -134,6 +134,10 @@ class ModelSpec:
             object.__setattr__(self, "_num_bytes", got)
         return got
 
+    def __reduce__(self):
+        """Pickle with a plain dict for ``config`` (a mappingproxy does not pickle); caches dropped."""
+        return (ModelSpec, (self.name, self.dims, self.tensors, self.source, dict(self.config)))
+
     def index(self, name: str) -> int:
         """Position of a tensor by HF name (O(1) after first call)."""
         idx = self.__dict__.get("_name_index")
