@@ -47,11 +47,15 @@ from reshardctl.commands import profile as _profile  # noqa: E402
 from reshardctl.commands import layout as _layout  # noqa: E402
 from reshardctl.commands import model as _model  # noqa: E402
 from reshardctl.commands.plan import plan_cmd as _plan_cmd  # noqa: E402
+from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
+from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_layout.app, name="layout")
 app.add_typer(_model.app, name="model")
 app.command("plan")(_plan_cmd)
+app.command("run")(_run_cmd)
+app.command("bench")(_bench_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.plan.export import export_transfers, write_out
 from reshardctl.plan.inputs import prepare, resolve_relay  # noqa: F401  (resolve_relay: re-exported for tests)
@@ -88,19 +89,19 @@ def render(result: dict) -> None:
 
 # ---------------------------------------------------------------- command --------------------------------
 def plan_cmd(
-    site: str = typer.Option("local", "--site", help="Site profile name or file."),
-    model: str = typer.Option("tiny-llama", "--model", "-m", help="Preset name or path (config.json / index / directory)."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Keep only the first N decoder layers."),
-    train: Optional[str] = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2" (default tp=2,dp=2).'),
-    infer: Optional[str] = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
-    train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
-    infer_style: str = typer.Option("vllm", "--infer-style", help="vllm | dtensor"),
-    train_layout: Optional[str] = typer.Option(None, "--train-layout", help="Trainer layout file (overrides --train)."),
-    infer_layout: Optional[str] = typer.Option(None, "--infer-layout", help="Inference layout file (overrides --infer)."),
+    site: str = opt.SITE,
+    model: str = opt.MODEL,
+    layers: Optional[int] = opt.LAYERS,
+    train: Optional[str] = opt.TRAIN,
+    infer: Optional[str] = opt.INFER,
+    train_style: str = opt.TRAIN_STYLE,
+    infer_style: str = opt.INFER_STYLE,
+    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
+    infer_layout: Optional[str] = opt.INFER_LAYOUT,
     transport: str = typer.Option("all", "--transport", help="reshard | gather_broadcast | hybrid | all"),
-    bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="Bucket / round bound in MiB (default: the profile's refit.bucket_mb)."),
-    relay: str = typer.Option("auto", "--relay", help="Two-stage NVLink fan-out: auto | on | off."),
-    as_json: bool = typer.Option(False, "--json", help="Print only the JSON report on stdout."),
+    bucket_mb: Optional[float] = opt.BUCKET_MB,
+    relay: str = opt.RELAY,
+    as_json: bool = opt.JSON,
     out: Optional[str] = typer.Option(None, "--out", help="Write plan-<transport>.npz and plan.json into DIR."),
     export: Optional[str] = typer.Option(None, "--export-transfers", help="Write every transfer as JSON lines to FILE."),
     compare_infer: Optional[List[str]] = typer.Option(None, "--compare-infer", help="Candidate inference layout to rank (repeatable)."),

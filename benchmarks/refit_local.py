@@ -1,0 +1,65 @@
+"""Refit on this machine, side by side: reshard vs gather-and-broadcast vs hybrid, and the raw ceiling.
+
+For each case, ONE session of 8 processes (4 trainer + 4 inference, gloo on CPU) runs every
+transport on the same processes, then a raw gloo send/recv of the same per-pair byte volume (the
+loopback ceiling). Prints medians and the ratios the issue asks for.
+
+    .venv/bin/python benchmarks/refit_local.py [--iters 7] [--bucket-mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from reshardctl.plan.inputs import prepare
+from reshardctl.plan.model import TRANSPORTS
+from reshardctl.runs.session import run_session
+
+CASES = [
+    ("dense tp4->tp4", "tiny-llama", "tp=4", "tp=4"),
+    ("MoE ep4->tp4", "tiny-qwen3-moe", "ep=4", "tp=4"),
+    ("dense tp2,pp2->tp2,dp2", "tiny-llama", "tp=2,pp=2", "tp=2,dp=2"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--bucket-mb", type=float, default=None)
+    ap.add_argument("--json", help="also write all summaries to this file")
+    args = ap.parse_args()
+    rows = []
+    for label, model, train, infer in CASES:
+        inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",
+                      infer_style="vllm", train_layout=None, infer_layout=None, transport="all",
+                      bucket_mb=args.bucket_mb, relay="auto")
+        with tempfile.TemporaryDirectory() as d:
+            res = run_session(inp, list(TRANSPORTS), iterations=args.iters, warmup=1, baseline=True, out=d)
+        if not res.ok:
+            print(f"{label}: FAILED: {res.error}")
+            continue
+        s = res.summary["transports"]
+        r, g, h = s["reshard"], s["gather_broadcast"], s["hybrid"]
+        rows.append({"case": label, "model": model, "train": train, "infer": infer, "summary": res.summary})
+        print(f"\n{label}: {model} ({inp.model.num_bytes / 2**20:.0f} MiB), Megatron {train} -> vLLM {infer}, "
+              f"bucket {inp.bucket_bytes / 2**20:.0f} MiB, {args.iters} refits each")
+        for name, x in (("reshard", r), ("gather_broadcast", g), ("hybrid", h)):
+            print(f"  {name:17s} refit median {x['refit_s']['median'] * 1e3:7.1f} ms  p90 {x['refit_s']['p90'] * 1e3:7.1f} ms  "
+                  f"transfer {x['transfer_s']['median'] * 1e3:7.1f} ms  verify {x['verify_s']['median'] * 1e3:6.1f} ms  "
+                  f"peak staging {x['peak_staging_bytes'] / 2**20:6.1f} MiB  verified {x['verified']}")
+        print(f"  gather_broadcast / reshard (median refit): {g['refit_s']['median'] / r['refit_s']['median']:.2f}x")
+        print(f"  hybrid / reshard (median refit):           {h['refit_s']['median'] / r['refit_s']['median']:.2f}x")
+        if r.get("raw_baseline_s"):
+            print(f"  reshard transfer vs raw gloo send/recv of the same bytes: raw {r['raw_baseline_s'] * 1e3:.1f} ms "
+                  f"-> reshard at {100 * r['transfer_vs_raw']:.0f} % of the ceiling")
+        print(f"  peak staging / bucket: {r['peak_staging_bytes'] / inp.bucket_bytes:.2f} (reshard), "
+              f"{g['peak_staging_bytes'] / inp.bucket_bytes:.2f} (gather_broadcast)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

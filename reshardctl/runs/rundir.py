@@ -1,0 +1,69 @@
+"""A run directory: everything a runbook needs to trust or reproduce a refit run.
+
+```
+runs/<UTC time>-<label>/
+  command.txt        the command line that produced it
+  plan-<t>.npz       the plan of each transport (reshardctl/plan/serialize.py)
+  plan.json          the plan report (predicted times, lower bound, bytes)
+  events/rank-N.jsonl one JSON line per phase per rank (written by the ranks)
+  summary.json       per transport: refit seconds (median/p90), bytes, GB/s, verified, failures
+```
+Files are written atomically (temp file + rename); a run that fails still leaves its events and a
+summary that says what failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BASE = "runs"
+
+
+def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
+    """``out`` if given (created; must be empty or absent), else ``runs/<UTC time>-<label>[-k]``."""
+    if out is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = Path(DEFAULT_BASE)
+    base.mkdir(parents=True, exist_ok=True)
+    for k in range(1000):
+        path = base / (f"{stamp}-{label}" + (f"-{k}" if k else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run directory under {base}")
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Atomic JSON write."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_command(path: Path, argv: list[str] | None = None) -> Path:
+    argv = list(sys.argv if argv is None else argv)
+    if argv:
+        argv[0] = Path(argv[0]).name
+    target = path / "command.txt"
+    target.write_text(shlex.join(argv) + "\n")
+    return target
