@@ -331,3 +331,22 @@ def test_fingerprint_sees_placements_not_only_describe(tmp_path):
     with pytest.raises(PlanError, match="does not match these inputs"):
         load_plan(tmp_path / "plan.npz", m, train, after, topo)
     check_plan(load_plan(tmp_path / "plan.npz", m, train, layout([0, 1]), topo))
+
+
+def test_lower_bound_counts_overlapping_holdings_once():
+    """Regression: two inference ranks of one domain hold [0, 6k) and [2k, 8k) of an 8k-element bf16
+    tensor. The domain needs 16k bytes of distinct bytes, not 24k (the sum over replica classes); with
+    one NIC per node the old bound (24k / nic) was above the broadcast plan (16k / nic)."""
+    from reshardctl.plan.cost import Links, lower_bound, predict
+
+    n = 8 << 16
+    m = toy_model([(n,)])
+    train = BoxLayout(m, "train", 1, [[(0, (((0, n),),))]])
+    infer = BoxLayout(m, "infer", 2, [[(0, (((0, 6 * n // 8),),)), (1, (((2 * n // 8, n),),))]])
+    topo = Topology(1, 2, 2, 1)
+    links = Links(nvlink=450e9, nic=50e9, node_nic=50e9, nvlink_latency=0.0, nic_latency=0.0)
+    bcast = build_plan(m, train, infer, topo, transport="gather_broadcast")
+    lb = lower_bound(bcast, links)
+    assert lb.seconds == pytest.approx(2 * n / 50e9) and f"{2 * n} distinct bytes" in lb.reason
+    assert predict(bcast, links).predicted_s >= lb.seconds
+    check_plan(bcast)

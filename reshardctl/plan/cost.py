@@ -136,6 +136,32 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None) -> Predict
     return Prediction(plan.transport, float(total), moved, busiest[1], busiest[2], int(busiest[3]), len(plan.rounds) + len(plan.buckets))
 
 
+def _classes_overlap(tpl) -> bool:
+    """Do two replica classes of a template (slots with different holdings) share an element?"""
+    classes = tpl.replica_classes()
+    boxes = [(c, b) for c, cls in enumerate(classes) for b in tpl.holdings[cls[0]]]
+    if len(classes) < 2 or len(boxes) < 2:
+        return False
+    owner = np.asarray([c for c, _ in boxes])
+    arr = np.asarray([b for _, b in boxes], dtype=np.int64)  # [n, ndim, 2]
+    lo = np.maximum(arr[:, None, :, 0], arr[None, :, :, 0])
+    hi = np.minimum(arr[:, None, :, 1], arr[None, :, :, 1])
+    return bool((np.all(lo < hi, axis=2) & (owner[:, None] != owner[None, :])).any())
+
+
+def _union_numel(boxes) -> int:
+    """Elements covered by (possibly overlapping) boxes: a coordinate-compressed coverage grid."""
+    ndim = len(boxes[0])
+    cuts = [np.unique([x for b in boxes for x in b[d]]) for d in range(ndim)]
+    grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for b in boxes:
+        grid[tuple(slice(int(np.searchsorted(cuts[d], b[d][0])), int(np.searchsorted(cuts[d], b[d][1]))) for d in range(ndim))] = True
+    cell = np.ones(grid.shape, dtype=np.int64)
+    for d in range(ndim):
+        cell = cell * np.diff(cuts[d]).reshape([-1 if j == d else 1 for j in range(ndim)])
+    return int(cell[grid].sum())
+
+
 @dataclass(frozen=True)
 class LowerBound:
     seconds: float
@@ -168,12 +194,18 @@ def lower_bound(plan: Plan, links: Links) -> LowerBound:
             tpl = p.template
             per_rank = np.zeros(I)
             per_dom = np.zeros(len(domains))
-            for cls in tpl.replica_classes():
+            dom_classes: dict[int, list[int]] = {}
+            for c, cls in enumerate(tpl.replica_classes()):
                 n = tpl.slot_numel(cls[0])
                 ranks = np.asarray([p.ranks[s] for s in cls])
                 np.add.at(per_rank, ranks, n)
                 for d in np.unique(infer_dom[ranks]):
                     per_dom[dom_index[int(d)]] += n
+                    dom_classes.setdefault(dom_index[int(d)], []).append(c)
+            if _classes_overlap(tpl):  # count each element once per domain, not once per class
+                classes = tpl.replica_classes()
+                for k, cs in dom_classes.items():
+                    per_dom[k] = _union_numel([b for c in cs for b in tpl.holdings[classes[c][0]]])
             cache[key] = (per_rank, per_dom)
     for key, n in counts.items():
         per_rank, per_dom = cache[key]
