@@ -4,7 +4,7 @@
 description of its inputs; ``load_plan(path, model, train, infer, topology)`` rebuilds the ``Plan``
 from the file and the re-built inputs and checks that ``planner.fingerprint`` of the result equals
 the fingerprint stored in the file. The fingerprint hashes the inputs (model inventory, both layouts'
-``describe()``, the topology, transport, bucket size, relay) and the plan content, so a file loaded
+``describe()`` and placements, the topology, transport, bucket size, relay) and the plan content, so a file loaded
 against different inputs (or a damaged file) is a ``PlanError`` naming the file and what differs.
 
 Layout of the archive (docs/plan-format.md has the reference):
