@@ -58,7 +58,7 @@ def _count_commits(events_dir: Path) -> int:
     n = 0
     for f in events_dir.glob("rank-*.jsonl"):
         try:
-            n += f.read_text().count('"phase": "commit"')
+            n += f.read_text().count('"phase":"commit"')
         except OSError:
             pass
     return n
