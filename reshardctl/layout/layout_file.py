@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from reshardctl.atomic_write import write_text_atomic
 from reshardctl.errors import LayoutError
 from reshardctl.layout.dtensor import (
     DTensorLayout,
@@ -307,17 +307,4 @@ def export_layout_file(layout: SideLayout, path: str | os.PathLike) -> Path:
         text = json.dumps(doc, separators=(",", ":")) + "\n"
     else:
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return write_text_atomic(path, text)

@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from reshardctl.atomic_write import atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
 from reshardctl.plan.model import Plan
-
-
-def _tmp_file(path: Path) -> tuple[int, str]:
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
 def _region(box) -> list[list[int]]:
@@ -44,30 +39,13 @@ def transfer_lines(plan: Plan):
 
 def export_transfers(plan: Plan, path: str | os.PathLike) -> int:
     """Stream the transfer lines into a temp file next to ``path``, then rename. Returns the line count."""
-    from reshardctl.plan.serialize import file_mode
-
-    path = Path(path)
-    fd, tmp = _tmp_file(path)
     n = 0
-    try:
-        with os.fdopen(fd, "w") as f:
-            for line in transfer_lines(plan):
-                f.write(json.dumps(line, separators=(",", ":")))
-                f.write("\n")
-                n += 1
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        for line in transfer_lines(plan):
+            f.write(json.dumps(line, separators=(",", ":")))
+            f.write("\n")
+            n += 1
     return n
-
-
-def dir_mode() -> int:
-    """0o777 minus the process umask (``mkdtemp`` creates 0o700 directories)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o777 & ~mask
 
 
 def _write_files(d: Path, plans: dict[str, Plan], result: dict, suffix: str = "") -> list[tuple[Path, str]]:
@@ -91,14 +69,8 @@ def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> l
     out = Path(out)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        try:
+        with atomic_dir(out) as tmp:
             files = _write_files(tmp, plans, result)
-            os.chmod(tmp, dir_mode())
-            os.rename(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return [out / name for _, name in files]
     suffix = f".tmp-{os.getpid()}"
     files: list[tuple[Path, str]] = []

@@ -26,12 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from reshardctl.atomic_write import atomic_open, file_mode  # noqa: F401  (file_mode: still importable from here)
 from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
@@ -151,28 +151,9 @@ def save_plan(plan: Plan, path: str | os.PathLike) -> Path:
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_open(path, binary=True) as f:
+        np.savez_compressed(f, **arrays)
     return path
-
-
-def file_mode() -> int:
-    """0o666 minus the process umask (``mkstemp`` creates 0o600 files)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def read_meta(path: str | os.PathLike) -> dict:

@@ -14,14 +14,14 @@ summary that says what failed.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from reshardctl.atomic_write import write_json_atomic
 
 DEFAULT_BASE = "runs"
 
@@ -46,18 +46,8 @@ def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """Atomic JSON write."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Atomic JSON write (mode 0o644 whatever the umask)."""
+    return write_json_atomic(path, data, mode=0o644, indent=2, default=str)
 
 
 def write_command(path: Path, argv: list[str] | None = None) -> Path:
