@@ -25,7 +25,7 @@ from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
 from reshardctl.layout.shard_rules import (
-    Interner, ceil_div, frac, megatron_pp_parts, need_divides, replicated_template, scale_template,
+    Interner, StagedPlacements, ceil_div, frac, megatron_pp_parts, need_divides, replicated_template,
     split_template,
 )
 from reshardctl.layout.side import SideLayout
@@ -76,7 +76,7 @@ def megatron_vpp_layers(num_layers: int, pp: int, vpp: int, rank: int, chunk: in
     return range(start, start + c)
 
 
-class MegatronLayout(SideLayout):
+class MegatronLayout(StagedPlacements, SideLayout):
     side = "train"
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None, *,
@@ -191,18 +191,6 @@ class MegatronLayout(SideLayout):
             s += f",vpp={self.vpp}"
         return s
 
-    def num_stages(self) -> int:
-        return self.pp
-
-    def stage_ranks(self, stage: int) -> tuple[int, ...]:
-        return self._stage_ranks[stage]
-
-    def stage_of(self, index: int) -> int:
-        t = self.model.tensors[index]
-        if t.layer is not None:
-            return self._layer_stage[t.layer]
-        return 0 if t.kind == "embed" else self.pp - 1
-
     def layer_position(self, layer: int) -> tuple[int, int, int]:
         """``(pp rank, vpp chunk, local index)`` of a global layer (MTP: index within the MTP block)."""
         return self._layer_pos[layer]
@@ -217,21 +205,12 @@ class MegatronLayout(SideLayout):
     def padded_vocab(self) -> int:
         return megatron_padded_vocab(self.model.dims.vocab, self.tp)
 
-    def placement(self, index: int) -> Placement:
-        p = self._by_index[index]
-        if p is None:
-            p = self._by_index[index] = self._placement(index)
-        return p
-
     def _placement(self, index: int) -> Placement:
         t = self.model.tensors[index]
         kind = t.kind
         if kind == "scale_inv":
             return self._scale_placement(index)
-        if t.layer is not None:
-            stage = self._layer_stage[t.layer]
-        else:
-            stage = 0 if kind == "embed" else self.pp - 1
+        stage = self.stage_of(index)
         block = t.expert // self.experts_per_rank if t.expert is not None else -1
         key = (kind, t.shape, stage, block, t.layer is None)
         p = self._placements._d.get(key)
@@ -254,13 +233,6 @@ class MegatronLayout(SideLayout):
                     idx[p].append(i)
             self._stage_index = idx
         return self._stage_index[stage]
-
-    def _scale_placement(self, index: int) -> Placement:
-        t = self.model.tensors[index]
-        w = self.placement(self.model.index(t.scale_of))
-        tmpl = self._templates.get(("scale", id(w.template), t.shape),
-                                   lambda: scale_template(w.template, t.shape))
-        return self._placements.get(("scale", id(tmpl), w.ranks), lambda: Placement(tmpl, w.ranks))
 
     def _build_placement(self, kind: str, shape: tuple[int, ...], stage: int, block: int, layer) -> Placement:
         tmpl = self._templates.get((kind, shape, block), lambda: self._build_template(kind, shape, block))

@@ -1,11 +1,12 @@
 """Small pure helpers shared by the Megatron and vLLM layouts: 1-D splits, template interning,
-derived fp8 block-scale templates, arithmetic in messages, pipeline splits."""
+derived fp8 block-scale templates, arithmetic in messages, pipeline splits, and ``StagedPlacements``
+(the pipeline-stage and placement-cache methods both layouts have)."""
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from reshardctl.layout.placement import Box, ShardTemplate, full_box
+from reshardctl.layout.placement import Box, Placement, ShardTemplate, full_box
 
 SCALE_BLOCK = 128  # DeepSeek fp8 weight_block_size
 
@@ -97,6 +98,42 @@ class Interner:
 
     def __len__(self) -> int:
         return len(self._d)
+
+
+class StagedPlacements:
+    """Mixin (before ``SideLayout`` in the bases) for a layout whose ranks are split into ``pp``
+    pipeline stages: a layer's tensors live on its stage, the embedding on the first stage, every other
+    non-layer tensor on the last; placements are built once per tensor index by ``_placement(index)``
+    and an fp8 block scale (``scale_inv``) is placed like the weight it scales.
+
+    The layout sets ``model``, ``pp``, ``_layer_stage`` (global layer -> stage), ``_stage_ranks``
+    (stage -> ranks), ``_templates`` and ``_placements`` (``Interner``) and ``_by_index``
+    (``[None] * len(model.tensors)``), and implements ``_placement``."""
+
+    def num_stages(self) -> int:
+        return self.pp
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return self._stage_ranks[stage]
+
+    def stage_of(self, index: int) -> int:
+        t = self.model.tensors[index]
+        if t.layer is not None:
+            return self._layer_stage[t.layer]
+        return 0 if t.kind == "embed" else self.pp - 1
+
+    def placement(self, index: int) -> Placement:
+        p = self._by_index[index]
+        if p is None:
+            p = self._by_index[index] = self._placement(index)
+        return p
+
+    def _scale_placement(self, index: int) -> Placement:
+        t = self.model.tensors[index]
+        w = self.placement(self.model.index(t.scale_of))
+        tmpl = self._templates.get(("scale", id(w.template), t.shape),
+                                   lambda: scale_template(w.template, t.shape))
+        return self._placements.get(("scale", id(tmpl), w.ranks), lambda: Placement(tmpl, w.ranks))
 
 
 def vllm_pp_parts(num_layers: int, pp: int) -> list[int]:

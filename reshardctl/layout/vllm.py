@@ -25,7 +25,7 @@ from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, ShardTemplate, box_shape
 from reshardctl.layout.shard_rules import (
-    Interner, ceil_div, frac, need_divides, replicated_template, scale_template, split_template, vllm_pp_parts,
+    Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template, vllm_pp_parts,
 )
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
@@ -62,7 +62,7 @@ def vllm_qkv_runs(nh: int, nkv: int, hd: int, tp: int, r: int) -> list[tuple[str
     return [("q", r * q, (r + 1) * q, 0), ("k", k0, k0 + kvh * hd, q), ("v", k0, k0 + kvh * hd, q + kvh * hd)]
 
 
-class VllmLayout(SideLayout):
+class VllmLayout(StagedPlacements, SideLayout):
     side = "infer"
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
@@ -157,41 +157,18 @@ class VllmLayout(SideLayout):
             s += f",expert_parallel={'on' if self.expert_parallel else 'off'}"
         return s
 
-    def num_stages(self) -> int:
-        return self.pp
-
-    def stage_ranks(self, stage: int) -> tuple[int, ...]:
-        return self._stage_ranks[stage]
-
-    def stage_of(self, index: int) -> int:
-        t = self.model.tensors[index]
-        if t.layer is not None:
-            return self._layer_stage[t.layer]
-        return 0 if t.kind == "embed" else self.pp - 1
-
     def coords(self, rank: int) -> dict[str, int]:
         return {"dp": rank // (self.tp * self.pp), "pp": (rank // self.tp) % self.pp, "tp": rank % self.tp}
 
     def padded_vocab(self) -> int:
         return vllm_padded_vocab(self.model.dims.vocab)
 
-    def placement(self, index: int) -> Placement:
-        p = self._by_index[index]
-        if p is None:
-            p = self._by_index[index] = self._placement(index)
-        return p
-
     def _placement(self, index: int) -> Placement:
         t = self.model.tensors[index]
         kind = t.kind
         if kind == "scale_inv":
-            w = self.placement(self.model.index(t.scale_of))
-            tmpl = self._templates.get(("scale", id(w.template), t.shape), lambda: scale_template(w.template, t.shape))
-            return self._placements.get(("scale", id(tmpl), w.ranks), lambda: Placement(tmpl, w.ranks))
-        if t.layer is not None:
-            stage = self._layer_stage[t.layer]
-        else:
-            stage = 0 if kind == "embed" else self.pp - 1
+            return self._scale_placement(index)
+        stage = self.stage_of(index)
         block = self._owner[t.expert] if (t.expert is not None and self.expert_parallel) else -1
         key = (kind, t.shape, stage, block)
         p = self._placements._d.get(key)
