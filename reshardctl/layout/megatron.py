@@ -29,7 +29,7 @@ from reshardctl.layout.shard_rules import (
     split_template,
 )
 from reshardctl.layout.side import SideLayout
-from reshardctl.models.spec import ModelSpec
+from reshardctl.models.spec import ModelSpec, TensorSpec
 
 VOCAB_DIVISOR = 128
 
@@ -205,12 +205,8 @@ class MegatronLayout(StagedPlacements, SideLayout):
     def padded_vocab(self) -> int:
         return megatron_padded_vocab(self.model.dims.vocab, self.tp)
 
-    def _placement(self, index: int) -> Placement:
-        t = self.model.tensors[index]
+    def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind
-        if kind == "scale_inv":
-            return self._scale_placement(index)
-        stage = self.stage_of(index)
         block = t.expert // self.experts_per_rank if t.expert is not None else -1
         key = (kind, t.shape, stage, block, t.layer is None)
         p = self._placements._d.get(key)

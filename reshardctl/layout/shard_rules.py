@@ -103,12 +103,13 @@ class Interner:
 class StagedPlacements:
     """Mixin (before ``SideLayout`` in the bases) for a layout whose ranks are split into ``pp``
     pipeline stages: a layer's tensors live on its stage, the embedding on the first stage, every other
-    non-layer tensor on the last; placements are built once per tensor index by ``_placement(index)``
-    and an fp8 block scale (``scale_inv``) is placed like the weight it scales.
+    non-layer tensor on the last; a placement is built once per tensor index, an fp8 block scale
+    (``scale_inv``) is placed like the weight it scales and any other tensor by the layout's
+    ``_tensor_placement(tensor, stage)``.
 
     The layout sets ``model``, ``pp``, ``_layer_stage`` (global layer -> stage), ``_stage_ranks``
     (stage -> ranks), ``_templates`` and ``_placements`` (``Interner``) and ``_by_index``
-    (``[None] * len(model.tensors)``), and implements ``_placement``."""
+    (``[None] * len(model.tensors)``), and implements ``_tensor_placement``."""
 
     def num_stages(self) -> int:
         return self.pp
@@ -125,11 +126,15 @@ class StagedPlacements:
     def placement(self, index: int) -> Placement:
         p = self._by_index[index]
         if p is None:
-            p = self._by_index[index] = self._placement(index)
+            t = self.model.tensors[index]
+            if t.kind == "scale_inv":
+                p = self._scale_placement(t)
+            else:
+                p = self._tensor_placement(t, self.stage_of(index))
+            self._by_index[index] = p
         return p
 
-    def _scale_placement(self, index: int) -> Placement:
-        t = self.model.tensors[index]
+    def _scale_placement(self, t) -> Placement:
         w = self.placement(self.model.index(t.scale_of))
         tmpl = self._templates.get(("scale", id(w.template), t.shape),
                                    lambda: scale_template(w.template, t.shape))

@@ -28,7 +28,7 @@ from reshardctl.layout.shard_rules import (
     Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template, vllm_pp_parts,
 )
 from reshardctl.layout.side import SideLayout
-from reshardctl.models.spec import ModelSpec
+from reshardctl.models.spec import ModelSpec, TensorSpec
 
 VOCAB_PAD = 64
 
@@ -163,12 +163,8 @@ class VllmLayout(StagedPlacements, SideLayout):
     def padded_vocab(self) -> int:
         return vllm_padded_vocab(self.model.dims.vocab)
 
-    def _placement(self, index: int) -> Placement:
-        t = self.model.tensors[index]
+    def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind
-        if kind == "scale_inv":
-            return self._scale_placement(index)
-        stage = self.stage_of(index)
         block = self._owner[t.expert] if (t.expert is not None and self.expert_parallel) else -1
         key = (kind, t.shape, stage, block)
         p = self._placements._d.get(key)
