@@ -36,6 +36,16 @@ class Unit:
     itemsize: int
 
 
+def _holdings(model: ModelSpec, layout: SideLayout, rank: int) -> dict[int, tuple[Box, ...]]:
+    """Tensor index -> the boxes ``rank`` (numbered within ``layout``'s side) holds, for the tensors it holds."""
+    out = {}
+    for i in range(len(model.tensors)):
+        boxes = layout.placement(i).holding(rank)
+        if boxes:
+            out[i] = boxes
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     transport: str
@@ -65,20 +75,10 @@ class Plan:
 
     # ---- per-rank views (what the runtime executes) ------------------------------------------
     def src_holdings(self, train_rank: int) -> dict[int, tuple[Box, ...]]:
-        out = {}
-        for i in range(len(self.model.tensors)):
-            boxes = self.train.placement(i).holding(train_rank)
-            if boxes:
-                out[i] = boxes
-        return out
+        return _holdings(self.model, self.train, train_rank)
 
     def dst_holdings(self, infer_rank: int) -> dict[int, tuple[Box, ...]]:
-        out = {}
-        for i in range(len(self.model.tensors)):
-            boxes = self.infer.placement(i).holding(infer_rank)
-            if boxes:
-                out[i] = boxes
-        return out
+        return _holdings(self.model, self.infer, infer_rank)
 
     def steps_for(self, rank: int) -> list[Step]:
         """Ordered steps of one global rank; every step index appears on every rank that takes part."""
