@@ -7,6 +7,7 @@ framework's own parameter names. Fused framework parameters are several HF tenso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -118,21 +119,13 @@ class ModelSpec:
         if len(set(names)) != len(names):
             raise ValueError(f"model {self.name}: duplicate tensor names")
 
-    @property
+    @cached_property
     def num_params(self) -> int:
-        got = self.__dict__.get("_num_params")
-        if got is None:
-            got = sum(t.numel for t in self.tensors)
-            object.__setattr__(self, "_num_params", got)
-        return got
+        return sum(t.numel for t in self.tensors)
 
-    @property
+    @cached_property
     def num_bytes(self) -> int:
-        got = self.__dict__.get("_num_bytes")
-        if got is None:
-            got = sum(t.nbytes for t in self.tensors)
-            object.__setattr__(self, "_num_bytes", got)
-        return got
+        return sum(t.nbytes for t in self.tensors)
 
     def __reduce__(self):
         """Pickle with a plain dict for ``config`` (a mappingproxy does not pickle); caches dropped."""
