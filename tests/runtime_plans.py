@@ -130,3 +130,34 @@ def big_case(total_mb: int = 256, train: int = 4, infer: int = 4, tensors: int =
     dst = {d: {k: (((0, rows), (d * cols // infer, (d + 1) * cols // infer)),) for k in range(tensors)}
            for d in range(infer)}
     return m, src, dst
+
+
+def zero_copy_case():
+    """2 trainers -> 2 inference ranks where regions are contiguous on both sides (w.eq: same row split),
+    on the sender only (w.sc: trainers hold column halves, inference row halves), on the receiver only
+    (w.rc: trainers hold row halves, inference column halves), plus w.odd (fp8) with a region contiguous
+    on neither side (always packed)."""
+    m = model([
+        ("w.eq", (8, 6), "bfloat16"),
+        ("w.sc", (6, 4), "float32"),
+        ("w.rc", (6, 4), "float32"),
+        ("w.odd", (5, 3), "float8_e4m3fn"),
+    ])
+    src = {
+        0: {0: (((0, 4), (0, 6)),), 1: (((0, 6), (0, 2)),), 2: (((0, 3), (0, 4)),), 3: (((0, 5), (0, 2)),)},
+        1: {0: (((4, 8), (0, 6)),), 1: (((0, 6), (2, 4)),), 2: (((3, 6), (0, 4)),), 3: (((0, 5), (2, 3)),)},
+    }
+    dst = {
+        0: {0: (((0, 4), (0, 6)),), 1: (((0, 3), (0, 4)),), 2: (((0, 6), (0, 2)),), 3: (((0, 5), (1, 3)),)},
+        1: {0: (((4, 8), (0, 6)),), 1: (((3, 6), (0, 4)),), 2: (((0, 6), (2, 4)),), 3: (((0, 5), (0, 1)),)},
+    }
+    return m, src, dst
+
+
+def row_bucket_case():
+    """2 trainers hold row halves of three equal tensors: every gather piece is a row block, contiguous
+    in the root's bucket (and a whole box on the sender)."""
+    m = model([(f"w.{k}", (16, 8), "float32") for k in range(3)])
+    src = {s: {k: (((8 * s, 8 * s + 8), (0, 8)),) for k in range(3)} for s in range(2)}
+    dst = {d: {k: (((0, 16), (4 * d, 4 * d + 4)),) for k in range(3)} for d in range(2)}
+    return m, src, dst

@@ -22,7 +22,7 @@ from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.events import read_events
 from reshardctl.runtime.weights import synthetic_region
 
-from runtime_plans import bucket_plan, p2p_plan, relay_case, rows_cols_case
+from runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case
 
 TIMEOUT = 15.0
 
@@ -140,3 +140,79 @@ def test_module_entry_with_torchrun_style_env(tmp_path):
     assert [p.returncode for p in procs] == [0] * 4, outs
     assert_inference_weights(tmp_path, plan, 1)
     assert (tmp_path / "reports" / "rank-3.json").is_file()
+
+
+# ---- zero copy, sessions, bucket root memory -----------------------------------------------------------
+def test_zero_copy_regions_byte_exact_and_counted(tmp_path):
+    m, src, dst = zero_copy_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True, direct_min_bytes=0))
+    assert all(r.ok for r in reports)
+    assert_inference_weights(tmp_path, plan, 2)
+    recv = [e for d in (2, 3) for e in read_events(tmp_path / "events" / f"rank-{d}.jsonl") if e["phase"] == "round/unpack"]
+    sent = [e for s in (0, 1) for e in read_events(tmp_path / "events" / f"rank-{s}.jsonl") if e["phase"] == "round/pack"]
+    assert sum(e["zero_copy_bytes"] for e in recv) > 0 and sum(e["zero_copy_bytes"] for e in sent) > 0
+    assert any(e["zero_copy_bytes"] < e["bytes"] for e in recv)  # w.odd still goes packed
+    got = sum(i.bytes_received for r in reports for i in r.iterations[:1])
+    assert got == sum(t.nbytes for t in m.tensors)
+
+
+def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
+    m, src, dst = zero_copy_case()
+    plan = p2p_plan(m, src, dst)  # one round: w.eq (zero copy into the staged weights) lands first
+    with pytest.raises(VerificationError) as info:
+        run_local(plan, opts(tmp_path, iterations=3, direct_min_bytes=0, faults="corrupt:rank=2,step=2"))
+    msg = str(info.value)
+    assert "rank 2 (infer 0) failed verification" in msg and "checksum mismatch" in msg and "w.eq" in msg
+    assert_inference_weights(tmp_path, plan, 1)  # step 2 rolled back on every inference rank
+    assert [len(r.iterations) for r in info.value.reports] == [1, 1, 1, 1]
+
+
+def test_session_runs_two_plans_in_the_same_processes(tmp_path):
+    from reshardctl.launch.local import run_local_session
+    from reshardctl.runtime.baseline import pair_bytes
+
+    m, src, dst = rows_cols_case()
+    plans = {"p2p": p2p_plan(m, src, dst, per_tensor_rounds=True), "gb": bucket_plan(m, src, dst, [[0, 1], [2, 3]])}
+    out = run_local_session(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
+    assert list(out) == ["p2p", "gb"]
+    for name, reps in out.items():
+        assert all(r.ok for r in reps) and [r.global_rank for r in reps] == [0, 1, 2, 3]
+        assert all(len(r.iterations) == 2 and all(i.committed for i in r.iterations) for r in reps)
+        for r in reps:
+            want_out, want_in = pair_bytes(plans[name], r.global_rank)
+            assert r.baseline["seconds"] > 0
+            assert (r.baseline["bytes_sent"], r.baseline["bytes_received"]) == (sum(want_out.values()), sum(want_in.values()))
+    # steps 1..3 (p2p: warmup + 2), 4..6 (gb): every refit checked against the exact synthetic data of its
+    # step before its commit (full_check), and the final weights are step 6's
+    assert [i.step for i in out["p2p"][2].iterations] == [2, 3]
+    assert [i.step for i in out["gb"][2].iterations] == [5, 6]
+    assert all(i.full_check_s > 0 for r in out["gb"][2:] for i in r.iterations)
+    assert out["gb"][2].baseline["broadcast_bytes"] > 0 and out["p2p"][2].baseline["broadcast_bytes"] == 0
+    assert_inference_weights(tmp_path, plans["gb"], 6)
+    # one rendezvous: a single group_init event per rank
+    assert sum(e["phase"] == "group_init" for e in read_events(tmp_path / "events" / "rank-3.jsonl")) == 1
+
+
+def test_session_refuses_plans_of_different_worlds():
+    from reshardctl.errors import LaunchError
+    from reshardctl.launch.local import run_local_session
+
+    m, src, dst = rows_cols_case()
+    m2, src2, dst2, relay = relay_case()
+    with pytest.raises(LaunchError, match="one session has one set of processes"):
+        run_local_session({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_bucket_root_gathers_straight_into_the_bucket(tmp_path, overlap):
+    m, src, dst = row_bucket_case()
+    plan = bucket_plan(m, src, dst, [[0], [1], [2]])
+    reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, direct_min_bytes=0, full_check=True))
+    assert all(r.ok for r in reports)
+    assert_inference_weights(tmp_path, plan, 2)
+    bucket = plan.bucket_bytes + 8  # one tensor + its checksum
+    in_flight = 2 if overlap else 1
+    # the root holds the bucket(s) in flight and nothing else: no gather message buffers
+    assert reports[0].peak_staging_bytes <= in_flight * bucket
+    assert reports[1].peak_staging_bytes == 0  # the other trainer sends straight from its weights

@@ -21,7 +21,7 @@ from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, p
                                      verify_message)
 from reshardctl.runtime.weights import CheckpointWeights, materialise, restep_, synthetic_region
 
-from runtime_plans import bucket_plan, model, p2p_plan, relay_case, rows_cols_case
+from runtime_plans import bucket_plan, model, p2p_plan, relay_case, rows_cols_case, zero_copy_case
 
 
 def u8(t: torch.Tensor) -> torch.Tensor:
@@ -272,3 +272,43 @@ def test_fault_spec():
     assert not faults.maybe_corrupt(3, b, 16)  # once per step
     with pytest.raises(ValueError):
         parse_faults("explode:rank=1,step=1", {})
+
+
+# ---- zero copy: contiguous spans and the wire split ---------------------------------------------------
+def test_contiguous_span_matches_the_row_major_offset():
+    from reshardctl.runtime.pack import contiguous_span
+
+    boxes = (((0, 4), (0, 6)), ((4, 8), (2, 6)))
+    assert contiguous_span(boxes, ((1, 3), (0, 6)), 2) == (0, 1 * 6 * 2)  # row block
+    assert contiguous_span(boxes, ((2, 3), (1, 4)), 2) == (0, (2 * 6 + 1) * 2)  # part of one row
+    assert contiguous_span(boxes, ((5, 7), (2, 6)), 4) == (1, 1 * 4 * 4)  # second box
+    assert contiguous_span(boxes, ((1, 3), (0, 3)), 2) is None  # column slice of several rows
+    assert contiguous_span(boxes, ((3, 5), (2, 6)), 2) is None  # spans two boxes
+    assert contiguous_span(((),), (), 4) == (0, 0)  # scalar
+    t3 = (((0, 4), (0, 3), (0, 2)),)
+    assert contiguous_span(t3, ((1, 2), (1, 3), (0, 2)), 1) == (0, (1 * 6 + 1 * 2))
+    assert contiguous_span(t3, ((1, 3), (1, 3), (0, 2)), 1) is None
+    # the span is exactly the bytes of the box (cross-check against torch indexing)
+    full = torch.arange(4 * 6, dtype=torch.int16).view(4, 6)
+    k, off = contiguous_span((((0, 4), (0, 6)),), ((2, 3), (1, 5)), 2)
+    assert torch.equal(u8(full).reshape(-1)[off : off + 8], u8(full[2:3, 1:5].contiguous()).reshape(-1))
+
+
+def test_wire_split_is_the_same_on_both_sides_and_respects_the_threshold():
+    from reshardctl.runtime.pack import wire_of
+
+    m, src, dst = zero_copy_case()
+    plan = p2p_plan(m, src, dst)
+    names, packed = set(), set()
+    for rnd in plan.steps_for(0):
+        for pr in rnd.sends:
+            w = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=0)
+            their = next(x for x in plan.steps_for(pr.peer)[0].recvs if x.peer == 0)
+            assert wire_of(m, their.regions, src[0], dst[pr.peer - 2], direct_min=0) == w
+            names |= {m.tensors[pr.regions[j].tensor].name for j in w.direct}
+            packed |= {m.tensors[pr.regions[j].tensor].name for j in w.packed}
+            assert all(w.src[j] is not None or w.dst[j] is not None for j in w.direct)
+            big = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=1 << 20)
+            assert big.direct == () and len(big.packed) == len(pr.regions)
+            assert sum(w.message_sizes(pr.regions)) >= pr.nbytes
+    assert {"w.eq", "w.sc", "w.rc"} <= names and packed == {"w.odd"}

@@ -105,8 +105,9 @@ class RunOptions:
     initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
     full_check: bool = False  # compare every destination box to the weight source before commit
     overlap: bool = True  # pack/gather step k+1 while step k is in flight
+    direct_min_bytes: int = 1 << 20  # contiguous regions at least this big travel zero-copy (own message)
     dump_weights: bool = False  # inference ranks torch.save their current weights at the end
-    baseline: bool = False  # after the refits, time raw send/recv of the same message sizes
+    baseline: bool = False  # after the refits, time raw send/recv (and broadcasts) of the same byte volumes
     faults: str | None = None  # test-only fault spec (see faults.py); RESHARDCTL_TEST_* env vars too
 
 
@@ -137,9 +138,11 @@ class RankReport:
     group_init_s: float = 0.0
     materialise_s: float = 0.0
     iterations: tuple[IterationReport, ...] = ()
-    peak_staging_bytes: int = 0  # transient pack/receive/bucket buffers (high-water mark)
+    peak_staging_bytes: int = 0  # transient pack/receive/bucket buffers (high-water mark); zero-copy regions need none
     staged_weight_bytes: int = 0  # the second (staged) copy of the inference weights
-    baseline: Mapping[str, float] = field(default_factory=dict)  # seconds, bytes of the raw transfer
+    # the raw transfer of the same per-pair byte volumes (best of 3): seconds, p2p_s, broadcast_s,
+    # bytes_sent, bytes_received (this rank's point-to-point bytes), broadcast_bytes, peers
+    baseline: Mapping[str, float] = field(default_factory=dict)
 
     def raise_for_status(self) -> None:
         if not self.ok:

@@ -1,12 +1,25 @@
-"""Execute one rank's steps of a plan: packed point-to-point rounds and gather-and-broadcast buckets.
+"""Execute one rank's steps of a plan: point-to-point rounds and gather-and-broadcast buckets.
 
 Every step is split in two: ``start`` (pack / gather, then post the asynchronous transfer) and
-``finish`` (wait, verify checksums, unpack into the *staged* inference weights). With ``overlap``
-the runtime starts step k+1 before finishing step k, so packing (or the next bucket's gather) runs
-while the previous transfer is in flight; an inference relay drains everything pending before it
-packs a stage-2 round from its staged copy. Message sizes come from the plan on both sides and are
-cross-checked against the peers' steps once, before anything is posted (a gloo size mismatch aborts
-the process instead of raising).
+``finish`` (wait, unpack into the *staged* inference weights). With ``overlap`` the runtime starts
+step k+1 before finishing step k, so packing (or the next bucket's gather) runs while the previous
+transfer is in flight; an inference relay drains everything pending before it packs a stage-2 round
+from its staged copy.
+
+Zero copy (``pack.Wire``): per peer and round, a large region that is a contiguous byte range of the
+sender's box is sent straight from the box tensor, and one contiguous in the receiver's staged box
+is received straight into it; the rest is coalesced into one packed message. Several messages to one
+peer are posted in the same (plan-derived) order on both sides; every size comes from the plan and
+the messages of every (round, pair) are computed, and cross-checked with the peers' steps, when the
+executor is built (a gloo size mismatch aborts the process instead of raising).
+
+Checksums are off the data path: every message carries payload only. A sender checksums a packed
+region when it packs it (the bytes are in cache) and a zero-copy region later (on CUDA right after
+posting, overlapping the transfer; on CPU, where the transfer itself needs the cores, in the verify
+phase); a receiver checksums what landed in a packed/scratch buffer when it unpacks it, and what landed
+straight in its staged weights in the verify phase. ``exchange_checksums`` (verify phase, before the
+commit vote) then sends every sender's checksums as ONE int64 message per peer for the whole refit,
+and ``checksum_failures`` compares.
 """
 
 from __future__ import annotations
@@ -26,20 +39,57 @@ from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.faults import Faults
 from reshardctl.runtime.groups import Groups
+from reshardctl.layout.placement import full_box
 from reshardctl.runtime.pack import (
+    DIRECT_MIN_BYTES,
     BufferPool,
     LocalWeights,
+    Wire,
     box_bytes_in,
     bucket_layout,
     bucket_tensor_view,
-    message_layout,
-    pack_message,
-    unpack_message,
-    verify_message,
+    wire_of,
     write_trailer,
 )
 
+
+@dataclass
+class _Recv:
+    """One peer's incoming messages of one step: where every region lands, and the sender's checksums."""
+
+    peer: int
+    regions: tuple
+    wire: Wire
+    packed: torch.Tensor | None  # the packed message buffer
+    lands: list  # per direct region: (view, in_target)
+
+
+class _BucketTarget:
+    """A bucket seen like LocalWeights: every tensor of the bucket is one full box."""
+
+    def __init__(self, model, lay, pos: dict[int, int], buf: torch.Tensor):
+        self.model, self.lay, self.pos, self.buf = model, lay, pos, buf
+
+    def span_view(self, index: int, span, nbytes: int) -> torch.Tensor:
+        off = self.lay.offsets[self.pos[index]] + span[1]
+        return self.buf[off : off + nbytes]
+
+    def write_from(self, index: int, box, seg: torch.Tensor) -> None:
+        t = self.model.tensors[index]
+        full = bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf)
+        dst = box_bytes_in(full, box, t.itemsize)
+        dst.copy_(seg.view(dst.shape))
+
+    def mark_written(self, index: int, k: int, box) -> None:
+        pass
+
+
+class _FullBoxes(dict):
+    def __init__(self, model, tensors):
+        super().__init__({t: (full_box(model.tensors[t].shape),) for t in tensors})
+
 _TAG_ROUND, _TAG_GATHER = 0, 1
+_TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 
 
 def _tag(index: int, kind: int) -> int:
@@ -68,6 +118,7 @@ class _Pending:
     recvs: list = field(default_factory=list)  # (PeerRegions, Layout, view)
     blocks: list[torch.Tensor] = field(default_factory=list)  # pool blocks to release
     bucket: tuple | None = None  # (BroadcastBucket, Layout, view) for a receiving group member
+    keep: list = field(default_factory=list)  # small tensors (checksum vectors) alive until the wait
 
 
 def check_mirror(plan, rank: int) -> None:
@@ -112,7 +163,7 @@ def check_mirror(plan, rank: int) -> None:
 
 class Executor:
     def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, faults: Faults, *,
-                 overlap: bool = True):
+                 overlap: bool = True, direct_min: int = DIRECT_MIN_BYTES):
         self.plan = plan
         self.model = plan.model
         self.env = groups.env
@@ -128,7 +179,18 @@ class Executor:
         self.device = groups.device
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.checks: list[tuple[torch.Tensor, list[str]]] = []
+        # this refit's checksums, per peer, in plan order: a 0-d tensor, or a contiguous view still to sum
+        self.out_sums: dict[int, list[torch.Tensor]] = {}
+        self.in_sums: dict[int, list[tuple[torch.Tensor, bool, str]]] = {}  # (sum or view, is_view, what)
+        self.out_count: dict[int, int] = {}  # from the plan: regions per peer per refit
+        self.in_count: dict[int, int] = {}
+        self.early_sums = self.device.type == "cuda"  # zero-copy sources summed right after posting
+        self._got: dict = {}
+        self.direct_min = direct_min
+        self._holdings_cache: dict[int, dict] = {}
+        self._wires: dict[tuple, Wire] = {}
         check_mirror(plan, self.rank)
+        self._build_wires()
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
     # ---- CUDA stream discipline (no-ops on CPU) --------------------------------------------------
@@ -146,6 +208,160 @@ class Executor:
     def _settle(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
+
+    # ---- messages (computed once from the plan) ---------------------------------------------------
+    def _holdings(self, rank: int):
+        got = self._holdings_cache.get(rank)
+        if got is None:
+            T = self.plan.train_world
+            got = dict(self.plan.src_holdings(rank) if rank < T else self.plan.dst_holdings(rank - T))
+            self._holdings_cache[rank] = got
+        return got
+
+    def _wire(self, kind: str, index: int, sender: int, receiver: int, regions, b: BroadcastBucket | None = None) -> Wire:
+        key = (kind, index, sender, receiver)
+        w = self._wires.get(key)
+        if w is None:
+            dst = _FullBoxes(self.model, b.tensors) if b is not None else self._holdings(receiver)
+            w = wire_of(self.model, regions, self._holdings(sender), dst, self.direct_min)
+            self._wires[key] = w
+        return w
+
+    def _build_wires(self) -> None:
+        """Every message of this rank, from the plan alone (the peer computes the same)."""
+        try:
+            for s in self.steps:
+                if isinstance(s, P2PRound):
+                    for pr in s.sends:
+                        self._wire("r", s.index, self.rank, pr.peer, pr.regions)
+                        self.out_count[pr.peer] = self.out_count.get(pr.peer, 0) + len(pr.regions)
+                    for pr in s.recvs:
+                        self._wire("r", s.index, pr.peer, self.rank, pr.regions)
+                        self.in_count[pr.peer] = self.in_count.get(pr.peer, 0) + len(pr.regions)
+                elif isinstance(s, BroadcastBucket):
+                    for g in s.gather:
+                        if g.peer != s.root and self.rank in (g.peer, s.root):
+                            self._wire("g", s.index, g.peer, s.root, g.regions, s)
+                            if self.rank == g.peer:
+                                self.out_count[s.root] = self.out_count.get(s.root, 0) + len(g.regions)
+                            else:
+                                self.in_count[g.peer] = self.in_count.get(g.peer, 0) + len(g.regions)
+        except TransferError as exc:
+            raise TransferError(f"rank {self.rank}: plan messages: {exc.message}") from exc
+
+    def _send_ops(self, peer: int, regions, w: Wire, local: LocalWeights, tag: int, p: _Pending):
+        """Ops sending ``regions`` to ``peer`` (packed message first, then the direct regions), and the
+        contiguous bytes of every region (for its checksum, computed after posting)."""
+        ops, sources = [], [None] * len(regions)
+        if w.packed:
+            buf = self._buffer(w.packed_size, p)
+            for j, off in zip(w.packed, w.layout.offsets):
+                r = regions[j]
+                seg = buf[off : off + r.nbytes]
+                local.read_into(r.tensor, r.box, seg)
+                sources[j] = checksum(seg)  # the buffer goes back to the pool after the wait
+            ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag))
+            p.wire += w.packed_size
+        for j in w.direct:
+            r = regions[j]
+            if w.src[j] is not None:
+                v = local.span_view(r.tensor, w.src[j], r.nbytes)  # zero copy
+                sources[j] = v
+            else:
+                v = self._buffer(r.nbytes, p)
+                local.read_into(r.tensor, r.box, v)
+                sources[j] = checksum(v)
+            assert v.numel() == r.nbytes
+            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag))
+            p.wire += r.nbytes
+        return ops, sources
+
+    def _recv_ops(self, peer: int, regions, w: Wire, target, tag: int, p: _Pending):
+        ops = []
+        packed = None
+        if w.packed:
+            packed = self._buffer(w.packed_size, p)
+            ops.append(dist.P2POp(dist.irecv, packed, peer, tag=tag))
+            p.wire += w.packed_size
+        lands = []
+        for j in w.direct:
+            r = regions[j]
+            if w.dst[j] is not None:
+                v, inside = target.span_view(r.tensor, w.dst[j], r.nbytes), True  # zero copy
+            else:
+                v, inside = self._buffer(r.nbytes, p), False
+            assert v.numel() == r.nbytes
+            lands.append((v, inside))
+            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag))
+            p.wire += r.nbytes
+        return ops, _Recv(peer, regions, w, packed, lands)
+
+    def _post_sums(self, outgoing: list) -> None:
+        """Keep the checksums (or the zero-copy views to sum later) of what was just posted, per peer."""
+        with self._side():
+            for peer, sources in outgoing:
+                if self.early_sums:  # overlaps the transfer on a GPU
+                    sources = [x if x.dim() == 0 else checksum(x) for x in sources]
+                self.out_sums.setdefault(peer, []).extend(sources)
+
+    def exchange_checksums(self, failed: bool = False) -> None:
+        """Verify phase: every sender's checksums of this refit to its receivers, one int64 message per
+        peer (sizes from the plan). A rank whose transfer ``failed`` still takes part (zeros), so that no
+        peer waits for it beyond a dead connection."""
+        ops, self._got = [], {}
+        with self._side():
+            for peer, n in sorted(self.out_count.items()):
+                items = self.out_sums.get(peer, [])
+                if failed or len(items) != n:
+                    v = torch.zeros(n, dtype=torch.int64, device=self.device)
+                else:
+                    v = torch.stack([x if x.dim() == 0 else checksum(x) for x in items])
+                ops.append(dist.P2POp(dist.isend, v, peer, tag=_TAG_SUMS))
+                self._got[("out", peer)] = v
+            for peer, n in sorted(self.in_count.items()):
+                v = torch.empty(n, dtype=torch.int64, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, v, peer, tag=_TAG_SUMS))
+                self._got[peer] = v
+        if not ops:
+            return
+        self._before_post()
+        try:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        except RuntimeError as exc:
+            raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
+        self._after_wait()
+
+    def _land(self, rv: _Recv, target, what: str, *, defer: bool) -> None:
+        """Check and place what arrived from one peer: packed regions are checksummed in the buffer and
+        copied; direct regions in a scratch buffer likewise; direct regions already in ``target`` are
+        checksummed now or (``defer``) in the verify phase."""
+        regions, w = rv.regions, rv.wire
+        names = [f"{what} from rank {rv.peer}: {self.model.tensors[x.tensor].name} {x.box}" for x in regions]
+        got: list = [None] * len(regions)
+        # the test-only corruption hook hits the first region that landed (zero-copy ones first)
+        hit = next(((v, v.numel()) for v, _ in rv.lands), None)
+        if hit is None and w.packed:
+            hit = (rv.packed, w.layout.offsets[0] + regions[w.packed[0]].nbytes)
+        if hit is not None:
+            self.faults.maybe_corrupt(self.step_no, hit[0], hit[1])
+        if w.packed:
+            for j, off in zip(w.packed, w.layout.offsets):
+                r = regions[j]
+                seg = rv.packed[off : off + r.nbytes]
+                got[j] = (checksum(seg), False, names[j])
+                target.write_from(r.tensor, r.box, seg)
+        for j, (v, inside) in zip(w.direct, rv.lands):
+            r = regions[j]
+            if inside:
+                target.mark_written(r.tensor, w.dst[j][0], r.box)
+            if inside and defer:
+                got[j] = (v, True, names[j])  # summed in the verify phase, where it lies
+            else:
+                got[j] = (checksum(v), False, names[j])
+                if not inside:
+                    target.write_from(r.tensor, r.box, v)
+        self.in_sums.setdefault(rv.peer, []).extend(got)
 
     def _buffer(self, n: int, pending: _Pending) -> torch.Tensor:
         block = self.pool.acquire(n)
@@ -174,6 +390,7 @@ class Executor:
     def run(self, step_no: int, src: LocalWeights | None, staged: LocalWeights | None) -> ExecStats:
         """Execute every step of this rank for refit ``step_no``."""
         self.checks = []
+        self.out_sums, self.in_sums, self._got = {}, {}, {}
         self.step_no = step_no
         self.src, self.staged = src, staged
         stats = ExecStats()
@@ -208,27 +425,32 @@ class Executor:
     def _start_round(self, r: P2PRound, stats: ExecStats) -> _Pending:
         local = self.staged if self.is_infer else self.src
         p = _Pending("round", r.index, peers=sorted({x.peer for x in r.sends + r.recvs}))
-        ops = []
+        ops, outgoing = [], []
+        tag = _tag(r.index, _TAG_ROUND)
         send_bytes = sum(x.nbytes for x in r.sends)
         pack_phase = self.events.phase("round/pack", round=r.index, stage=r.stage, bytes=send_bytes,
                                        peers=[x.peer for x in r.sends], step=self.step_no) if r.sends else nullcontext()
-        with pack_phase, self._side():
+        with pack_phase as ph, self._side():
             if r.sends and local is None:
                 raise TransferError(f"rank {self.rank} must send in round {r.index} but holds no weights")
+            if r.recvs and self.staged is None:
+                raise TransferError(f"rank {self.rank} receives in round {r.index} but has no staged weights")
             for pr in r.sends:
-                lay = message_layout(self.model, pr.regions)
-                buf = self._buffer(lay.size, p)
-                pack_message(pr.regions, lay, local, buf)
-                ops.append(dist.P2POp(dist.isend, buf, pr.peer, tag=_tag(r.index, _TAG_ROUND)))
-                p.wire += lay.size
-                stats.bytes_sent += lay.payload
+                w = self._wire("r", r.index, self.rank, pr.peer, pr.regions)
+                o, sources = self._send_ops(pr.peer, pr.regions, w, local, tag, p)
+                ops += o
+                outgoing.append((pr.peer, sources))
+                stats.bytes_sent += pr.nbytes
+            if ph is not None:
+                ph["zero_copy_bytes"] = sum(
+                    pr.regions[j].nbytes for pr in r.sends
+                    for j in self._wire("r", r.index, self.rank, pr.peer, pr.regions).direct
+                    if self._wire("r", r.index, self.rank, pr.peer, pr.regions).src[j] is not None)
             for pr in r.recvs:
-                lay = message_layout(self.model, pr.regions)
-                buf = self._buffer(lay.size, p)
-                ops.append(dist.P2POp(dist.irecv, buf, pr.peer, tag=_tag(r.index, _TAG_ROUND)))
-                p.recvs.append((pr, lay, buf))
-                p.wire += lay.size
-        stats.wire_bytes += p.wire
+                w = self._wire("r", r.index, pr.peer, self.rank, pr.regions)
+                o, rv = self._recv_ops(pr.peer, pr.regions, w, self.staged, tag, p)
+                ops += o
+                p.recvs.append(rv)
         self._before_post()
         p.posted_unix, p.posted_at = time.time(), time.perf_counter()
         if ops:
@@ -236,6 +458,8 @@ class Executor:
                 p.works = dist.batch_isend_irecv(ops)
             except RuntimeError as exc:
                 raise TransferError(f"rank {self.rank}: posting round {r.index} failed: {exc}") from exc
+        self._post_sums(outgoing)
+        stats.wire_bytes += p.wire
         return p
 
     def _finish_round(self, p: _Pending, stats: ExecStats) -> None:
@@ -250,24 +474,31 @@ class Executor:
                                round=p.index, bytes=p.wire, peers=p.peers, step=self.step_no)
         if p.recvs:
             with self.events.phase("round/unpack", round=p.index, step=self.step_no,
-                                   bytes=sum(pr.nbytes for pr, _, _ in p.recvs),
-                                   peers=[pr.peer for pr, _, _ in p.recvs]), self._side():
-                if self.staged is None:
-                    raise TransferError(f"rank {self.rank} receives in round {p.index} but has no staged weights")
-                for pr, lay, buf in p.recvs:
-                    self.faults.maybe_corrupt(self.step_no, buf, lay.payload and lay.offsets[0] + pr.regions[0].nbytes)
-                    self._check(verify_message(lay, buf), [
-                        f"round {p.index} from rank {pr.peer}: {self.model.tensors[x.tensor].name} {x.box}"
-                        for x in pr.regions
-                    ])
-                    unpack_message(pr.regions, lay, buf, self.staged)
-                    stats.bytes_received += lay.payload
+                                   bytes=sum(sum(x.nbytes for x in rv.regions) for rv in p.recvs),
+                                   zero_copy_bytes=sum(v.numel() for rv in p.recvs for v, inside in rv.lands if inside),
+                                   peers=[rv.peer for rv in p.recvs]), self._side():
+                for rv in p.recvs:
+                    self._land(rv, self.staged, f"round {p.index}", defer=True)
+                    stats.bytes_received += sum(x.nbytes for x in rv.regions)
         self._release(p)
 
     def _check(self, mismatch: torch.Tensor, what: list[str]) -> None:
         self.checks.append((mismatch, what))
 
     def checksum_failures(self, limit: int = 20) -> list[str]:
+        """The verify phase: checksums of the regions received straight into the staged weights, then
+        every comparison of this refit (one host sync)."""
+        with self._side():
+            for peer, items in sorted(self.in_sums.items()):
+                want = self._got.get(peer)
+                if want is None or want.numel() != len(items):
+                    self._check(torch.ones(1, dtype=torch.bool), [f"checksums from rank {peer}: "
+                                f"{len(items)} regions arrived, {0 if want is None else want.numel()} checksums"])
+                    continue
+                got = torch.stack([x if not is_view else checksum(x) for x, is_view, _ in items])
+                self._check(got != want, [w for _, _, w in items])
+            self.in_sums = {}
+        self._settle()
         out = []
         for mismatch, what in self.checks:
             for bad, w in zip(mismatch.cpu().tolist(), what):
@@ -292,19 +523,22 @@ class Executor:
         mine = [g for g in b.gather if g.peer == self.rank]
         if self.rank == b.root:
             self._gather_at_root(b, lay, pos, tag, p, stats)
-        elif mine:  # a trainer sending its pieces to the root
+        elif mine:  # a trainer sending its pieces to the root (straight from its weights where it can)
             with self.events.phase("bucket/gather", bucket=b.index, step=self.step_no, peers=[b.root],
                                    bytes=sum(g.nbytes for g in mine)), self._side():
-                works = []
+                ops, outgoing = [], []
                 for g in mine:
-                    mlay = message_layout(self.model, g.regions)
-                    buf = self._buffer(mlay.size, p)
-                    pack_message(g.regions, mlay, self.src, buf)
-                    self._before_post()
-                    works.append(dist.isend(buf, b.root, tag=tag))
-                    p.wire += mlay.size
-                    stats.bytes_sent += mlay.payload
-                p.works.extend(works)
+                    w = self._wire("g", b.index, self.rank, b.root, g.regions, b)
+                    o, sources = self._send_ops(b.root, g.regions, w, self.src, tag, p)
+                    ops += o
+                    outgoing.append((b.root, sources))
+                    stats.bytes_sent += g.nbytes
+                self._before_post()
+                try:
+                    p.works.extend(dist.batch_isend_irecv(ops))
+                except RuntimeError as exc:
+                    raise TransferError(f"rank {self.rank}: posting gather of bucket {b.index} failed: {exc}") from exc
+                self._post_sums(outgoing)
         if self.rank in b.group and self.rank != b.root:
             buf = self._buffer(lay.size, p)
             p.bucket = (b, lay, buf)
@@ -321,18 +555,21 @@ class Executor:
             raise TransferError(f"rank {self.rank}: posting broadcast of bucket {b.index} failed: {exc}") from exc
 
     def _gather_at_root(self, b, lay, pos, tag, p: _Pending, stats: ExecStats) -> None:
+        """Pieces land straight in the bucket where they are contiguous there (row blocks); only the
+        others go through a scratch buffer, released once copied: the root's extra memory is the bucket
+        plus those pieces."""
         others = [g for g in b.gather if g.peer != self.rank]
         with self.events.phase("bucket/gather", bucket=b.index, step=self.step_no, bytes=b.nbytes,
                                peers=[g.peer for g in others]):
             bucket = self._buffer(lay.size, p)
+            target = _BucketTarget(self.model, lay, pos, bucket)
             ops, recvs = [], []
             gp = _Pending("gather", b.index, peers=[g.peer for g in others])
             for g in others:
-                mlay = message_layout(self.model, g.regions)
-                buf = self._buffer(mlay.size, p)
-                ops.append(dist.P2POp(dist.irecv, buf, g.peer, tag=tag))
-                recvs.append((g, mlay, buf))
-                p.wire += mlay.size
+                w = self._wire("g", b.index, g.peer, self.rank, g.regions, b)
+                o, rv = self._recv_ops(g.peer, g.regions, w, target, tag, p)
+                ops += o
+                recvs.append(rv)
             if ops:
                 try:
                     gp.works = dist.batch_isend_irecv(ops)
@@ -349,19 +586,11 @@ class Executor:
                         written[pos[r.tensor]] += box_numel(r.box)
             self._wait(gp)
             with self._side():
-                for g, mlay, buf in recvs:
-                    self.faults.maybe_corrupt(self.step_no, buf, mlay.payload and mlay.offsets[0] + g.regions[0].nbytes)
-                    self._check(verify_message(mlay, buf), [
-                        f"bucket {b.index} gather from rank {g.peer}: {self.model.tensors[x.tensor].name} {x.box}"
-                        for x in g.regions
-                    ])
-                    for r, off in zip(g.regions, mlay.offsets):
-                        t = self.model.tensors[r.tensor]
-                        full = bucket_tensor_view(self.model, r.tensor, lay, pos[r.tensor], bucket)
-                        shaped = buf[off : off + r.nbytes].view(box_bytes_in(full, r.box, t.itemsize).shape)
-                        box_bytes_in(full, r.box, t.itemsize).copy_(shaped)
+                for rv in recvs:
+                    self._land(rv, target, f"bucket {b.index} gather", defer=False)
+                    for r in rv.regions:
                         written[pos[r.tensor]] += box_numel(r.box)
-                    stats.bytes_received += mlay.payload
+                    stats.bytes_received += sum(x.nbytes for x in rv.regions)
                 short = [
                     f"{self.model.tensors[t].name}: {w} of {self.model.tensors[t].numel} elements"
                     for t, w in zip(b.tensors, written) if w != self.model.tensors[t].numel
@@ -369,6 +598,7 @@ class Executor:
                 if short:
                     raise TransferError(f"bucket {b.index}: the gather does not cover the bucket: " + "; ".join(short[:5]))
                 write_trailer(bucket, lay, [checksum(bucket[o : o + n]) for o, n in zip(lay.offsets, lay.sizes)])
+            self._settle()
             for blk in p.blocks[1:]:  # gather messages are done; keep only the bucket
                 self.pool.release(blk)
             del p.blocks[1:]

@@ -4,8 +4,9 @@
   connect as clients within the rendezvous timeout.
 * The world group: gloo on CPU tensors, or NCCL on ``cuda:<local_rank>`` (``torch.cuda.set_device``
   first, eager communicator init via ``device_id``), ``timeout=`` bounding every operation.
-* One sub-group per distinct broadcast group of the plan, created by ALL ranks in the same (sorted)
-  order, since ``new_group`` is collective; cached by member tuple.
+* One sub-group per distinct broadcast group of the plan (of every plan of a session, all created up
+  front), created by ALL ranks in the same (sorted) order, since ``new_group`` is collective; cached by
+  member tuple.
 """
 
 from __future__ import annotations
@@ -48,17 +49,19 @@ def rendezvous(env: RankEnv, timeout_s: float) -> dist.TCPStore:
 
 
 def broadcast_groups(plan) -> list[tuple[int, ...]]:
-    """Every distinct broadcast group of the plan (sorted members), in a fixed order."""
-    world = plan.train_world + plan.infer_world
+    """Every distinct broadcast group of the plan, or of a list of plans (sorted members), in a fixed order."""
     found: set[tuple[int, ...]] = set()
-    for r in range(world):
-        for s in plan.steps_for(r):
-            if isinstance(s, BroadcastBucket):
-                found.add(tuple(sorted(s.group)))
+    for pl in plan if isinstance(plan, (list, tuple)) else [plan]:
+        world = pl.train_world + pl.infer_world
+        for r in range(world):
+            for s in pl.steps_for(r):
+                if isinstance(s, BroadcastBucket):
+                    found.add(tuple(sorted(s.group)))
     return sorted(found)
 
 
 def init_groups(env: RankEnv, plan, store: dist.Store, timeout_s: float) -> Groups:
+    """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
     timeout = timedelta(seconds=timeout_s)
     if env.backend == "nccl":
         device = torch.device("cuda", env.local_rank)

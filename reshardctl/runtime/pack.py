@@ -7,6 +7,12 @@ at an 8-byte aligned offset, then one int64 checksum per tensor.
 
 Copies go through uint8 views of the local box tensors, so any dtype, any alignment and any box
 works; torch turns them into row-wise memcpy.
+
+Zero copy (``Wire``): a region of at least ``DIRECT_MIN_BYTES`` that is one contiguous byte range of the
+sender's local box (or of the receiver's) travels as its own message, sent straight from the box tensor
+and/or received straight into it; the other regions of the same peer are still coalesced into one packed
+message. The split is a function of the plan (regions + both sides' holdings) alone, so both ends agree
+on every message and its size without talking.
 """
 
 from __future__ import annotations
@@ -98,6 +104,67 @@ def bucket_layout(model: ModelSpec, tensors: Sequence[int]) -> Layout:
     return layout_of([model.tensors[i].nbytes for i in tensors])
 
 
+DIRECT_MIN_BYTES = 1 << 20  # smaller regions are coalesced into the packed message
+
+Span = tuple[int, int]  # (local box number, byte offset of the region inside that box's tensor)
+
+
+def contiguous_span(boxes: Sequence[Box], box: Box, itemsize: int) -> Span | None:
+    """Where ``box`` is one contiguous byte range of one of ``boxes`` (row-major local tensors), else None."""
+    nb = _norm(box)
+    for k, lb in enumerate(boxes):
+        lbn = _norm(lb)
+        if len(lbn) != len(nb) or not all(l0 <= a and b <= l1 for (a, b), (l0, l1) in zip(nb, lbn)):
+            continue
+        shape = [l1 - l0 for l0, l1 in lbn]
+        ext = [b - a for a, b in nb]
+        d = len(shape) - 1
+        while d > 0 and ext[d] == shape[d]:
+            d -= 1
+        if any(ext[j] != 1 for j in range(d)):
+            return None
+        off = 0
+        for j, (a, _) in enumerate(nb):
+            off = off * shape[j] + (a - lbn[j][0])
+        return k, off * itemsize
+    return None
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one (sender -> receiver) region list travels: ``packed`` regions (indices) coalesced in one
+    message laid out by ``layout`` (no trailer; ``packed_size`` bytes), then every ``direct`` region as its
+    own message of exactly ``nbytes``, in region order. ``src``/``dst``: contiguous spans per region."""
+
+    packed: tuple[int, ...]
+    layout: Layout
+    direct: tuple[int, ...]
+    src: tuple[Span | None, ...]
+    dst: tuple[Span | None, ...]
+
+    @property
+    def packed_size(self) -> int:
+        return self.layout.trailer
+
+    def message_sizes(self, regions: Sequence[Region]) -> list[int]:
+        return ([self.packed_size] if self.packed else []) + [regions[j].nbytes for j in self.direct]
+
+
+def wire_of(model: ModelSpec, regions: Sequence[Region], src_boxes: Mapping[int, Sequence[Box]],
+            dst_boxes: Mapping[int, Sequence[Box]], direct_min: int = DIRECT_MIN_BYTES) -> Wire:
+    message_layout(model, regions)  # size checks
+    src, dst, packed, direct = [], [], [], []
+    for j, r in enumerate(regions):
+        isz = model.tensors[r.tensor].itemsize
+        a = contiguous_span(src_boxes.get(r.tensor, ()), r.box, isz)
+        b = contiguous_span(dst_boxes.get(r.tensor, ()), r.box, isz)
+        src.append(a)
+        dst.append(b)
+        (direct if r.nbytes >= direct_min and (a is not None or b is not None) else packed).append(j)
+    lay = layout_of([regions[j].nbytes for j in packed])
+    return Wire(tuple(packed), lay, tuple(direct), tuple(src), tuple(dst))
+
+
 class LocalWeights:
     """One rank's data of several tensors: for every tensor index, its boxes and one tensor per box."""
 
@@ -169,6 +236,18 @@ class LocalWeights:
             lb = _norm(self.boxes[index][k])
             byte_view(self.data[index][k])[_byte_slices(inter, lb, isz)].copy_(view[_byte_slices(inter, nb, isz)])
             self.coverage.setdefault((index, k), []).append(inter)
+
+    def span_view(self, index: int, span: Span, nbytes: int) -> torch.Tensor:
+        """The flat uint8 view of ``nbytes`` at ``span`` (box number, byte offset) of a local tensor."""
+        k, off = span
+        t = self.data[index][k]
+        if not t.is_contiguous():
+            raise TransferError(f"{self.model.tensors[index].name}: local tensor of box {k} is not contiguous")
+        return byte_view(t).reshape(-1)[off : off + nbytes]
+
+    def mark_written(self, index: int, k: int, box: Box) -> None:
+        """Record a write that bypassed ``write_from`` (a zero-copy receive)."""
+        self.coverage.setdefault((index, k), []).append(_norm(box))
 
     def reset_coverage(self) -> None:
         self.coverage = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from reshardctl.errors import ReshardError, TransferError
+from reshardctl.errors import LaunchError, ReshardError, TransferError
 from reshardctl.runtime import commit as _commit
 from reshardctl.runtime.baseline import raw_transfer
 from reshardctl.runtime.contract import IterationReport, RankReport, RunOptions
@@ -85,6 +85,11 @@ def _refit(plan, env: RankEnv, groups: Groups, ex: Executor, st: _State, source,
     full_s = 0.0
     with events.phase("verify", step=step) as ph:
         problems: list[str] = []
+        try:
+            ex.exchange_checksums(failed=local_error is not None)
+        except Exception as exc:  # noqa: BLE001 - a peer is gone: this rank's vote says FAILED
+            if local_error is None:
+                local_error = exc
         if local_error is None:
             problems = ex.checksum_failures()
             if st.staged is not None:
@@ -136,13 +141,70 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: _State) -> None:
 
 def run_rank(env: RankEnv, plan, options: RunOptions) -> RankReport:
     """Run this rank's part of ``options.iterations`` refits of ``plan``; never raises for a failed refit."""
-    events = EventLog(options.run_dir, env.global_rank, env.side, fingerprint=plan.fingerprint)
+    return run_session(env, {"plan": plan}, options, warmup=0)["plan"]
+
+
+def _same_layout(a, b, side: str, rank: int) -> bool:
+    if a is None or a.model.tensors != b.model.tensors:
+        return False
+    if side == "train":
+        return dict(a.src_holdings(rank)) == dict(b.src_holdings(rank))
+    return dict(a.dst_holdings(rank)) == dict(b.dst_holdings(rank))
+
+
+def _prepare_weights(prev, plan, env: RankEnv, st: _State, source, options: RunOptions, step: int,
+                     device, events: EventLog) -> float:
+    """Weights for ``plan``'s refits starting at ``step``: carried over from the previous plan of the
+    session when this rank's holdings are the same, materialised otherwise. Returns the seconds spent."""
+    if _same_layout(prev, plan, env.side, env.side_rank):
+        return 0.0
+    with events.phase("materialise", step=step) as ph:
+        t = time.perf_counter()
+        if env.side == "train":
+            holdings = plan.src_holdings(env.side_rank)
+            st.src = None
+            st.src = LocalWeights(plan.model, holdings, materialise(
+                plan.model, holdings, step, source=source, device=device))
+            st.src_step = step
+            ph["bytes"] = st.src.nbytes
+        else:
+            holdings = plan.dst_holdings(env.side_rank)
+            st.current = st.staged = None
+            if st.committed_step is not None or options.initial_weights == "synthetic":
+                at = st.committed_step if st.committed_step is not None else step - 1
+                cur = materialise(plan.model, holdings, at, source=SyntheticWeights(plan.model), device=device)
+                st.committed_step = at
+            else:
+                cur = empty_like_holdings(plan.model, holdings, device=device)
+            st.current = LocalWeights(plan.model, holdings, cur)
+            st.staged = LocalWeights(plan.model, holdings, empty_like_holdings(plan.model, holdings, device=device))
+            ph["bytes"] = st.staged.nbytes
+        return time.perf_counter() - t
+
+
+def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0) -> dict[str, RankReport]:
+    """One rendezvous and one process group for several plans (same worlds), run in order: per plan
+    ``warmup`` untimed refits, then ``options.iterations`` timed ones (every refit committed, the training
+    step advancing by one each time, inference weights carried from plan to plan), then, with
+    ``options.baseline``, the raw transfer of the same bytes. Never raises for a failed refit: the failing
+    plan's report (and every later plan's) says ``ok=False``."""
+    names = list(plans)
+    if not names:
+        raise TransferError("run_session needs at least one plan")
+    first = plans[names[0]]
+    for n in names[1:]:
+        q = plans[n]
+        if (q.train_world, q.infer_world) != (first.train_world, first.infer_world):
+            raise LaunchError(f"plan {n!r} is {q.train_world}->{q.infer_world} ranks but {names[0]!r} is "
+                              f"{first.train_world}->{first.infer_world}: a session shares one set of processes")
+    events = EventLog(options.run_dir, env.global_rank, env.side, fingerprint=first.fingerprint)
     faults = Faults(parse_faults(options.faults), env.global_rank)
     st = _State()
     info: dict = {"backend": env.backend}
-    iterations: list[IterationReport] = []
+    per_plan: dict[str, dict] = {n: {"iterations": [], "baseline": {}, "peak": 0, "materialise_s": 0.0}
+                                 for n in names}
     error: BaseException | None = None
-    pool = None
+    failed_plan: str | None = names[0]
     try:
         timeout = options.timeout_s
         with events.phase("rendezvous", peers=[env.master_addr, env.master_port]):
@@ -151,62 +213,72 @@ def run_rank(env: RankEnv, plan, options: RunOptions) -> RankReport:
             info["rendezvous_s"] = time.perf_counter() - t
         with events.phase("group_init", backend=env.backend):
             t = time.perf_counter()
-            groups = init_groups(env, plan, store, timeout)
+            groups = init_groups(env, [plans[n] for n in names], store, timeout)
             info["group_init_s"] = time.perf_counter() - t
         device = groups.device
         info["device"] = str(device)
-        source = weight_source(plan.model, options.checkpoint)
-        with events.phase("materialise", step=options.first_step) as ph:
-            t = time.perf_counter()
-            if env.side == "train":
-                holdings = plan.src_holdings(env.side_rank)
-                st.src = LocalWeights(plan.model, holdings, materialise(
-                    plan.model, holdings, options.first_step, source=source, device=device))
-                st.src_step = options.first_step
-                ph["bytes"] = st.src.nbytes
-            else:
-                holdings = plan.dst_holdings(env.side_rank)
-                if options.initial_weights == "synthetic":
-                    cur = materialise(plan.model, holdings, options.first_step - 1,
-                                      source=SyntheticWeights(plan.model), device=device)
-                    st.committed_step = options.first_step - 1
-                else:
-                    cur = empty_like_holdings(plan.model, holdings, device=device)
-                st.current = LocalWeights(plan.model, holdings, cur)
-                st.staged = LocalWeights(plan.model, holdings, empty_like_holdings(plan.model, holdings, device=device))
-                ph["bytes"] = st.staged.nbytes
-            info["materialise_s"] = time.perf_counter() - t
-        pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
-        ex = Executor(plan, groups, events, pool, faults, overlap=options.overlap)
-        for it in range(options.iterations):
-            step = options.first_step + it
-            if st.src is not None and step != st.src_step:
+        step = options.first_step
+        prev = None
+        for name in names:
+            plan = plans[name]
+            rec = per_plan[name]
+            failed_plan = name
+            if len(names) > 1:
+                events.common.update(fingerprint=plan.fingerprint, plan=name)
+            source = weight_source(plan.model, options.checkpoint)
+            if st.src is not None and st.src_step != step and _same_layout(prev, plan, env.side, env.side_rank):
                 with events.phase("materialise", step=step):
                     _advance_source(plan, st, source, step)
-            iterations.append(_refit(plan, env, groups, ex, st, source, options, faults, events, step))
-        if options.baseline:
-            with events.phase("baseline") as ph:
-                info["baseline"] = raw_transfer(plan, groups)
-                ph.update(info["baseline"])
+            rec["materialise_s"] = _prepare_weights(prev, plan, env, st, source, options, step, device, events)
+            pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
+            rec["pool"] = pool
+            ex = Executor(plan, groups, events, pool, faults, overlap=options.overlap,
+                          direct_min=options.direct_min_bytes)
+            for it in range(warmup + options.iterations):
+                if st.src is not None and step != st.src_step:
+                    with events.phase("materialise", step=step):
+                        _advance_source(plan, st, source, step)
+                report = _refit(plan, env, groups, ex, st, source, options, faults, events, step)
+                if it >= warmup:
+                    rec["iterations"].append(report)
+                step += 1
+            rec["peak"] = pool.peak
+            if options.baseline:
+                with events.phase("baseline") as ph:
+                    rec["baseline"] = raw_transfer(plan, groups)
+                    ph.update(rec["baseline"])
+            pool.clear()
+            prev = plan
+        failed_plan = None
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         error = exc
     finally:
         try:
-            _dump(options, env, plan, st)
+            _dump(options, env, first, st)
         finally:
             shutdown()
             events.close()
-    return RankReport(
-        global_rank=env.global_rank, side=env.side, side_rank=env.side_rank, ok=error is None,
-        error_type=None if error is None else type(error).__name__,
-        error_message=None if error is None else (error.message if isinstance(error, ReshardError) else f"{type(error).__name__}: {error}"),
-        backend=env.backend, device=info.get("device", ""),
-        rendezvous_s=info.get("rendezvous_s", 0.0), group_init_s=info.get("group_init_s", 0.0),
-        materialise_s=info.get("materialise_s", 0.0), iterations=tuple(iterations),
-        peak_staging_bytes=pool.peak if pool is not None else 0,
-        staged_weight_bytes=st.staged.nbytes if st.staged is not None else 0,
-        baseline=info.get("baseline", {}),
-    )
+    out: dict[str, RankReport] = {}
+    bad = False
+    for name in names:
+        rec = per_plan[name]
+        err = None
+        if error is not None and (name == failed_plan or bad):
+            err = error if name == failed_plan else TransferError(f"not run: plan {failed_plan!r} failed first")
+            bad = True
+        plan = plans[name]
+        out[name] = RankReport(
+            global_rank=env.global_rank, side=env.side, side_rank=env.side_rank, ok=err is None,
+            error_type=None if err is None else type(err).__name__,
+            error_message=None if err is None else (err.message if isinstance(err, ReshardError) else f"{type(err).__name__}: {err}"),
+            backend=env.backend, device=info.get("device", ""),
+            rendezvous_s=info.get("rendezvous_s", 0.0), group_init_s=info.get("group_init_s", 0.0),
+            materialise_s=rec["materialise_s"], iterations=tuple(rec["iterations"]),
+            peak_staging_bytes=rec["pool"].peak if "pool" in rec else 0,
+            staged_weight_bytes=st.staged.nbytes if st.staged is not None else 0,
+            baseline=rec["baseline"],
+        )
+    return out
 
 
 def report_dict(report: RankReport) -> dict:
