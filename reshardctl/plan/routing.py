@@ -41,6 +41,56 @@ class TransferTable:
         return TransferTable(*(np.concatenate([getattr(t, f) for t in tables]) for f in ("src", "dst", "stage", "lo", "hi", "nbytes")))
 
 
+def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: Topology, rotation: int) -> np.ndarray:
+    """For every piece: -1 if it comes from a trainer (stage 1), else the index of the piece whose
+    destination relays it (stage 2). A group = destinations needing the same piece in one NVLink
+    domain that holds no source replica of it; the relay rotates over the group, piece by piece."""
+    n = len(pieces)
+    dom = topo.domain_of
+    relay_of = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return relay_of
+    # does any source replica of the piece's class sit in the destination's domain?
+    in_domain = np.zeros(n, dtype=bool)
+    for c, slots in enumerate(pieces.src_classes):
+        idx = np.nonzero(pieces.src_class == c)[0]
+        if idx.size:
+            cand_doms = np.unique(dom[src_ranks[np.asarray(slots)]])
+            in_domain[idx] = np.isin(dom[dst[idx]], cand_doms)
+    key = pieces.piece_key.astype(np.int64) * (int(dom.max()) + 1) + dom[dst]
+    order = np.lexsort((dst, key))
+    k_sorted = key[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = k_sorted[1:] != k_sorted[:-1]
+    starts = np.nonzero(first)[0]
+    sizes = np.diff(np.append(starts, n))
+    gid = np.cumsum(first) - 1
+    relay_pos = starts + (np.arange(len(starts)) + rotation) % sizes
+    is_relay = np.zeros(n, dtype=bool)
+    is_relay[relay_pos] = True
+    follower = ~is_relay & ~in_domain[order] & (sizes[gid] > 1)
+    relay_of[order[follower]] = order[relay_pos[gid[follower]]]
+    return relay_of
+
+
+def _pick_balanced(best: np.ndarray, weight: np.ndarray, rotation: int) -> np.ndarray:
+    """Index of the chosen candidate per row of ``best`` (bool [m, k]): rows with the same set of best
+    candidates are split among them into runs of equal bytes (prefix sums of ``weight``), so replicas
+    share the load by bytes, not by piece count; ``rotation`` shifts the split between instances."""
+    pick = np.empty(best.shape[0], dtype=np.int64)
+    sigs, inv = np.unique(best, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    for g in range(len(sigs)):
+        rows = np.nonzero(inv == g)[0]
+        cols = np.nonzero(sigs[g])[0]
+        w = weight[rows].astype(np.float64)
+        total = w.sum()
+        mid = (np.cumsum(w) - w / 2) / total if total > 0 else (np.arange(rows.size) + 0.5) / rows.size
+        j = (np.minimum((mid * cols.size).astype(np.int64), cols.size - 1) + rotation) % cols.size
+        pick[rows] = cols[j]
+    return pick
+
+
 def route(
     pieces: PairPieces,
     src_ranks: np.ndarray,  # global rank per source slot
@@ -55,8 +105,11 @@ def route(
     dst = dst_ranks[pieces.dst_slot].astype(np.int32)
     src = np.empty(n, dtype=np.int32)
     node, dom = topo.node_of, topo.domain_of
+    numel = np.prod(pieces.hi - pieces.lo, axis=1)
+    relay_of = _relays(pieces, src_ranks, dst, topo, rotation) if relay else np.full(n, -1, dtype=np.int64)
+    direct = relay_of < 0
     for c, slots in enumerate(pieces.src_classes):
-        idx = np.nonzero(pieces.src_class == c)[0]
+        idx = np.nonzero((pieces.src_class == c) & direct)[0]
         if idx.size == 0:
             continue
         cands = src_ranks[np.asarray(slots)]
@@ -70,31 +123,9 @@ def route(
             + (dom[cands][None, :] == dom[d][:, None])
         )
         best = score == score.max(axis=1, keepdims=True)
-        count = best.sum(axis=1)
-        j = (np.arange(idx.size) + rotation) % count
-        pick = np.argmax(np.cumsum(best, axis=1) > j[:, None], axis=1)
-        src[idx] = cands[pick]
+        src[idx] = cands[_pick_balanced(best, numel[idx], rotation)]
     stage = np.ones(n, dtype=np.int8)
-    if relay and n:
-        # groups of (same piece, same destination domain) whose source is outside that domain
-        key = pieces.piece_key.astype(np.int64) * (int(dom.max()) + 1) + dom[dst]
-        remote = dom[src] != dom[dst]
-        order = np.lexsort((dst, key))
-        k_sorted = key[order]
-        first = np.ones(n, dtype=bool)
-        first[1:] = k_sorted[1:] != k_sorted[:-1]
-        starts = np.nonzero(first)[0]
-        sizes = np.diff(np.append(starts, n))
-        gid = np.cumsum(first) - 1  # group id of each sorted position
-        # the relay rotates over the group's destinations (piece by piece), so the network bytes
-        # entering a domain spread over all its replicas' NICs instead of piling onto replica 0
-        relay_pos = starts + (np.arange(len(starts)) + rotation) % sizes
-        is_relay = np.zeros(n, dtype=bool)
-        is_relay[relay_pos] = True
-        relay_of = order[relay_pos[gid]]
-        is_follower = ~is_relay & remote[order]
-        followers = order[is_follower]
-        src[followers] = dst[relay_of[is_follower]]
-        stage[followers] = 2
-    numel = np.prod(pieces.hi - pieces.lo, axis=1)
+    followers = np.nonzero(~direct)[0]
+    src[followers] = dst[relay_of[followers]]
+    stage[followers] = 2
     return TransferTable(src, dst, stage, pieces.lo, pieces.hi, numel.astype(np.int64) * itemsize)
