@@ -16,7 +16,9 @@ Lower bound (transport-independent): the largest of
 * every inference GPU's bytes over its ingress (NVLink + NIC of that GPU);
 * every inference NVLink domain's distinct bytes over the NICs of its inference nodes (when no
   trainer rank shares the domain);
-* the model's bytes over the trainer nodes' NICs (when no inference rank shares a trainer domain).
+* the model's bytes over the trainer nodes' NICs (when no inference rank shares a trainer domain);
+* on ``cpu_only`` sites (every rank a process on one machine): all bytes the inference ranks hold over
+  the host's copy bandwidth (the profile's node NIC figure), which every step is also charged with.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ class Links:
     node_nic: float
     nvlink_latency: float
     nic_latency: float
+    host: float | None = None  # cpu_only sites: every byte is a copy through one shared memory system
 
     @classmethod
     def from_site(cls, site) -> "Links":
         lk = site.links
-        return cls(lk.nvlink_bytes_per_s, lk.nic_bytes_per_s, lk.node_nic_bytes_per_s, lk.nvlink_latency_us * 1e-6, lk.nic_latency_us * 1e-6)
+        return cls(lk.nvlink_bytes_per_s, lk.nic_bytes_per_s, lk.node_nic_bytes_per_s, lk.nvlink_latency_us * 1e-6,
+                   lk.nic_latency_us * 1e-6, host=lk.node_nic_bytes_per_s if site.cpu_only else None)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,11 @@ def _round_time(tr: np.ndarray, node_of: np.ndarray, num_nodes: int, links: Link
         t = per_node[n] / links.node_nic
         if t > best[0]:
             best = (t, int(np.nonzero(node_of == n)[0][0]), name, float(per_node[n]))
+    if links.host:
+        total = float(tr[NIC_SEND].sum() + tr[NVL_SEND].sum())
+        t = total / links.host
+        if t > best[0]:
+            best = (t, int(np.argmax(tr[NIC_SEND] + tr[NVL_SEND])), "host_copy", total)
     latency = tr[MSGS].max() * max(links.nic_latency, links.nvlink_latency) if tr[MSGS].any() else 0.0
     return float(best[0] + latency), best[1], best[2], best[3]
 
@@ -222,5 +231,7 @@ def lower_bound(plan: Plan, links: Links) -> LowerBound:
             nodes = np.unique(topo.node_of[T:][infer_dom == d]).size
             cands.append((dom_bytes[k] / (nodes * links.node_nic), f"NVLink domain {int(d)} must take in {int(dom_bytes[k])} distinct bytes over the NICs of {nodes} node(s)"))
         cands.append((model.num_bytes / (topo.train_nodes * links.node_nic), f"{model.num_bytes} model bytes must leave {topo.train_nodes} trainer node(s) over their NICs"))
+    if links.host:
+        cands.append((need.sum() / links.host, f"{int(need.sum())} bytes must be copied into the inference processes through one host's memory"))
     secs, reason = max(cands)
     return LowerBound(float(secs), reason)
