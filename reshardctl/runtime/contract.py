@@ -105,7 +105,7 @@ class RunOptions:
     initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
     full_check: bool = False  # compare every destination box to the weight source before commit
     overlap: bool = True  # pack/gather step k+1 while step k is in flight
-    direct_min_bytes: int = 1 << 20  # contiguous regions at least this big travel zero-copy (own message)
+    direct_min_bytes: int = 64 << 10  # contiguous regions at least this big travel zero-copy (own message)
     dump_weights: bool = False  # inference ranks torch.save their current weights at the end
     baseline: bool = False  # after the refits, time raw send/recv (and broadcasts) of the same byte volumes
     faults: str | None = None  # test-only fault spec (see faults.py); RESHARDCTL_TEST_* env vars too

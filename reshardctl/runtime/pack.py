@@ -104,7 +104,7 @@ def bucket_layout(model: ModelSpec, tensors: Sequence[int]) -> Layout:
     return layout_of([model.tensors[i].nbytes for i in tensors])
 
 
-DIRECT_MIN_BYTES = 1 << 20  # smaller regions are coalesced into the packed message
+DIRECT_MIN_BYTES = 64 << 10  # smaller regions are coalesced into the packed message (64 KiB: measured best on gloo)
 
 Span = tuple[int, int]  # (local box number, byte offset of the region inside that box's tensor)
 
