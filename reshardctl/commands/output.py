@@ -29,7 +29,11 @@ def quiet() -> bool:
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    """stdout; when stdout is not a terminal (a pipe, a log file), wide enough for the report tables."""
+    con = Console(highlight=False, soft_wrap=True)
+    if not con.is_terminal:
+        con = Console(highlight=False, soft_wrap=True, width=180)
+    return con
 
 
 def err_console() -> Console:

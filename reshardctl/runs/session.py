@@ -124,7 +124,7 @@ def run_session(
         exc = error[0]
         if isinstance(exc, LocalRunError):
             err = exc
-            reports = getattr(exc, "reports_by_plan", None) or {t: exc.reports for t in plans}
+            reports = exc.session or {next(iter(plans)): exc.reports}
         elif isinstance(exc, ReshardError):
             err = exc
         else:
