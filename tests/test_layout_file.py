@@ -266,3 +266,36 @@ def test_inline_explicit_entry_mixed_with_rules(tmp_path):
     lay = load_layout_file(p, model, "train")
     assert lay.placement(model.index("model.norm.weight")).ranks == (0, 1)
     assert lay.placement(0).ranks == (0, 1, 2, 3)
+
+
+def test_parse_and_layout_problems_of_one_file_reported_together(tmp_path):
+    """A bad placement does not hide the layout checks: the mesh larger than the world and a Shard(5)
+    on a 1-D tensor are reported in the same message."""
+    msg = errors_of(tmp_path, """
+        world_size: 4
+        rules:
+          - match: "*q_proj*"
+            mesh: {shape: [2, 2], dim_names: [dp, tp]}
+            placements: [Replicate(), Shard(x)]
+          - match: "*o_proj*"
+            mesh: {shape: [8], dim_names: [tp]}
+            placements: [Shard(0)]
+          - match: "*layernorm*"
+            mesh: {shape: [4], dim_names: [tp]}
+            placements: [Shard(5)]
+        default: {mesh: {shape: [4], dim_names: [dp]}, placements: [Replicate()]}
+    """)
+    assert "rules[0].placements[1]: bad placement 'Shard(x)'" in msg
+    assert "rules[1]: mesh ranks [4, 5, 6, 7] >= world_size 4" in msg
+    assert "Shard(5)" in msg and "model.layers.0.input_layernorm.weight: tensor has 1 dims" in msg
+    assert "match no rule" not in msg and "rules[0]: model.layers" not in msg
+
+
+def test_failed_layout_file_keeps_its_world_size(tmp_path):
+    p = write(tmp_path, """
+        world_size: 6
+        rules: [{match: "*", mesh: {shape: [6]}, placements: [Shard(9)]}]
+    """)
+    with pytest.raises(LayoutError) as e:
+        load_layout_file(p, tiny_model(), "train")
+    assert e.value.world_size == 6

@@ -26,15 +26,6 @@ def _load_model(name: str, layers: int | None):
     return load_model(name, layers=layers)
 
 
-def _side_gpus(site: str | None) -> int | None:
-    """GPUs one side gets from a site profile: the profile's GPUs split evenly between train and infer."""
-    if not site:
-        return None
-    from reshardctl.site import load_profile
-
-    return load_profile(site).total_gpus // 2
-
-
 def _tensor_rows(layout, pattern: str | None) -> list[dict]:
     rows = []
     for i, t in enumerate(layout.model.tensors):
@@ -87,28 +78,39 @@ def show(
     rank: int = typer.Option(None, "--rank", help="Show this rank's local (framework) parameters with segments."),
     tensor: str = typer.Option(None, "--tensor", help="Only HF tensors matching this glob."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    site: str = typer.Option(None, "--site", help="Site profile: check each side's world size against half its GPUs."),
+    site: str = typer.Option(None, "--site", help="Site profile: check the allocation as `plan` does (the nodes "
+                             "both sides need must fit in the site's nodes; builds both sides)."),
 ) -> None:
     """Print, per HF tensor, which ranks hold which boxes (or, with --rank, that rank's parameters)."""
-    from reshardctl.layout.build import build_layout, validate_allocation
+    from reshardctl.plan.inputs import _layout, _topology
 
     if side not in ("train", "infer", "both"):
         raise InputError(f"--side {side!r}: expected train, infer or both")
     m = _load_model(model, layers)
-    gpus = _side_gpus(site)
-    sides = ["train", "infer"] if side == "both" else [side]
+    prof = None
+    if site:
+        from reshardctl.site import load_profile
+
+        prof = load_profile(site)
+    # the allocation rule involves both sides, so with --site both are built (and checked) as in `plan`
+    sides = ["train", "infer"] if side == "both" or prof is not None else [side]
     args = {"train": (train, train_style, train_layout), "infer": (infer, infer_style, infer_layout)}
-    layouts, problems = {}, []
+    layouts, worlds, problems = {}, {}, []
     for s in sides:
         spec, style, lf = args[s]
-        try:
-            layouts[s] = build_layout(m, s, spec, style, lf, world_size=gpus)
-            if gpus is not None:
-                validate_allocation(layouts[s], gpus, s)
-        except LayoutError as e:  # report both sides' problems together
-            problems.extend(f"{s}: {v}" for v in e.violations)
-    if problems:
+        layouts[s], worlds[s] = _layout(m, s, spec, style, lf, problems, f"--{s}")
+    if prof is not None:
+        _topology(prof, worlds["train"], worlds["infer"], problems, "allocation")
+    if problems:  # every problem of both sides and the allocation together, as `plan` reports them
         raise LayoutError(problems)
+    if side != "both":
+        layouts = {side: layouts[side]}
+    if tensor:
+        first = next(iter(layouts.values()))
+        if not any(fnmatch.fnmatchcase(t.name, tensor) for t in first.model.tensors):
+            raise InputError(f"--tensor {tensor!r}: no tensor of model {m.name} matches",
+                             hint=f"e.g. {m.tensors[0].name!r}, or a glob like '*q_proj*' "
+                                  f"(`reshardctl model show {model}` lists them)")
     result = {"model": m.name, "tensors": len(m.tensors), "sides": {}}
     for s, lay in layouts.items():
         entry = {"layout": lay.describe(), "world_size": lay.world_size, "stages": [
@@ -138,3 +140,4 @@ def show(
             for h in row["holders"]:
                 boxes = " + ".join(fmt_box(b) for b in h["boxes"])
                 con.print(f"      rank {_ranks_str(h['ranks'])}: {boxes}")
+

@@ -45,15 +45,36 @@ def build_layout(model: ModelSpec, side: str, spec: str | None = None, style: st
     elif spec is None:
         spec = "tp=2" if world_size % 2 == 0 else "tp=1"
     ps = parse_parallel(spec, flag=flag)
+    try:
+        if style == "megatron":
+            from reshardctl.layout.megatron import MegatronLayout
+
+            return MegatronLayout(model, ps, world_size)
+        if style == "vllm":
+            from reshardctl.layout.vllm import VllmLayout
+
+            return VllmLayout(model, ps, world_size)
+        return dtensor_from_parallel(model, side, ps, world_size)
+    except LayoutError as e:  # the layout cannot be built, but its rank count is known: keep it for the
+        if getattr(e, "world_size", None) is None:  # allocation check (every violation at once)
+            e.world_size = world_size if world_size is not None else spec_world_size(model, style, ps)
+        raise
+
+
+def spec_world_size(model: ModelSpec, style: str, ps: ParallelSpec) -> int:
+    """Ranks a parallel string asks for, without building (or validating) the layout: the same
+    arithmetic as ``MegatronLayout`` / ``VllmLayout`` / the dtensor mesh when no world size is given."""
     if style == "megatron":
-        from reshardctl.layout.megatron import MegatronLayout
+        from math import lcm
 
-        return MegatronLayout(model, ps, world_size)
+        tc, etp = ps.tp * ps.cp, ps.etp or ps.tp
+        dp = ps.dp if ps.dp is not None else (
+            lcm(tc, etp * ps.ep) // tc if (model.dims.num_experts and ps.ep > 1) else 1)
+        return tc * dp * ps.pp
     if style == "vllm":
-        from reshardctl.layout.vllm import VllmLayout
-
-        return VllmLayout(model, ps, world_size)
-    return dtensor_from_parallel(model, side, ps, world_size)
+        dp = ps.dp if ps.dp is not None else (ps.ep // ps.tp if ps.ep > 1 and ps.ep % ps.tp == 0 else 1)
+        return dp * ps.pp * ps.tp
+    return (ps.dp or 1) * ps.tp
 
 
 def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_size: int | None = None) -> SideLayout:
@@ -81,13 +102,3 @@ def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_s
     return DTensorLayout(model, side, dp * tp, explicit=explicit,  # type: ignore[arg-type]
                          source=f"--{side} {ps} (dtensor mesh dp={dp},tp={tp})")
 
-
-def validate_allocation(layout: SideLayout, available_ranks: int, side: str) -> None:
-    """Raise ``LayoutError`` unless the layout uses exactly the ``available_ranks`` GPUs given to ``side``
-    (e.g. ``reshardctl.site.load_profile(...).total_gpus`` split between the sides)."""
-    if layout.world_size == available_ranks:
-        return
-    factors = getattr(layout, "factors", None)
-    lhs = " x ".join(f"{k}({v})" for k, v in factors) + " = " if factors else "= "
-    raise LayoutError(f"{side} world size {lhs}{layout.world_size} ranks, but the allocation has "
-                      f"{available_ranks}", hint="change the parallel sizes or the allocation (site profile)")

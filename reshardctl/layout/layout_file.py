@@ -147,6 +147,8 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
                 placements.append(parse_placement(v))
             except ValueError as e:
                 probs.append(f"{where}.placements[{k}]: {e}")
+                placements.append(Replicate())  # placeholder: the rule still claims its tensors, so the
+                # layout checks in load_layout_file report only real problems
     shape = raw.get("shape")
     if shape is not None and not _int_list(shape):
         probs.append(f"{where}.shape: expected a list of ints, got {shape!r}")
@@ -156,8 +158,8 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
     fsdp = raw.get("fsdp2_physical", False)
     if not isinstance(fsdp, bool):
         probs.append(f"{where}.fsdp2_physical: expected true/false, got {fsdp!r}")
-    if len(probs) > n0 or mesh is None:
-        return None
+    if mesh is None or any(not p.startswith(f"{where}.placements[") for p in probs[n0:]):
+        return None  # only a rule whose sole problems are unparsable placements is kept (with placeholders)
     return Rule(pattern, mesh, tuple(placements), stage, fsdp, tuple(shape) if shape else None, raw.get("dtype"), where)
 
 
@@ -259,15 +261,27 @@ def load_layout_file(path: str | os.PathLike, model: ModelSpec, side: Side) -> D
     if stage_ranks is not None and not (isinstance(stage_ranks, list) and all(_int_list(s) for s in stage_ranks)):
         probs.append(f"stages: expected a list of rank lists, got {stage_ranks!r}")
         stage_ranks = None
-    if probs:
-        raise LayoutError([f"{path}: {p}" for p in probs])
-    try:
-        return DTensorLayout(
-            model, side, world, [r for r in rules if r is not None], default,
-            explicit=explicit, explicit_stages=stages, stage_ranks=stage_ranks, source=str(path),
-        )
-    except LayoutError as e:
-        raise LayoutError([f"{path}: {v}" for v in e.violations]) from None
+    world_ok = _is_int(world) and world >= 1
+    # The layout checks (mesh ranks vs world_size, Shard dims vs tensor ranks, unmatched tensors) run even
+    # when parsing found problems, so one message lists everything; but only when every rule and tensor
+    # entry is usable, else tensors would fall through to other rules and give misleading reports.
+    usable = world_ok and all(r is not None for r in rules) and (
+        not doc.get("default") or default is not None) and (
+        not isinstance(doc.get("tensors") or {}, dict) or len(explicit) == len(doc.get("tensors") or {}))
+    if not probs or usable:
+        try:
+            lay = DTensorLayout(
+                model, side, world, [r for r in rules if r is not None], default,
+                explicit=explicit, explicit_stages=stages, stage_ranks=stage_ranks, source=str(path),
+            )
+        except LayoutError as e:
+            probs.extend(e.violations)
+        else:
+            if not probs:
+                return lay
+    err = LayoutError([f"{path}: {p}" for p in probs])
+    err.world_size = world if world_ok else None  # type: ignore[attr-defined]  (for the allocation check)
+    raise err
 
 
 def layout_to_doc(layout: SideLayout) -> dict:

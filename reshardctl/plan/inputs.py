@@ -68,25 +68,39 @@ def resolve_relay(mode: str, site) -> tuple[bool, str]:
     return on, f"auto: NVLink {nv / 1e9:g} GB/s per GPU {'>=' if on else '<'} 2 x NIC {nic / 1e9:g} GB/s per GPU"
 
 
+def _label(label: str, violation: str) -> str:
+    """``--train: <violation>``, without doubling a prefix the violation already carries."""
+    return violation if violation.startswith(f"{label}:") or violation.startswith(f"{label} ") else f"{label}: {violation}"
+
+
 def _layout(model, side, spec, style, layout_file, problems: list[str], label: str):
+    """``(layout, world_size)``. When the layout cannot be built its problems go to ``problems`` and the
+    layout is None, but the world size is still returned when it is known (from the parallel string or
+    the layout file), so the allocation is checked too and every violation is reported at once."""
     from reshardctl.layout.build import build_layout
 
     try:
-        return build_layout(model, side, spec, style, str(layout_file) if layout_file else None)
+        lay = build_layout(model, side, spec, style, str(layout_file) if layout_file else None)
+        return lay, lay.world_size
     except LayoutError as e:
-        problems.extend(f"{label}: {v}" for v in e.violations)
+        problems.extend(_label(label, v) for v in e.violations)
+        return None, getattr(e, "world_size", None)
     except InputError as e:
-        problems.append(f"{label}: {e}")
-    return None
+        problems.append(_label(label, str(e)))
+    return None, None
 
 
-def _topology(site, train, infer, problems: list[str], label: str):
+def _topology(site, train_world: int | None, infer_world: int | None, problems: list[str], label: str):
+    """The allocation rule shared by ``plan``, ``run`` and ``layout show --site``: the nodes each side
+    needs (``ceil(world / gpus_per_node)``) must fit in the site's nodes. None when a world is unknown."""
     from reshardctl.topology import Topology
 
+    if train_world is None or infer_world is None:
+        return None
     try:
-        return Topology.from_site(site, train.world_size, infer.world_size)
+        return Topology.from_site(site, train_world, infer_world)
     except LayoutError as e:
-        problems.extend(f"{label}: {v}" for v in e.violations)
+        problems.extend(_label(label, v) for v in e.violations)
     return None
 
 
@@ -123,17 +137,16 @@ def prepare(
         _raise(problems)
     prof = load_profile(site)
     m = load_model(model, layers=layers)
-    tl = _layout(m, "train", train, train_style, train_layout, problems, "--train")
-    il = _layout(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
-    topo = _topology(prof, tl, il, problems, "allocation") if tl is not None and il is not None else None
+    tl, tw = _layout(m, "train", train, train_style, train_layout, problems, "--train")
+    il, iw = _layout(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
+    topo = _topology(prof, tw, iw, problems, "allocation")
     cands: list[Candidate] = []
     compare = list(compare or [])
     for spec in compare:
-        cl = _layout(m, "infer", spec, infer_style, None, problems, f"--compare-infer {spec!r}")
-        if cl is not None and tl is not None:
-            ct = _topology(prof, tl, cl, problems, f"--compare-infer {spec!r}")
-            if ct is not None:
-                cands.append(Candidate(spec, cl, ct))
+        cl, cw = _layout(m, "infer", spec, infer_style, None, problems, f"--compare-infer {spec!r}")
+        ct = _topology(prof, tw, cw, problems, f"--compare-infer {spec!r}")
+        if cl is not None and tl is not None and ct is not None:
+            cands.append(Candidate(spec, cl, ct))
     if problems:
         _raise(problems, layout=True)
     mb = bucket_mb if bucket_mb is not None else prof.refit.bucket_mb

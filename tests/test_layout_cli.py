@@ -1,0 +1,87 @@
+"""`reshardctl layout show` / `layout export`: the same allocation rule and messages as `plan`, every
+violation at once, and exported layout files that plan exactly like their parallel strings."""
+
+from __future__ import annotations
+
+import pytest
+
+from reshardctl.cli import main
+from reshardctl.layout.build import build_layout, spec_world_size
+from reshardctl.layout.parallel_spec import parse_parallel
+from reshardctl.models import load_model
+
+
+@pytest.fixture(autouse=True)
+def _no_profile_path(monkeypatch):
+    monkeypatch.delenv("RESHARDCTL_PROFILE_PATH", raising=False)
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------ allocation: one rule for show and plan --
+@pytest.mark.parametrize("train,infer,ok", [
+    ("tp=2,dp=1", "tp=2,dp=2", True),    # 2 + 4 ranks: 1 + 1 nodes of 4 GPUs; not "half of the GPUs each"
+    ("tp=1,dp=1", "tp=1,dp=1", True),
+    ("tp=2,dp=4", "tp=2,dp=2", False),   # 2 + 1 nodes > 2
+])
+def test_layout_show_site_uses_the_plan_allocation_rule(capsys, train, infer, ok):
+    sc, _, serr = run(capsys, "layout", "show", "--model", "tiny-llama", "--site", "local", "--train", train,
+                      "--infer", infer, "--tensor", "lm_head*")
+    pc, _, perr = run(capsys, "plan", "--site", "local", "--model", "tiny-llama", "--train", train, "--infer", infer,
+                      "--transport", "reshard", "--json")
+    assert (sc == 0) is ok and (pc == 0) is ok, (serr, perr)
+    if not ok:
+        assert sc == pc == 2 and serr == perr and "allocation: trainer ranks (8) need ceil(8/4) = 2 node(s)" in serr
+
+
+def test_layout_show_side_with_site_checks_both_sides(capsys):
+    code, _, err = run(capsys, "layout", "show", "--model", "tiny-llama", "--site", "local", "--side", "train",
+                       "--train", "tp=2,dp=2", "--infer", "tp=2,dp=4")
+    assert code == 2 and "inference ranks (8) need ceil(8/4) = 2 node(s)" in err
+
+
+def test_layout_problems_and_allocation_reported_together(capsys):
+    """A layout that fails its own checks still counts its ranks: the allocation overflow is reported too."""
+    for cmd in (["plan", "--site", "local", "--model", "tiny-llama"],
+                ["layout", "show", "--site", "local", "--model", "tiny-llama"]):
+        code, _, err = run(capsys, *cmd, "--train", "tp=3,dp=4", "--infer", "tp=8")
+        assert code == 2, err
+        assert "--train: Megatron tp=3 does not divide num_attention_heads=16" in err
+        assert "allocation: trainer ranks (12) need ceil(12/4) = 3 node(s)" in err
+        assert "3 + 2 = 5 nodes, but the site has 2" in err
+
+
+def test_layout_file_problems_and_allocation_reported_together(capsys, tmp_path):
+    lf = tmp_path / "t.yaml"
+    lf.write_text("world_size: 12\nrules: [{match: '*', mesh: {shape: [12]}, placements: [Shard(7)]}]\n")
+    code, _, err = run(capsys, "plan", "--site", "local", "--model", "tiny-llama", "--train-layout", str(lf))
+    assert code == 2 and "Shard(7)" in err and "trainer ranks (12) need ceil(12/4) = 3 node(s)" in err
+
+
+@pytest.mark.parametrize("model,style,spec", [
+    ("tiny-llama", "megatron", "tp=2,pp=2"), ("tiny-llama", "megatron", "tp=2,cp=2,dp=2"),
+    ("tiny-qwen3-moe", "megatron", "tp=2,ep=4"), ("tiny-qwen3-moe", "megatron", "tp=2,ep=4,etp=1,pp=2"),
+    ("tiny-llama", "vllm", "tp=2,dp=3"), ("tiny-qwen3-moe", "vllm", "tp=2,ep=4"), ("tiny-llama", "dtensor", "tp=2"),
+])
+def test_spec_world_size_matches_the_layout(model, style, spec):
+    m = load_model(model)
+    side = "infer" if style == "vllm" else "train"
+    assert spec_world_size(m, style, parse_parallel(spec)) == build_layout(m, side, spec, style).world_size
+
+
+# ------------------------------------------------------------ messages ------------------------------------
+def test_layout_show_and_plan_prefix_flag_errors_alike(capsys):
+    _, _, show = run(capsys, "layout", "show", "--model", "tiny-llama", "--train", "tq=2")
+    _, _, plan = run(capsys, "plan", "--model", "tiny-llama", "--train", "tq=2")
+    assert show == plan
+    assert "error: --train: unknown key 'tq'" in show and "--train: --train" not in show and "train: --train" not in show
+
+
+def test_layout_show_tensor_glob_matching_nothing(capsys):
+    code, out, err = run(capsys, "layout", "show", "--model", "tiny-llama", "--tensor", "nomatch*")
+    assert code == 2 and out == ""
+    assert "--tensor 'nomatch*': no tensor of model tiny-llama matches" in err and "Traceback" not in err
