@@ -90,5 +90,67 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-__all__ = ["atomic_dir", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
+class StagedWrites:
+    """Several outputs that appear together or not at all. ``file(path)`` / ``dir(path)`` return a temp
+    file / an empty temp directory next to ``path``; fill them, then ``commit()`` renames every one over
+    its target (files fsynced, modes set as ``atomic_path`` / ``atomic_dir`` do), while ``abort()``
+    removes them all. As a context manager: commit when the block succeeds, abort when it raises.
+    Nothing is renamed before every output has been written."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Path, Path, bool]] = []  # (temp, target, is_dir)
+
+    def file(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        self._entries.append((Path(name), path, False))
+        return Path(name)
+
+    def dir(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        self._entries.append((tmp, path, True))
+        return tmp
+
+    def commit(self) -> list[Path]:
+        for tmp, _, is_dir in self._entries:  # everything that can fail before the first rename
+            if is_dir:
+                os.chmod(tmp, dir_mode())
+            else:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, file_mode())
+        for tmp, target, is_dir in self._entries:
+            (os.rename if is_dir else os.replace)(tmp, target)
+        done = [target for _, target, _ in self._entries]
+        self._entries = []
+        return done
+
+    def abort(self) -> None:
+        for tmp, _, is_dir in self._entries:
+            if is_dir:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        self._entries = []
+
+    def __enter__(self) -> "StagedWrites":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+
+
+__all__ = ["StagedWrites", "atomic_dir", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
            "write_text_atomic"]

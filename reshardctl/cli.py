@@ -8,8 +8,10 @@ stderr and exit code 2 (bad input) or 1 (runtime failure). No traceback for user
 from __future__ import annotations
 
 import sys
+import traceback
 
 import typer
+from rich.markup import escape
 
 from reshardctl import __version__
 from reshardctl.commands import output
@@ -71,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.exit_code
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except OSError as exc:  # last resort: a file or device error no command turned into a ReshardError
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        output.err_console().print(
+            f"[bold red]failed:[/bold red] {escape(exc.strerror or str(exc))}{escape(where)}\n"
+            "an operating-system error (a file, directory or device) stopped reshardctl; "
+            "--verbose shows where", markup=True, highlight=False)
+        if output.verbose():
+            output.err_console().print("".join(traceback.format_exception(exc)), markup=False)
+        code = 1
     except KeyboardInterrupt:
         output.err_console().print("interrupted")
         code = 130

@@ -48,6 +48,11 @@ class LayoutError(InputError):
         super().__init__(msg, hint=hint)
 
 
+class OutputError(InputError):
+    """An output (``--out``, ``--export-transfers``, a file to write) cannot be written: a missing or
+    unwritable directory, a full disk. Names the flag and the path; exit code 2 (the user can pick another)."""
+
+
 class PlanError(InputError):
     """A plan cannot be built from these inputs (or a serialised plan does not match them)."""
 

@@ -135,6 +135,52 @@ def test_bad_layout_writes_nothing(capsys, tmp_path):
     assert [p.name for p in out.iterdir()] == ["plan.json"] and (out / "plan.json").read_text() == "old"
 
 
+def test_unwritable_outputs_are_errors_not_tracebacks(capsys):
+    for args, flag in ((["--export-transfers", "/proc/x.jsonl"], "--export-transfers /proc/x.jsonl"),
+                       (["--out", "/proc/foo"], "--out /proc/foo")):
+        code = main(["plan", "--transport", "reshard", *args])
+        _, err = capsys.readouterr()
+        assert code == 2, err
+        assert f"error: {flag}: cannot write" in err and "Traceback" not in err
+
+
+def test_outputs_are_written_together_or_not_at_all(capsys, tmp_path):
+    out, exp = tmp_path / "out", tmp_path / "t.jsonl"
+    # a good --out and an unwritable --export-transfers: nothing is written
+    assert main(["plan", "--transport", "reshard", "--out", str(out), "--export-transfers", "/proc/x.jsonl"]) == 2
+    assert "--export-transfers /proc/x.jsonl: cannot write" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    # an unwritable --out and a good --export-transfers: nothing is written either
+    assert main(["plan", "--transport", "reshard", "--out", "/proc/foo", "--export-transfers", str(exp)]) == 2
+    assert "--out /proc/foo: cannot write" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    # an existing --out DIR keeps its old content when the export fails
+    out.mkdir()
+    (out / "plan.json").write_text("old")
+    assert main(["plan", "--transport", "reshard", "--out", str(out), "--export-transfers", "/proc/x.jsonl"]) == 2
+    capsys.readouterr()
+    assert [p.name for p in out.iterdir()] == ["plan.json"] and (out / "plan.json").read_text() == "old"
+    # both good: both written
+    assert main(["plan", "--transport", "reshard", "--out", str(out), "--export-transfers", str(exp)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"] and exp.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.jsonl"]
+
+
+def test_os_error_last_resort_is_one_paragraph(capsys, monkeypatch):
+    import reshardctl.commands.plan as plan_mod
+
+    def boom(inp):
+        raise PermissionError(13, "Permission denied", "/some/file")
+
+    monkeypatch.setattr(plan_mod, "plan_report", boom)
+    assert main(["plan"]) == 1
+    err = capsys.readouterr().err
+    assert "failed: Permission denied (/some/file)" in err and "Traceback" not in err
+    assert main(["--verbose", "plan"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
 def test_all_layout_problems_listed(capsys):
     code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
     out, err = capsys.readouterr()

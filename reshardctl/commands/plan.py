@@ -15,7 +15,7 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.plan.export import export_transfers, write_out
+from reshardctl.plan.export import write_outputs
 from reshardctl.plan.inputs import prepare, resolve_relay  # noqa: F401  (resolve_relay: re-exported for tests)
 from reshardctl.plan.report import plan_report
 
@@ -111,12 +111,13 @@ def plan_cmd(
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
                   bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []))
     plans, result = plan_report(inp)
-    if out is not None:
-        for p in write_out(out, plans, result):
+    if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
+        paths, n = write_outputs(plans, result, out=out, export=export,
+                                 export_plan=plans[result["primary_transport"]] if export is not None else None)
+        for p in paths:
             output.info(f"wrote {escape(str(p))}")
-    if export is not None:
-        n = export_transfers(plans[result["primary_transport"]], export)
-        output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {escape(str(export))}")
+        if export is not None:
+            output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {escape(str(export))}")
     if as_json:
         output.print_json(result)
     else:

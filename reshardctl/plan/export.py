@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
-from reshardctl.atomic_write import atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
+from reshardctl.atomic_write import StagedWrites, atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
+from reshardctl.errors import OutputError
 from reshardctl.plan.model import Plan
 
 
@@ -37,53 +39,90 @@ def transfer_lines(plan: Plan):
                    "region": [[0, n] for n in t.shape], "bytes": t.nbytes}
 
 
-def export_transfers(plan: Plan, path: str | os.PathLike) -> int:
-    """Stream the transfer lines into a temp file next to ``path``, then rename. Returns the line count."""
+def _write_lines(plan: Plan, f) -> int:
     n = 0
-    with atomic_open(path) as f:
-        for line in transfer_lines(plan):
-            f.write(json.dumps(line, separators=(",", ":")))
-            f.write("\n")
-            n += 1
+    for line in transfer_lines(plan):
+        f.write(json.dumps(line, separators=(",", ":")))
+        f.write("\n")
+        n += 1
     return n
 
 
-def _write_files(d: Path, plans: dict[str, Plan], result: dict, suffix: str = "") -> list[tuple[Path, str]]:
-    """Write every output file into ``d`` (names + ``suffix``); return (written, final name) pairs."""
+def export_transfers(plan: Plan, path: str | os.PathLike) -> int:
+    """Stream the transfer lines into a temp file next to ``path``, then rename. Returns the line count.
+    ``OutputError`` (naming the path) when it cannot be written."""
+    with _output_errors("--export-transfers", path), atomic_open(path) as f:
+        return _write_lines(plan, f)
+
+
+@contextmanager
+def _output_errors(flag: str, path: str | os.PathLike):
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot write: {e.strerror or e}", hint="choose a path in an existing, writable directory") from None
+
+
+def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for) -> list[tuple[Path, str]]:
+    """Write every output file for directory ``d`` to ``file_for(final path)``; return (written, final name)."""
     from reshardctl.plan.serialize import save_plan
 
     done = []
     for t, p in plans.items():
         name = f"plan-{t}.npz"
-        done.append((save_plan(p, d / (name + suffix)), name))
-    js = d / ("plan.json" + suffix)
+        done.append((save_plan(p, file_for(d / name)), name))
+    js = file_for(d / "plan.json")
     js.write_text(json.dumps(result, indent=2, default=str) + "\n")
     done.append((js, "plan.json"))
     return done
+
+
+def _stage_out(staged: StagedWrites, out: Path, plans: dict[str, Plan], result: dict) -> list[Path]:
+    """A new DIR is filled under a temp name next to it; into an existing DIR every file goes to a temp
+    name inside it. Returns the final paths (valid after ``staged.commit()``)."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = staged.dir(out)
+        files = _write_files(tmp, plans, result, lambda p: p)
+    else:
+        files = _write_files(out, plans, result, staged.file)
+    return [out / name for _, name in files]
+
+
+def _remove_stale(out: Path, written: list[Path]) -> None:
+    names = {p.name for p in written}
+    for stale in out.glob("plan-*.npz"):  # plans of transports this run did not plan: not ours any more
+        if stale.name not in names:
+            stale.unlink(missing_ok=True)
 
 
 def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> list[Path]:
     """All-or-nothing: a new DIR is filled under a temp name and renamed; into an existing DIR every file
     is written under a temp name first, then each is renamed over its final name (and ``plan-*.npz`` of
     transports not planned this time are removed, so DIR always matches its plan.json)."""
-    out = Path(out)
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(out) as tmp:
-            files = _write_files(tmp, plans, result)
-        return [out / name for _, name in files]
-    suffix = f".tmp-{os.getpid()}"
-    files: list[tuple[Path, str]] = []
-    try:
-        files = _write_files(out, plans, result, suffix)
-    except BaseException:
-        for f in out.glob(f"*{suffix}"):
-            f.unlink(missing_ok=True)
-        raise
-    for tmpf, name in files:
-        os.replace(tmpf, out / name)
-    written = {name for _, name in files}
-    for stale in out.glob("plan-*.npz"):  # plans of transports this run did not plan: not ours any more
-        if stale.name not in written:
-            stale.unlink(missing_ok=True)
-    return [out / name for _, name in files]
+    paths, _ = write_outputs(plans, result, out=out)
+    return paths
+
+
+def write_outputs(plans: dict[str, Plan], result: dict, *, out: str | os.PathLike | None = None,
+                  export: str | os.PathLike | None = None, export_plan: Plan | None = None
+                  ) -> tuple[list[Path], int | None]:
+    """``--out DIR`` and ``--export-transfers FILE`` together, all-or-nothing across BOTH: everything is
+    written under temporary names first and renamed only when every output was written, so a failing
+    export leaves no new DIR behind (and vice versa). Returns (DIR's files, export line count).
+    ``OutputError`` names the flag and the path that could not be written."""
+    paths: list[Path] = []
+    n = None
+    with StagedWrites() as staged:
+        if export is not None:
+            with _output_errors("--export-transfers", export):
+                with open(staged.file(export), "w") as f:
+                    n = _write_lines(export_plan, f)
+        if out is not None:
+            with _output_errors("--out", out):
+                paths = _stage_out(staged, Path(out), plans, result)
+        with _output_errors("--out" if out is not None else "--export-transfers", out if out is not None else export):
+            staged.commit()
+    if out is not None and Path(out).is_dir():
+        _remove_stale(Path(out), paths)
+    return paths, n
