@@ -3,10 +3,13 @@ violation at once, and exported layout files that plan exactly like their parall
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from reshardctl.cli import main
 from reshardctl.layout.build import build_layout, spec_world_size
+from reshardctl.layout.layout_file import load_layout_file
 from reshardctl.layout.parallel_spec import parse_parallel
 from reshardctl.models import load_model
 
@@ -85,3 +88,47 @@ def test_layout_show_tensor_glob_matching_nothing(capsys):
     code, out, err = run(capsys, "layout", "show", "--model", "tiny-llama", "--tensor", "nomatch*")
     assert code == 2 and out == ""
     assert "--tensor 'nomatch*': no tensor of model tiny-llama matches" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------ layout export ------------------------------
+def _transfers(capsys, tmp_path, name, *args) -> list[dict]:
+    path = tmp_path / f"{name}.jsonl"
+    code, _, err = run(capsys, "plan", "--site", "local", *args, "--transport", "reshard",
+                       "--export-transfers", str(path), "--json")
+    assert code == 0, err
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("side,spec,style,suffix", [
+    ("train", "tp=2,pp=2", "megatron", ".yaml"),
+    ("train", "tp=2,dp=2", "dtensor", ".json"),
+    ("infer", "tp=4", "vllm", ".yaml"),
+    ("infer", "tp=2,ep=4", "vllm", ".json"),
+])
+def test_layout_export_plans_identically(capsys, tmp_path, side, spec, style, suffix):
+    model = "tiny-qwen3-moe"
+    f = tmp_path / f"{side}{suffix}"
+    code, _, err = run(capsys, "layout", "export", "--model", model, "--side", side, f"--{side}", spec,
+                       f"--{side}-style", style, "--out", str(f))
+    assert code == 0 and f.exists(), err
+    m = load_model(model)
+    direct = build_layout(m, side, spec, style)
+    loaded = load_layout_file(f, m, side)
+    assert loaded.world_size == direct.world_size and loaded.num_stages() == direct.num_stages()
+    for i in range(len(m.tensors)):
+        assert dict(loaded.placement(i).items()) == dict(direct.placement(i).items()), m.tensors[i].name
+        assert loaded.stage_of(i) == direct.stage_of(i)
+    base = ["--model", model, f"--{side}-style", style]
+    a = _transfers(capsys, tmp_path, "a", *base, f"--{side}", spec)
+    b = _transfers(capsys, tmp_path, "b", "--model", model, f"--{side}-layout", str(f))
+    assert a == b and a
+
+
+def test_layout_export_errors(capsys, tmp_path):
+    code, _, err = run(capsys, "layout", "export", "--model", "tiny-llama", "--side", "train", "--train", "tp=3",
+                       "--out", str(tmp_path / "x.yaml"))
+    assert code == 2 and "--train: Megatron tp=3" in err and not (tmp_path / "x.yaml").exists()
+    code, _, err = run(capsys, "layout", "export", "--model", "tiny-llama", "--side", "train", "--out", "/proc/x.yaml")
+    assert code == 2 and "--out /proc/x.yaml: cannot write" in err and "Traceback" not in err
+    code, _, err = run(capsys, "layout", "export", "--model", "tiny-llama", "--side", "both", "--out", "x.yaml")
+    assert code == 2 and "--side 'both'" in err

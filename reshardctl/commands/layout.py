@@ -7,7 +7,7 @@ import fnmatch
 import typer
 
 from reshardctl.commands import output
-from reshardctl.errors import InputError, LayoutError
+from reshardctl.errors import InputError, LayoutError, OutputError
 
 app = typer.Typer(help="Trainer / inference layouts: which rank holds which part of every tensor.",
                   no_args_is_help=True)
@@ -141,3 +141,40 @@ def show(
                 boxes = " + ".join(fmt_box(b) for b in h["boxes"])
                 con.print(f"      rank {_ranks_str(h['ranks'])}: {boxes}")
 
+
+@app.command("export")
+def export(
+    model: str = typer.Option(..., "--model", "-m", help="Preset name or path (config.json / index / directory)."),
+    layers: int = typer.Option(None, "--layers", help="Keep only the first N decoder layers."),
+    side: str = typer.Option(..., "--side", help="train | infer: which side's layout to write."),
+    train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
+    infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
+    train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
+    infer_style: str = typer.Option("vllm", "--infer-style", help="vllm | dtensor"),
+    out: str = typer.Option(..., "--out", "-o", help="Layout file to write: FILE.json (JSON) or FILE.yaml (YAML)."),
+) -> None:
+    """Write one side's layout as an explicit generic layout file (per tensor: boxes per rank).
+
+    Load it back with --train-layout / --infer-layout: it plans exactly like the parallel string.
+    """
+    from pathlib import Path
+
+    from reshardctl.layout.layout_file import export_layout_file
+    from reshardctl.plan.inputs import _layout
+
+    if side not in ("train", "infer"):
+        raise InputError(f"--side {side!r}: expected train or infer")
+    if Path(out).suffix not in (".yaml", ".yml", ".json"):
+        raise InputError(f"--out {out}: expected a .yaml, .yml or .json file name")
+    m = _load_model(model, layers)
+    spec, style = (train, train_style) if side == "train" else (infer, infer_style)
+    problems: list[str] = []
+    lay, _ = _layout(m, side, spec, style, None, problems, f"--{side}")
+    if problems:
+        raise LayoutError(problems)
+    try:
+        path = export_layout_file(lay, out)
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot write: {e.strerror or e}",
+                          hint="choose a path in an existing, writable directory") from None
+    output.info(f"wrote {side} layout {lay.describe()} ({lay.world_size} ranks, {len(m.tensors)} tensors) to {path}")
