@@ -8,6 +8,7 @@ from collections import Counter
 from itertools import product
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -45,23 +46,39 @@ def check_holdings(t, pl):
             assert coverage_counts(t.shape, list(h)).max() <= 1, (t.name, h)  # disjoint within a holding
 
 
+# The checkers work per distinct (placement, stage, ...) key, not per tensor: layouts intern their
+# placements (a few dozen for ~45k DeepSeek-V3 tensors), and everything checked depends only on the
+# placement (template + ranks), the tensor's stage and, for vLLM, whether it is expert-like. The cache
+# keeps the placement object alive, so its id is not reused.
 def check_train(lay):
+    done: dict = {}
+    last = set(lay.stage_ranks(lay.num_stages() - 1))
     for i, t in enumerate(lay.model.tensors):
         pl = lay.placement(i)
+        key = (id(pl), lay.stage_of(i))
+        if key in done:
+            continue
+        done[key] = pl
         check_holdings(t, pl)
         boxes = [b for _, h in pl.items() for b in h]
         assert coverage_counts(t.shape, boxes).min() >= 1, t.name  # every element at least once
-        assert set(pl.ranks) <= set(lay.stage_ranks(lay.stage_of(i))) | set(lay.stage_ranks(lay.num_stages() - 1))
+        assert set(pl.ranks) <= set(lay.stage_ranks(key[1])) | last
+    return len(done)
 
 
 def check_infer(lay):
     per_replica = lay.tp * lay.pp
+    done: dict = {}
     for i, t in enumerate(lay.model.tensors):
         pl = lay.placement(i)
-        check_holdings(t, pl)
-        assert set(pl.ranks) == set(lay.stage_ranks(lay.stage_of(i)))
         src = lay.model.tensor(t.scale_of) if t.scale_of else t
         expert_like = src.expert is not None  # vLLM experts span DP x TP (EP or MoE-TP): check the world
+        key = (id(pl), lay.stage_of(i), expert_like)
+        if key in done:
+            continue
+        done[key] = pl
+        check_holdings(t, pl)
+        assert set(pl.ranks) == set(lay.stage_ranks(key[1]))
         groups = [list(pl.items())] if expert_like else [
             [(r, h) for r, h in pl.items() if r // per_replica == d] for d in range(lay.dp)]
         for items in groups:  # exactly once per DP replica, one copy per distinct holding class
@@ -69,6 +86,7 @@ def check_infer(lay):
             boxes = [b for h in classes for b in h]
             c = coverage_counts(t.shape, boxes)
             assert c.min() == 1 and c.max() == 1, (t.name, lay.describe())
+    return len(done)
 
 
 def check_local_params(lay, rank):
@@ -174,3 +192,47 @@ def test_catalog_tiny_presets_cover():
         check_infer(inf)
         check_local_params(tr, tr.world_size - 1)
         check_local_params(inf, 5)
+
+
+# Every shipped model (reshardctl.models.PRESETS), full checkpoint view (MTP layers and fp8 scales where
+# it has them), through one Megatron and one vLLM layout each (two vLLM ones for Qwen3-235B: with and
+# without expert parallel). A new preset without an entry here fails test_every_preset_has_layouts.
+PRESET_LAYOUTS = {
+    "llama-3.1-8b": [("megatron", "tp=4,pp=2"), ("vllm", "tp=2,dp=2")],
+    "llama-3.1-70b": [("megatron", "tp=8,pp=4"), ("vllm", "tp=8,dp=2")],
+    "qwen3-30b-a3b": [("megatron", "tp=2,ep=8,etp=1"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
+    "qwen3-235b-a22b": [("megatron", "tp=4,pp=2,ep=8,etp=1"), ("vllm", "tp=8"), ("vllm", "tp=8,ep=8")],
+    "deepseek-v3": [("megatron", "pp=16,ep=16,first=3,last=2"), ("vllm", "tp=32,dp=8")],
+    "tiny-llama": [("megatron", "tp=2,pp=2"), ("vllm", "tp=2,dp=2")],
+    "tiny-qwen3-moe": [("megatron", "tp=2,ep=2"), ("vllm", "tp=4")],
+    "tiny-deepseek": [("megatron", "tp=2,pp=2,ep=2"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
+}
+
+
+def test_every_preset_has_layouts():
+    from reshardctl.models import PRESETS
+
+    assert set(PRESET_LAYOUTS) == set(PRESETS)
+
+
+def _full_preset(name):
+    from reshardctl.errors import ModelError
+    from reshardctl.models import load_model
+
+    for mtp, scales in ((True, True), (False, True), (True, False), (False, False)):
+        try:
+            return load_model(name, include_mtp=mtp, include_scales=scales)
+        except ModelError:
+            continue
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name,style,spec", [(n, st_, sp) for n, ls in PRESET_LAYOUTS.items() for st_, sp in ls])
+def test_preset_layout_coverage(name, style, spec):
+    from reshardctl.layout.build import build_layout
+
+    m = _full_preset(name)
+    side = "train" if style == "megatron" else "infer"
+    lay = build_layout(m, side, spec, style)
+    checked = check_train(lay) if side == "train" else check_infer(lay)
+    assert 0 < checked <= len(m.tensors)
