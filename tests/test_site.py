@@ -300,6 +300,25 @@ def test_yaml_exponent_string_hint():
     assert "4.0e2" in msg
 
 
+@pytest.mark.parametrize("nodes,where", [
+    (100000000000000000000, "`nodes`: node count 100000000000000000000 is more than the maximum of 1000000"),
+    ("n[0-99999999999999999999]", "`nodes`: bad hostlist"),
+    ("n[1-999999,1-999999,1-999999]", "`nodes`: bad hostlist"),
+    ("a[1-99999][1-99999][1-99999]", "`nodes`: bad hostlist"),
+    ("n[1-999999],m[1-999999]", "with the 999999 hosts before it"),
+    (["n[1-600000]", "m[1-600000]"], "`nodes[1]`: bad hostlist 'm[1-600000]'"),
+])
+def test_huge_node_counts_are_refused_before_names_are_built(tmp_path, nodes, where):
+    """`nodes: 10**20` used to build 10**20 names (the process was OOM-killed): the count is checked
+    against MAX_HOSTS first, for the int form, hostlists and the total of a list; the message names
+    the file, the key and the limit."""
+    import yaml
+
+    f = write(tmp_path, yaml.safe_dump(minimal(nodes=nodes)))
+    msg = error_of(f)
+    assert str(f) in msg and where in msg and "1000000" in msg and "MAX_HOSTS" in msg, msg
+
+
 @pytest.mark.parametrize("value", [-8, 0])
 def test_negative_or_zero_gpu_count(value):
     msg = error_of(minimal(gpus_per_node=value))

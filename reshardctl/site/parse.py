@@ -17,7 +17,7 @@ from pathlib import PurePath
 from typing import Any
 
 from reshardctl.errors import ProfileError
-from reshardctl.site.hostlist import expand_hostlist
+from reshardctl.site.hostlist import MAX_HOSTS, expand_hostlist
 from reshardctl.site.spec import (
     ROLES,
     TRANSPORTS,
@@ -225,6 +225,9 @@ def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
         if v < 1:
             c.add("nodes", f"node count must be >= 1, got {v}")
             return ()
+        if v > MAX_HOSTS:  # checked before any name is built (10**20 nodes would exhaust memory)
+            c.add("nodes", f"node count {v} is more than the maximum of {MAX_HOSTS} nodes (MAX_HOSTS)")
+            return ()
         width = max(3, len(str(v)))
         return tuple(f"node{i:0{width}d}" for i in range(1, v + 1))
     items = [v] if isinstance(v, str) else v
@@ -237,10 +240,15 @@ def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
         if not isinstance(item, str):
             c.add(path, f"expected a host name or hostlist, got {describe(item)}")
             continue
-        try:
-            names.extend(expand_hostlist(item))
+        if len(names) >= MAX_HOSTS:
+            c.add("nodes", f"lists more than the maximum of {MAX_HOSTS} nodes (MAX_HOSTS) in all")
+            return ()
+        try:  # the budget left for this item: the list's total is bounded too, before names are built
+            names.extend(expand_hostlist(item, MAX_HOSTS - len(names)))
         except ProfileError as exc:
             c.add(path, exc.message)
+            if "MAX_HOSTS" in exc.message:  # over the limit: stop, the rest cannot fit either
+                return ()
     dups = sorted(n for n, k in Counter(names).items() if k > 1)
     if dups:
         c.add("nodes", f"lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
