@@ -295,9 +295,15 @@ def test_non_numeric_bandwidth(tmp_path):
     assert "expected a number of Gbit/s" in msg and "'400Gbps'" in msg
 
 
-def test_yaml_exponent_string_hint():
-    msg = error_of(minimal(links={"nvlink_gbytes_per_s": "4e2", "nic_gbits_per_s": 400}))
-    assert "4.0e2" in msg
+@pytest.mark.parametrize("text", ["4e2", "4.0e2", "4e+2"])
+def test_yaml_exponent_string_hint(tmp_path, text):
+    """PyYAML reads 4e2, 4.0e2 and 4e+2 as strings (it needs a dot AND a signed exponent): the advice
+    names forms that really are numbers, and the advised 4.0e+2 loads as 400."""
+    f = write(tmp_path, MINIMAL.replace("nvlink_gbytes_per_s: 450", f"nvlink_gbytes_per_s: {text}"))
+    msg = error_of(f)
+    assert "4.0e+2" in msg and "400" in msg and "without quotes" not in msg
+    f = write(tmp_path, MINIMAL.replace("nvlink_gbytes_per_s: 450", "nvlink_gbytes_per_s: 4.0e+2"))
+    assert load_profile(str(f)).links.nvlink_bytes_per_s == 400e9
 
 
 @pytest.mark.parametrize("nodes,where", [
@@ -317,6 +323,11 @@ def test_huge_node_counts_are_refused_before_names_are_built(tmp_path, nodes, wh
     f = write(tmp_path, yaml.safe_dump(minimal(nodes=nodes)))
     msg = error_of(f)
     assert str(f) in msg and where in msg and "1000000" in msg and "MAX_HOSTS" in msg, msg
+
+
+def test_quoted_number_hint_is_neutral():
+    msg = error_of(minimal(links={"nvlink_gbytes_per_s": "450", "nic_gbits_per_s": 400}))
+    assert "plain number" in msg and "without quotes" not in msg
 
 
 @pytest.mark.parametrize("value", [-8, 0])

@@ -85,6 +85,7 @@ ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EXPONENT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")  # 4e2, 4.0e2, 4e+2, 4.0e+2 (quoted)
 
 
 def describe(value: Any) -> str:
@@ -111,9 +112,12 @@ class _Collector:
         if isinstance(value, str) and key.kind in ("float", "int"):
             try:
                 float(value)
-                hint = "; write the number without quotes"
-                if re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):
-                    hint = "; YAML reads an exponent without a dot as text: write e.g. 4.0e2 or 400"
+                # the value is text that reads as a number: quoted, or a form the loader does not
+                # take as a number (phrased for both: the data no longer says which it was)
+                hint = "; give it as a plain number (e.g. 400), not as quoted text"
+                if _EXPONENT_RE.fullmatch(value.strip()):
+                    hint = ("; YAML (PyYAML) reads an exponent as a number only with a dot in the mantissa "
+                            "and a sign in the exponent, so this is text: write e.g. 400 or 4.0e+2")
             except ValueError:
                 hint = "; give the number alone, in the unit of the key name"
         self.add(path, f"expected {key.form}, got {describe(value)}{hint}")
