@@ -85,6 +85,19 @@ def test_single_transport_and_bucket(capsys):
     assert d["primary_transport"] == "gather_broadcast"
 
 
+@pytest.mark.parametrize("value,needle", [
+    ("inf", "--bucket-mb must be a finite number > 0 (got inf)"),
+    ("nan", "--bucket-mb must be a finite number > 0 (got nan)"),
+    ("0", "--bucket-mb must be a finite number > 0 (got 0)"),
+    ("-1", "--bucket-mb must be a finite number > 0 (got -1)"),
+    ("1e-9", "--bucket-mb 1e-09: 1e-09 MiB x 1048576 bytes/MiB = 0.00105 bytes, less than one byte"),
+])
+def test_bad_bucket_mb(capsys, value, needle):
+    code = main(["plan", "--bucket-mb", value])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
 def test_relay_auto_rule():
     from reshardctl.commands.plan import resolve_relay
 

@@ -11,6 +11,7 @@ the node's NICs when every GPU sends at once).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,8 +121,12 @@ def prepare(
         problems.append(f"--transport {transport!r}: expected one of {', '.join(TRANSPORT_CHOICES)}")
     if relay not in RELAY_MODES:
         problems.append(f"--relay {relay!r}: expected one of {', '.join(RELAY_MODES)}")
-    if bucket_mb is not None and not bucket_mb > 0:
-        problems.append(f"--bucket-mb must be > 0 (got {bucket_mb:g})")
+    if bucket_mb is not None:
+        if not (math.isfinite(bucket_mb) and bucket_mb > 0):
+            problems.append(f"--bucket-mb must be a finite number > 0 (got {bucket_mb:g})")
+        elif int(bucket_mb * MIB) < 1:
+            problems.append(f"--bucket-mb {bucket_mb:g}: {bucket_mb:g} MiB x {MIB} bytes/MiB = "
+                            f"{bucket_mb * MIB:.3g} bytes, less than one byte (give at least {1 / MIB:.3g})")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         problems.append(f"--out {out}: exists and is not a directory")
     if export is not None:
@@ -150,6 +155,9 @@ def prepare(
     if problems:
         _raise(problems, layout=True)
     mb = bucket_mb if bucket_mb is not None else prof.refit.bucket_mb
+    if int(mb * MIB) < 1:  # only the profile's value can get here (the flag is checked above)
+        _raise([f"site profile {prof.source}: refit.bucket_mb {mb:g} MiB x {MIB} bytes/MiB = {mb * MIB:.3g} "
+                f"bytes, less than one byte; give --bucket-mb or a larger refit.bucket_mb"])
     on, why = resolve_relay(relay, prof)
     transports = TRANSPORTS if transport == "all" else (transport,)
     primary = prof.refit.transport if transport == "all" else transport
