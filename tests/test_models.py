@@ -273,3 +273,45 @@ def test_view_flags_without_content():
         load_model("tiny-llama", include_mtp=True)
     with pytest.raises(ModelError, match="no fp8 scale tensors"):
         load_model("qwen3-30b-a3b", include_scales=True)
+
+
+# ---- cross-key consistency -------------------------------------------------------------------------
+def _load_cfg(tmp_path, preset, **changes):
+    cfg = dict(preset_config(preset), **changes)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ModelError) as e:
+        load_model(p)
+    msg = str(e.value)
+    assert str(p) in msg
+    return msg
+
+
+def test_heads_not_a_multiple_of_kv_heads_is_caught_at_load(tmp_path):
+    msg = _load_cfg(tmp_path, "tiny-llama", num_attention_heads=16, num_key_value_heads=3, head_dim=64)
+    assert "'num_attention_heads' (16) must be a multiple of 'num_key_value_heads' (3)" in msg and "16 % 3 = 1" in msg
+    msg = _load_cfg(tmp_path, "tiny-llama", num_attention_heads=4, num_key_value_heads=8, head_dim=64)
+    assert "'num_attention_heads' (4) must be a multiple of 'num_key_value_heads' (8)" in msg
+
+
+def test_moe_keys_are_consistent(tmp_path):
+    n = preset_config("tiny-qwen3-moe")["num_experts"]
+    msg = _load_cfg(tmp_path, "tiny-qwen3-moe", num_experts_per_tok=n + 1)
+    assert f"'num_experts_per_tok' ({n + 1}) must be between 1 and 'num_experts' ({n})" in msg
+    e = preset_config("tiny-deepseek")["n_routed_experts"]
+    msg = _load_cfg(tmp_path, "tiny-deepseek", n_group=e + 1, topk_group=e + 2, num_experts_per_tok=0)
+    assert "3 problems" in msg and f"'n_routed_experts' ({e}) must be a multiple of 'n_group' ({e + 1})" in msg
+    assert f"'topk_group' ({e + 2}) must be between 1 and 'n_group' ({e + 1})" in msg
+    assert "'num_experts_per_tok' (0)" in msg
+
+
+@pytest.mark.parametrize("key,value", [("vocab_size", 0), ("head_dim", 0)])
+def test_non_positive_sizes(key, value):
+    cfg = dict(preset_config("tiny-qwen3-moe"), **{key: value})
+    with pytest.raises(ModelError, match=f"key '{key}' must be >= 1"):
+        spec_from_config(cfg, "x", source="here/config.json")
+
+
+def test_every_preset_passes_the_consistency_checks():
+    for name in PRESETS:
+        load_model(name)

@@ -137,10 +137,47 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
     all_layers = layers + kw.get("num_mtp_layers", 0)
     needs_dense = len(moe) < all_layers
     intermediate = c.get_int("intermediate_size") if needs_dense else c.get_int("intermediate_size", 0, minimum=0)
+    _check_consistency(c, arch.key, layers, heads, kw)
     return ModelDims(
         arch=arch.key, hidden=hidden, num_layers=layers, num_heads=heads, vocab=vocab,
         intermediate=intermediate, tie_embeddings=tie, **kw,
     )
+
+
+def _check_consistency(c: _Config, arch: str, layers: int, heads: int, kw: dict[str, Any]) -> None:
+    """Cross-key arithmetic a checkpoint of this config must satisfy, every problem in one ModelError
+    (naming the file, the keys and the arithmetic) instead of a failure deep in a layout or the planner.
+    (Layer-range keys such as ``first_k_dense_replace`` / ``mlp_only_layers`` are not checked against
+    ``num_hidden_layers``: a ``--layers N`` truncation legitimately keeps them.)"""
+    problems: list[str] = []
+    cfg = c.c
+
+    def opt_int(key: str) -> int | None:
+        v = cfg.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    if arch != "deepseek_v3":
+        kv = kw["num_kv_heads"]
+        if kv > heads or heads % kv:
+            problems.append(f"'num_attention_heads' ({heads}) must be a multiple of 'num_key_value_heads' ({kv}) "
+                            f"(grouped-query attention: {heads} % {kv} = {heads % kv})")
+    experts = kw.get("num_experts", 0)
+    if experts:
+        e_key = "n_routed_experts" if arch == "deepseek_v3" else "num_experts"
+        topk = opt_int("num_experts_per_tok")
+        if topk is not None and not 1 <= topk <= experts:
+            problems.append(f"'num_experts_per_tok' ({topk}) must be between 1 and '{e_key}' ({experts})")
+        if arch == "deepseek_v3":
+            n_group, topk_group = opt_int("n_group"), opt_int("topk_group")
+            if n_group is not None and (n_group < 1 or experts % n_group):
+                problems.append(f"'n_routed_experts' ({experts}) must be a multiple of 'n_group' ({n_group})"
+                                + (f" ({experts} % {n_group} = {experts % n_group})" if n_group >= 1 else ""))
+            if n_group is not None and topk_group is not None and not 1 <= topk_group <= n_group:
+                problems.append(f"'topk_group' ({topk_group}) must be between 1 and 'n_group' ({n_group})")
+    if problems:
+        if len(problems) == 1:
+            raise ModelError(f"{c.where}: {problems[0]}")
+        raise ModelError(f"{c.where}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def model_dtype(config: Mapping[str, Any], where: str = "config") -> str:
