@@ -397,3 +397,18 @@ def test_layout_file_and_compat_reasons(capsys, tmp_path, small_model):
     assert main(["plan", "--model", small_model, "--train-layout", str(lf), "--site", "dgx-h100"]) == 0
     out, _ = capsys.readouterr()
     assert "6 trainer mesh has more than 2 dims" in out
+
+
+# ------------------------------------------------------------------ documented examples ---------------
+QUICKSTART_DEEPSEEK = ["--site", "dgx-h100", "--model", "deepseek-v3", "--train", "pp=16,ep=16,first=3,last=2",
+                       "--infer", "tp=32,dp=8"]
+
+
+def test_quickstart_deepseek_v3_example_fits_the_shipped_dgx_h100_profile(capsys):
+    """docs/quickstart.md's example (256 + 256 ranks = 32 + 32 nodes) must plan on the shipped dgx-h100
+    profile (128 nodes). Planned for the primary transport only (~4 s; all three take ~7 s): the inputs,
+    layouts and allocation checked are the same."""
+    d = run_json(capsys, *QUICKSTART_DEEPSEEK, "--transport", "reshard")
+    topo = d["inputs"]["topology"]
+    assert (topo["train_world"], topo["infer_world"], topo["train_nodes"], topo["infer_nodes"]) == (256, 256, 32, 32)
+    assert d["inputs"]["model"] == "deepseek-v3" and d["transports"]["reshard"]["bytes_moved"] > 0

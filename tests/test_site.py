@@ -166,8 +166,8 @@ def test_default_is_local():
 
 def test_vendor_figures():
     dgx = load_profile("dgx-h100")
-    assert dgx.nodes[0] == "gpu001" and dgx.nodes[-1] == "gpu032"
-    assert (dgx.total_gpus, dgx.gpus_per_domain) == (256, 8)
+    assert dgx.nodes[0] == "gpu001" and dgx.nodes[-1] == "gpu128"
+    assert (dgx.total_gpus, dgx.gpus_per_domain) == (1024, 8)
     assert dgx.links.nvlink_bytes_per_s == 450e9
     assert dgx.links.nic_bytes_per_s == 50e9
     assert dgx.links.node_nic_bytes_per_s == 400e9

@@ -121,7 +121,7 @@ def test_list(capsys, tmp_path, monkeypatch):
         assert name in out
     code, out, _ = run(capsys, "profile", "list", "--json")
     rows = {r["name"]: r for r in json.loads(out)}
-    assert rows["dgx-h100"]["summary"] == "32 nodes x 8 GPUs"
+    assert rows["dgx-h100"]["summary"] == "128 nodes x 8 GPUs"
     assert rows["broken"]["summary"].startswith("invalid")
     assert rows["mine"]["source"] == str(tmp_path / "mine.toml")
 
@@ -137,4 +137,4 @@ def test_installed_script_subprocess(files, tmp_path):
     good = subprocess.run([str(SCRIPT), "profile", "show", "dgx-h100", "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert good.returncode == 0, good.stderr
-    assert json.loads(good.stdout)["derived"]["total_gpus"] == 256
+    assert json.loads(good.stdout)["derived"]["total_gpus"] == 1024
