@@ -20,7 +20,7 @@ from reshardctl.errors import ReshardError
 app = typer.Typer(
     name="reshardctl",
     help="Plan, run, verify and roll back RL weight refits (M2N reshard vs gather-and-broadcast).",
-    no_args_is_help=True,
+    cls=output.HelpGroup,
     pretty_exceptions_show_locals=False,
     pretty_exceptions_enable=False,
     add_completion=False,

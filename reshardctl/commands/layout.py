@@ -10,7 +10,7 @@ from reshardctl.commands import output
 from reshardctl.errors import InputError, LayoutError, OutputError
 
 app = typer.Typer(help="Trainer / inference layouts: which rank holds which part of every tensor.",
-                  no_args_is_help=True)
+                  cls=output.HelpGroup)
 
 
 def fmt_box(box) -> str:

@@ -12,7 +12,7 @@ from reshardctl.commands import output
 from reshardctl.models.catalog import PRESETS, load_model
 from reshardctl.models.spec import ROLES, ModelSpec
 
-app = typer.Typer(help="Model catalog: tensor inventories of presets and checkpoints.", no_args_is_help=True)
+app = typer.Typer(help="Model catalog: tensor inventories of presets and checkpoints.", cls=output.HelpGroup)
 
 
 def human_bytes(n: int) -> str:

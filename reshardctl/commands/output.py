@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from reshardctl.errors import ReshardError
 
@@ -57,3 +58,16 @@ def error(exc: ReshardError) -> None:
     err_console().print(f"[bold red]{kind}:[/bold red] {escape(str(exc))}", markup=True, highlight=False)
     if verbose() and exc.exit_code != 2:
         err_console().print("".join(traceback.format_exception(exc)))
+
+
+class HelpGroup(TyperGroup):
+    """A command group that, called with no arguments, prints its help and exits 0 (a help screen is
+    not an error); click's ``no_args_is_help`` exits 2. Use as ``typer.Typer(cls=HelpGroup, ...)``."""
+
+    def parse_args(self, ctx, args):
+        if not args and not ctx.resilient_parsing:
+            text = ctx.get_help()  # typer renders rich help itself and returns ''
+            if text:
+                print(text)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)

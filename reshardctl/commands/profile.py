@@ -22,7 +22,7 @@ from reshardctl.site import (
 )
 
 app = typer.Typer(help="Site profiles: show the resolved profile, validate files, list shipped profiles.",
-                  no_args_is_help=True)
+                  cls=output.HelpGroup)
 
 
 def _report(exc: ProfileError) -> None:
