@@ -36,7 +36,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="More detail (and tracebacks of runtime failures)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Add tracebacks to runtime failures (exit code 1) and OS errors."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors and the requested output."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:

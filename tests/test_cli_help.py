@@ -19,3 +19,8 @@ def test_usage_errors_still_exit_2(capsys):
     assert main(["profile", "show", "--bogus"]) == 2
     capsys.readouterr()
 
+
+def test_verbose_help_says_what_it_does(capsys):
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "More detail" not in out and "tracebacks" in out
