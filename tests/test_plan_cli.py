@@ -99,14 +99,21 @@ def test_bad_bucket_mb(capsys, value, needle):
 
 
 def test_relay_auto_rule():
+    """Concrete outcomes, not the formula again: on for dgx-h100 and gb200-nvl72, off for local
+    (cpu_only) and for a GPU site whose NVLink is less than twice its per-GPU NIC bandwidth."""
     from reshardctl.commands.plan import resolve_relay
+    from reshardctl.site import parse_profile
 
-    assert resolve_relay("auto", load_profile("local"))[0] is False  # cpu_only
-    for name in ("dgx-h100", "gb200-nvl72"):
-        p = load_profile(name)
-        nic = min(p.links.nic_bytes_per_s, p.links.node_nic_bytes_per_s / p.gpus_per_node)
-        assert resolve_relay("auto", p)[0] is (not p.cpu_only and p.links.nvlink_bytes_per_s >= 2 * nic)
+    assert resolve_relay("auto", load_profile("dgx-h100"))[0] is True    # 450 GB/s >= 2 x 50 GB/s
+    assert resolve_relay("auto", load_profile("gb200-nvl72"))[0] is True
+    assert resolve_relay("auto", load_profile("local"))[0] is False      # cpu_only
+    slow_nvlink = parse_profile({"nodes": 2, "gpus_per_node": 8,
+                                 "links": {"nvlink_gbytes_per_s": 90, "nic_gbits_per_s": 400,
+                                           "nics_per_node": 8}}, "slow")
+    on, why = resolve_relay("auto", slow_nvlink)                        # 90 GB/s < 2 x 50 GB/s
+    assert on is False and "90 GB/s" in why and "50 GB/s" in why
     assert resolve_relay("on", load_profile("local"))[0] is True
+    assert resolve_relay("off", load_profile("dgx-h100"))[0] is False
 
 
 # ------------------------------------------------------------------ --out -----------------------------
