@@ -164,11 +164,11 @@ def test_uncovered_destination_element_is_an_error():
 
 
 def test_broadcast_buckets():
-    """gather_broadcast: sizes 8*4*2=64, 16, 48 bytes with a 100-byte bucket -> [t0, t1], [t2];
-    root is trainer rank 0; gather pieces come from the shards."""
+    """gather_broadcast: sizes 8*4*2=64, 16, 48 bytes with a 200-byte staging bound -> buckets of at most
+    100 bytes (two are in flight) -> [t0, t1], [t2]; root is trainer rank 0; gather pieces come from the shards."""
     m = toy_model([(8, 4), (8,), (6, 4)])
     plan = build_plan(m, SplitLayout(m, "train", 2), SplitLayout(m, "infer", 2, dims=(1, 0)), Topology(2, 2, 8, 1),
-                      transport="gather_broadcast", bucket_bytes=100)
+                      transport="gather_broadcast", bucket_bytes=200)
     assert [(b.tensors, b.nbytes, b.root, b.group) for b in plan.buckets] == [((0, 1), 80, 0, (0, 2, 3)), ((2,), 48, 0, (0, 2, 3))]
     g = {p.peer: [(r.tensor, r.box) for r in p.regions] for p in plan.buckets[0].gather}
     assert g == {0: [(0, ((0, 4), (0, 4))), (1, ((0, 4),))], 1: [(0, ((4, 8), (0, 4))), (1, ((4, 8),))]}

@@ -1,9 +1,11 @@
 """Gather-and-broadcast, the rollback baseline, as today's RL stacks do it.
 
 Per trainer pipeline stage: the stage leader (its lowest trainer rank) gathers full tensors from the
-stage's shards, packs them into buckets of at most ``bucket_bytes`` (a tensor larger than a bucket goes
-alone: this transport needs a full-tensor temporary on the leader, which is one of its known costs),
-and broadcasts each bucket to every inference rank, which keeps its own slice.
+stage's shards, packs them into buckets and broadcasts each bucket to every inference rank, which
+keeps its own slice. Like the RL stacks' two alternating buffers, the pipeline holds two buckets at
+once (broadcasting one while gathering the next), so a bucket is at most HALF of ``bucket_bytes`` and
+the staging bound holds; a tensor larger than that goes alone (this transport needs a full-tensor
+temporary on the leader, one of its known costs).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def build_buckets(
 
         for i in by_stage[stage]:
             nb = model.tensors[i].nbytes
-            if current and size + nb > bucket_bytes:
+            if current and size + nb > bucket_bytes // 2:
                 flush()
             current.append(i)
             size += nb
