@@ -103,3 +103,11 @@ def test_errors_exit_2(tmp_path, capsys):
 @pytest.mark.parametrize("argv", [["model", "show"], ["model", "show", "tiny-llama", "--layers", "0"]])
 def test_usage_errors_exit_2(capsys, argv):
     assert main(argv) == 2
+
+
+@pytest.mark.parametrize("typo,preset", [("tiny-lama", "tiny-llama"), ("deepseek-v2", "deepseek-v3"),
+                                         ("qwen3-235b", "qwen3-235b-a22b")])
+def test_show_typo_suggests_a_preset(capsys, typo, preset):
+    assert main(["model", "show", typo]) == 2
+    err = capsys.readouterr().err
+    assert f"did you mean the preset '{preset}'?" in err and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from functools import lru_cache
 from importlib import resources
@@ -31,7 +32,9 @@ SINGLE_NAME = "model.safetensors"
 def preset_config(name: str) -> dict:
     """The shipped config.json of a preset."""
     if name not in PRESETS:
-        raise ModelError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+        close = difflib.get_close_matches(name, PRESETS, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"unknown model preset {name!r}{hint} (presets: {', '.join(PRESETS)})")
     with resources.as_file(resources.files("reshardctl") / "data" / "models" / name / "config.json") as p:
         return read_json(p)
 
@@ -49,7 +52,9 @@ def _full_from_path(path: Path) -> ModelSpec:
                 return _full_from_path(path / candidate)
         raise ModelError(f"{path}: no {INDEX_NAME}, {SINGLE_NAME} or config.json in this directory")
     if not path.exists():
-        raise ModelError(f"{path}: no such file or directory (and not a preset: {', '.join(PRESETS)})")
+        close = difflib.get_close_matches(str(path), PRESETS, n=1, cutoff=0.6)
+        hint = f"; did you mean the preset {close[0]!r}?" if close else ""
+        raise ModelError(f"{path}: no such file or directory, and not a preset{hint} (presets: {', '.join(PRESETS)})")
     if path.name.endswith(".index.json"):
         return spec_from_safetensors_index(path)
     if path.suffix == ".safetensors":
