@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -419,3 +420,28 @@ def test_quickstart_deepseek_v3_example_fits_the_shipped_dgx_h100_profile(capsys
     topo = d["inputs"]["topology"]
     assert (topo["train_world"], topo["infer_world"], topo["train_nodes"], topo["infer_nodes"]) == (256, 256, 32, 32)
     assert d["inputs"]["model"] == "deepseek-v3" and d["transports"]["reshard"]["bytes_moved"] > 0
+
+
+# ------------------------------------------------------------------ table rendering -------------------
+def test_efficiency_below_one_percent_is_not_zero():
+    from reshardctl.commands.plan import _pct
+
+    assert [_pct(e) for e in (1.0, 0.63, 0.04, 0.004, 0.00042, 0.0)] == ["100%", "63%", "4%", "0.4%", "0.04%", "0%"]
+
+
+def test_lower_bound_reason_humanized_in_the_table_raw_in_json(capsys):
+    from reshardctl.commands.plan import _human_reason
+
+    assert (_human_reason("NVLink domain 63 must take in 50974531584 distinct bytes over the NICs of 1 node(s)")
+            == "NVLink domain 63 must take in 47.5 GiB of distinct bytes over the NICs of 1 node(s)")
+    assert _human_reason("inference rank 3 must receive 1048576 bytes over NVLink+NIC") == \
+        "inference rank 3 must receive 1.0 MiB over NVLink+NIC"
+    assert _human_reason("1610612736 model bytes must leave 2 trainer node(s)").startswith("1.5 GiB of model bytes")
+    d = run_json(capsys, "--site", "dgx-h100")
+    assert main(["plan", "--site", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    raw = re.search(r"\d{5,}", d["lower_bound_reason"])
+    assert raw, d["lower_bound_reason"]  # --json keeps the raw byte count
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("lower bound")]
+    assert raw[0] not in line and "B" in line
+    assert "busiest step: rank, link, bytes" in out

@@ -7,6 +7,7 @@ Reference: docs/plan-format.md.
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional
 
 import typer
@@ -34,6 +35,23 @@ def _s(x: float) -> str:
     return f"{x * 1e6:.0f} us"
 
 
+def _pct(e: float) -> str:
+    """Efficiency as a percentage that never rounds a positive value to ``0%``: 63%, 4%, 0.4%, 0.04%."""
+    pct = 100 * e
+    if pct >= 1 or pct <= 0:
+        return f"{pct:.0f}%"
+    return f"{pct:.1f}%" if pct >= 0.1 else f"{pct:.1g}%"
+
+
+_BYTES_RE = re.compile(r"\b(\d+) (distinct |model )?bytes\b")
+
+
+def _human_reason(reason: str) -> str:
+    """The lower-bound reason with its raw byte counts humanized (``--json`` keeps the raw numbers):
+    'must receive 50974531584 bytes' -> 'must receive 47.5 GiB'."""
+    return _BYTES_RE.sub(lambda m: _b(int(m[1])) + (f" of {m[2]}bytes" if m[2] else ""), reason)
+
+
 def _console():
     """stdout console; when stdout is not a terminal (a pipe, a log) wide enough for the tables."""
     con = output.console()
@@ -55,7 +73,10 @@ def render(result: dict) -> None:
     con.print(f"bucket {_b(inp['bucket_bytes'])}, relay {'on' if inp['relay'] else 'off'} ({inp['relay_reason']})",
               markup=False)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    cols = ("transport", "on wire", "transfers", "rounds/bkts", "staging max", "predicted", "eff.", "busiest rank, link")
+    # the busiest column: the most loaded link of the single busiest step (a p2p round or a bucket's
+    # gather / broadcast), not a total over the refit
+    cols = ("transport", "on wire", "transfers", "rounds/bkts", "staging max", "predicted", "eff.",
+            "busiest step: rank, link, bytes")
     for col in cols:
         table.add_column(col, justify="left" if col in ("transport", cols[-1]) else "right", no_wrap=True)
     for name, r in result["transports"].items():
@@ -63,11 +84,11 @@ def render(result: dict) -> None:
         mark = "*" if name == result["primary_transport"] else ""
         table.add_row(
             escape(name + mark), _b(r["bytes_moved"]), f"{r['transfers']:,}", f"{r['rounds']}/{r['buckets']}",
-            _b(r["max_staging_bytes"]), _s(r["predicted_s"]), f"{100 * r['efficiency']:.0f}%",
+            _b(r["max_staging_bytes"]), _s(r["predicted_s"]), _pct(r["efficiency"]),
             escape(f"{bz['side']}{bz['side_rank']} {bz['link']} {_b(bz['bytes'])}"),
         )
     con.print(table)
-    con.print(f"lower bound {_s(result['lower_bound_s'])}: {result['lower_bound_reason']}", markup=False)
+    con.print(f"lower bound {_s(result['lower_bound_s'])}: {_human_reason(result['lower_bound_reason'])}", markup=False)
     if len(result["transports"]) > 1:
         con.print(f"* = primary transport (fingerprint {result['fingerprint']})", markup=False)
     else:
@@ -83,7 +104,7 @@ def render(result: dict) -> None:
         for r in result["compare"]:
             ct.add_row(str(r["rank"]), escape(r["infer"] + (" (current)" if r["current"] else "")), escape(r["layout"]),
                        str(r["infer_world"]), _s(r["predicted_s"]), _s(r["lower_bound_s"]),
-                       f"{100 * r['efficiency']:.0f}%", _b(r["bytes_moved"]))
+                       _pct(r["efficiency"]), _b(r["bytes_moved"]))
         con.print(ct)
 
 
