@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reshardctl.errors import LayoutError
-from reshardctl.layout.build import build_layout, validate_allocation
+from reshardctl.layout.build import build_layout
 from reshardctl.layout.parallel_spec import ParallelSpec, parse_parallel
 from test_parallel_models import tiny_llama, tiny_qwen3_moe
 
@@ -65,13 +65,18 @@ def test_dtensor_style_matches_vllm_for_plain_tp():
         build_layout(m, "train", "tp=2,pp=2", "dtensor", None)
 
 
-def test_validate_allocation_message():
+def test_allocation_message():
+    """The one allocation rule (plan, run, layout show --site): nodes each side needs vs the site's nodes."""
+    from reshardctl.plan.inputs import _topology
+    from reshardctl.site import load_profile
+
     m = tiny_qwen3_moe()
     lay = build_layout(m, "infer", "tp=8,pp=2", "vllm", None)
-    with pytest.raises(LayoutError) as ei:
-        validate_allocation(lay, 12, "infer")
-    assert "world size tp(8) x pp(2) x dp(1) = 16 ranks, but the allocation has 12" in str(ei.value)
-    validate_allocation(lay, 16, "infer")
+    problems: list[str] = []
+    assert _topology(load_profile("local"), 4, lay.world_size, problems, "allocation") is None
+    assert problems == ["allocation: trainer ranks (4) need ceil(4/4) = 1 node(s) and inference ranks (16) need "
+                        "ceil(16/4) = 4 node(s): 1 + 4 = 5 nodes, but the site has 2"]
+    assert _topology(load_profile("dgx-h100"), 4, lay.world_size, problems, "allocation") is not None
 
 
 def test_layout_file_roundtrip_through_build(tmp_path):
