@@ -62,16 +62,26 @@ def broadcast_groups(plan) -> list[tuple[int, ...]]:
 
 def init_groups(env: RankEnv, plan, store: dist.Store, timeout_s: float) -> Groups:
     """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
-    timeout = timedelta(seconds=timeout_s)
     if env.backend == "nccl":
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    timeout = timedelta(seconds=timeout_s)
     try:
         kwargs = {"device_id": device} if env.backend == "nccl" else {}
         dist.init_process_group(env.backend, store=store, rank=env.global_rank, world_size=env.world_size,
                                 timeout=timeout, **kwargs)
+    except RuntimeError as exc:
+        raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
+    return attach_groups(env, plan, device, timeout_s)
+
+
+def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float) -> Groups:
+    """On an initialised default group (ours, or an RL framework's): create the plan's broadcast
+    sub-groups (collective: every rank calls this in the same order) and check every rank is there."""
+    timeout = timedelta(seconds=timeout_s)
+    try:
         groups = Groups(env, device, timeout)
         for members in broadcast_groups(plan):
             if len(members) == env.world_size:
@@ -87,7 +97,7 @@ def init_groups(env: RankEnv, plan, store: dist.Store, timeout_s: float) -> Grou
             raise TransferError(f"group check: all-reduce gave {probe.item()}, expected {env.world_size}")
         return groups
     except RuntimeError as exc:
-        raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
+        raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
 
 
 def shutdown() -> None:

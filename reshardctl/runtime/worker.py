@@ -67,8 +67,10 @@ def _advance_source(plan, st: _State, source, step: int) -> None:
     st.src_step = step
 
 
-def _refit(plan, env: RankEnv, groups: Groups, ex: Executor, st: _State, source, options: RunOptions,
+def refit_once(plan, env: RankEnv, groups: Groups, ex: Executor, st: _State, source, options: RunOptions,
            faults: Faults, events: EventLog, step: int) -> IterationReport:
+    """One refit of this rank: common start, execute, verify, vote, commit (swap staged <-> current).
+    Raises ``VerificationError``/``TransferError`` (nothing committed) unless every rank voted OK."""
     _barrier(groups)
     faults.at_step_start(step)
     t0 = time.perf_counter()
@@ -238,7 +240,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0) ->
                 if st.src is not None and step != st.src_step:
                     with events.phase("materialise", step=step):
                         _advance_source(plan, st, source, step)
-                report = _refit(plan, env, groups, ex, st, source, options, faults, events, step)
+                report = refit_once(plan, env, groups, ex, st, source, options, faults, events, step)
                 if it >= warmup:
                     rec["iterations"].append(report)
                 step += 1

@@ -1,0 +1,124 @@
+"""Python API for RL frameworks: plan once, then refit inside your own processes.
+
+    import torch.distributed as dist
+    from reshardctl import api
+
+    plan = api.plan_refit(model="qwen3-30b-a3b", train="tp=4,ep=4", infer="tp=8", site="my-site.yaml")
+    # every process of a default group laid out as trainer ranks 0..T-1, then inference ranks T..T+I-1:
+    refitter = api.Refitter(plan)                 # collective: creates the broadcast sub-groups
+    boxes = refitter.holdings()                   # {hf_name: (box, ...)} this rank holds
+    report = refitter.refit(step, local_src=...)  # trainer ranks: {hf_name: [tensor per box]}
+    report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, all or nothing
+
+The same executor, checksums, vote and events as ``reshardctl run`` (reshardctl/runtime/). On an
+inference rank ``local_dst`` is written only after EVERY rank verified its bytes; a failed refit
+raises ``VerificationError``/``TransferError`` and leaves ``local_dst`` untouched. Reference:
+docs/api.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from reshardctl.errors import TransferError
+from reshardctl.layout.placement import Box
+from reshardctl.plan.model import Plan
+from reshardctl.runtime.contract import IterationReport, RunOptions
+from reshardctl.runtime.env import RankEnv
+from reshardctl.runtime.events import EventLog
+from reshardctl.runtime.executor import Executor
+from reshardctl.runtime.faults import Faults, parse_faults
+from reshardctl.runtime.groups import attach_groups
+from reshardctl.runtime.pack import BufferPool, LocalWeights
+from reshardctl.runtime.weights import empty_like_holdings
+from reshardctl.runtime.worker import _State, refit_once
+
+
+def plan_refit(*, model, train: str | None = None, infer: str | None = None, site: str = "local",
+               transport: str = "reshard", layers: int | None = None, train_style: str = "megatron",
+               infer_style: str = "vllm", train_layout: str | None = None, infer_layout: str | None = None,
+               bucket_mb: float | None = None, relay: str = "auto") -> Plan:
+    """Build a plan from the same inputs as ``reshardctl plan`` (validated the same way)."""
+    from reshardctl.plan.inputs import prepare
+    from reshardctl.plan.planner import build_plan
+
+    inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
+                  infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
+                  transport=transport, bucket_mb=bucket_mb, relay=relay)
+    return build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
+                      bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+
+
+class Refitter:
+    """This process's part of every refit of ``plan`` on the initialised default process group."""
+
+    def __init__(self, plan: Plan, *, events_dir: str | None = None, timeout_s: float = 300.0):
+        if not dist.is_initialized():
+            raise TransferError("Refitter needs torch.distributed initialised (init_process_group) first")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        T, I = plan.train_world, plan.infer_world
+        if world != T + I:
+            raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
+        backend = dist.get_backend()
+        side, side_rank = ("train", rank) if rank < T else ("infer", rank - T)
+        local = torch.cuda.current_device() if backend == "nccl" else 0
+        device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+        self.plan, self.model = plan, plan.model
+        # the caller already rendezvoused: address and port are only recorded (from the usual variables)
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = int(os.environ.get("MASTER_PORT", "1") or 1)
+        self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api")
+        self.options = RunOptions(run_dir=events_dir, timeout_s=timeout_s)
+        self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
+        self.faults = Faults(parse_faults(None), rank)  # test-only hooks (RESHARDCTL_TEST_*), none otherwise
+        self.groups = attach_groups(self.env, plan, device, timeout_s)
+        self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
+        self.executor = Executor(plan, self.groups, self.events, self.pool, self.faults)
+        self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
+        self._staged: LocalWeights | None = None
+
+    def holdings(self) -> dict[str, tuple[Box, ...]]:
+        """The boxes (global HF coordinates) this rank holds, by HF tensor name; one local tensor per box."""
+        return {self.model.tensors[i].name: boxes for i, boxes in self._holdings.items()}
+
+    def _local(self, tensors: Mapping[str, Sequence[torch.Tensor]], what: str) -> LocalWeights:
+        missing = [self.model.tensors[i].name for i in self._holdings if self.model.tensors[i].name not in tensors]
+        if missing:
+            raise TransferError(f"{what} lacks {len(missing)} tensor(s) this rank holds, e.g. {missing[:3]}")
+        return LocalWeights(self.model, self._holdings,
+                            {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
+
+    def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
+              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None) -> IterationReport:
+        """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
+        ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape."""
+        st = _State()
+        if self.env.side == "train":
+            if local_src is None:
+                raise TransferError(f"trainer rank {self.env.side_rank}: refit needs local_src")
+            st.src = self._local(local_src, "local_src")
+        else:
+            if local_dst is None:
+                raise TransferError(f"inference rank {self.env.side_rank}: refit needs local_dst")
+            st.current = self._local(local_dst, "local_dst")
+            if self._staged is None:
+                self._staged = LocalWeights(self.model, self._holdings,
+                                            empty_like_holdings(self.model, self._holdings, device=self.groups.device))
+            st.staged = self._staged
+        report = refit_once(self.plan, self.env, self.groups, self.executor, st, None, self.options, self.faults,
+                            self.events, step)
+        if st.current is not None:
+            # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
+            for i, new in st.current.data.items():
+                for dst, src in zip(st.staged.data[i], new):
+                    dst.copy_(src)
+            self._staged = LocalWeights(self.model, self._holdings, st.current.data)
+        return report
+
+    def close(self) -> None:
+        self.events.close()
+        self.pool.clear()

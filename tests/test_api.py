@@ -1,0 +1,110 @@
+"""The Python API inside the caller's own processes: real gloo processes, real bytes.
+
+Each spawned process initialises torch.distributed itself (as an RL framework would), builds the
+plan with ``api.plan_refit``, hands its own tensors to ``Refitter.refit`` and checks every byte it
+ends up with against the synthetic generator, independently of the runtime's checksums.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from reshardctl import api
+from reshardctl.errors import ReshardError
+from reshardctl.runtime.weights import synthetic_region
+
+SMALL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: str | None, q) -> None:
+    try:
+        torch.set_num_threads(1)
+        if corrupt:
+            os.environ["RESHARDCTL_TEST_CORRUPT"] = corrupt  # the runtime's test-only hook
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2", transport=transport)
+        by_name = {t.name: t for t in plan.model.tensors}
+        refitter = api.Refitter(plan, timeout_s=60)
+        holdings = refitter.holdings()
+        trainer = rank < plan.train_world
+        # the caller's own tensors: inference ranks start on step-0 weights
+        local = {n: [synthetic_region(by_name[n], b, 0) for b in boxes] for n, boxes in holdings.items()}
+        results = []
+        for step in (1, 2):
+            try:
+                if trainer:
+                    local = {n: [synthetic_region(by_name[n], b, step) for b in boxes] for n, boxes in holdings.items()}
+                    refitter.refit(step, local_src=local)
+                else:
+                    refitter.refit(step, local_dst=local)
+                ok = True
+            except ReshardError as exc:
+                ok = type(exc).__name__
+            held = None
+            if not trainer:  # which step's bytes the caller's tensors hold now (independent check)
+                for want in (step, step - 1):
+                    if all(torch.equal(t.view(torch.uint8), synthetic_region(by_name[n], b, want).view(torch.uint8))
+                           for n, boxes in holdings.items() for b, t in zip(boxes, local[n])):
+                        held = want
+                        break
+            results.append((step, ok, held))
+        refitter.close()
+        dist.destroy_process_group()
+        q.put((rank, results, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def _run(tmp_path, transport: str, corrupt: str | None = None):
+    cfg = tmp_path / "small" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(SMALL))
+    world = 4
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out = dict((r, (res, err)) for r, res, err in (q.get(timeout=180) for _ in procs))
+    for p in procs:
+        p.join(timeout=30)
+    for r, (res, err) in out.items():
+        assert err is None, f"rank {r}: {err}"
+    return {r: res for r, (res, _) in out.items()}
+
+
+@pytest.mark.parametrize("transport", ["reshard", "gather_broadcast"])
+def test_refit_in_caller_processes(tmp_path, transport):
+    res = _run(tmp_path, transport)
+    for r in (2, 3):  # inference ranks: committed, and their own tensors hold step 1 then step 2
+        assert res[r] == [(1, True, 1), (2, True, 2)]
+    for r in (0, 1):
+        assert [ok for _, ok, _ in res[r]] == [True, True]
+
+
+def test_failed_refit_leaves_caller_tensors_untouched(tmp_path):
+    """A byte flipped on inference rank 3 (global) at step 2: every rank raises VerificationError and
+    both inference ranks' own tensors still hold step 1."""
+    res = _run(tmp_path, "reshard", corrupt="rank=3,step=2")
+    for r in (2, 3):
+        assert res[r] == [(1, True, 1), (2, "VerificationError", 1)]
+    for r in (0, 1):
+        assert res[r][1][1] == "VerificationError"
