@@ -259,7 +259,10 @@ class Executor:
                 r = regions[j]
                 seg = buf[off : off + r.nbytes]
                 local.read_into(r.tensor, r.box, seg)
-                sources[j] = checksum(seg)  # the buffer goes back to the pool after the wait
+                # summed off the packing path: from the weights in the verify phase when the region is
+                # contiguous there, else from the packed bytes right after posting (the buffer goes
+                # back to the pool after the wait)
+                sources[j] = local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None else (seg,)
             ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag))
             p.wire += w.packed_size
         for j in w.direct:
@@ -300,8 +303,9 @@ class Executor:
         """Keep the checksums (or the zero-copy views to sum later) of what was just posted, per peer."""
         with self._side():
             for peer, sources in outgoing:
-                if self.early_sums:  # overlaps the transfer on a GPU
-                    sources = [x if x.dim() == 0 else checksum(x) for x in sources]
+                # packed scratch bytes ((view,)) now, while the transfer is in flight; on a GPU all of them
+                sources = [checksum(x[0]) if isinstance(x, tuple)
+                           else (checksum(x) if self.early_sums and x.dim() else x) for x in sources]
                 self.out_sums.setdefault(peer, []).extend(sources)
 
     def exchange_checksums(self, failed: bool = False) -> None:
@@ -349,8 +353,11 @@ class Executor:
             for j, off in zip(w.packed, w.layout.offsets):
                 r = regions[j]
                 seg = rv.packed[off : off + r.nbytes]
-                got[j] = (checksum(seg), False, names[j])
                 target.write_from(r.tensor, r.box, seg)
+                if defer and w.dst[j] is not None:  # summed in the verify phase, where it landed
+                    got[j] = (target.span_view(r.tensor, w.dst[j], r.nbytes), True, names[j])
+                else:
+                    got[j] = (checksum(seg), False, names[j])
         for j, (v, inside) in zip(w.direct, rv.lands):
             r = regions[j]
             if inside:
