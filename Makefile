@@ -23,13 +23,13 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 demo: install
-	$(VENV)/bin/reshardctl profile show local
-	$(VENV)/bin/reshardctl model show tiny-llama
+	$(VENV)/bin/reshardctl run
 
 test: install
 	$(PY) -m pytest -q
 
 bench: install
+	$(PY) benchmarks/refit_local.py
 	$(PY) benchmarks/plan_scale.py
 
 clean:

@@ -47,6 +47,10 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     if not as_json and not output.quiet():
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
                     f"({inp.topology.world} processes), transports {', '.join(transports)}")
+        if not inp.site.cpu_only:
+            output.info(f"note: site {inp.site.name} describes GPUs; here every rank is a process on this machine "
+                        f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
+                        f"this machine's, not the site's; `reshardctl plan` predicts the site")
     show = not as_json and not output.quiet()
     with Progress(TextColumn("refits"), BarColumn(), TextColumn("{task.completed}/{task.total} rank commits"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
