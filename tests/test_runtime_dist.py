@@ -10,7 +10,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -113,13 +112,14 @@ def test_corrupted_broadcast_bucket_is_caught(tmp_path):
 def test_dead_peer_fails_within_the_timeout(tmp_path):
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
-    t0 = time.monotonic()
     with pytest.raises(TransferError) as info:
         run_local(plan, opts(tmp_path, iterations=3, timeout_s=5.0, faults="die:rank=1,step=2"))
-    elapsed = time.monotonic() - t0
     assert not isinstance(info.value, VerificationError)
     assert "rank 1: exited with code 17" in str(info.value)
-    assert elapsed < 60, elapsed  # spawn ~15 s + bounded failure, not a hang
+    # not a hang: every survivor reported its own failure; none was stopped by the launcher's deadline
+    assert "did not finish within" not in str(info.value)
+    reports = info.value.reports
+    assert sorted(r.global_rank for r in reports) == [0, 2, 3] and not any(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 1)
 
 
