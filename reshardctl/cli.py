@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Typer runs in standalone mode, so usage errors print click's message and exit 2 by themselves.
     """
+    output.set_argv(["reshardctl", *argv] if argv is not None else sys.argv)
     try:
         app(args=argv, prog_name="reshardctl")
         code = 0

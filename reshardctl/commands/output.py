@@ -13,12 +13,23 @@ from typer.core import TyperGroup
 
 from reshardctl.errors import ReshardError
 
-_state = {"verbose": False, "quiet": False}
+_state = {"verbose": False, "quiet": False, "argv": None}
 
 
 def configure(*, verbose: bool, quiet: bool) -> None:
     _state["verbose"] = verbose
     _state["quiet"] = quiet
+
+
+def set_argv(argv: list[str]) -> None:
+    """The command line as the user gave it (recorded in run directories)."""
+    _state["argv"] = list(argv)
+
+
+def argv() -> list[str]:
+    import sys
+
+    return list(_state["argv"] or sys.argv)
 
 
 def verbose() -> bool:

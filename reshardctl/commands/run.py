@@ -6,7 +6,6 @@ verify every byte, and leave a run directory (see reshardctl/runs/rundir.py).
 
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import typer
@@ -56,7 +55,7 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
         task = prog.add_task("refit", total=None)
         res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out,
-                          checkpoint=checkpoint, full_check=full_check, argv=sys.argv,
+                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(),
                           progress=lambda done, total: prog.update(task, completed=done, total=total))
     if as_json:
         output.print_json(res.summary)
