@@ -94,24 +94,39 @@ def staging_vector(table: TransferTable, world: int) -> np.ndarray:
 
 
 def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTable:
-    """Cut every transfer into row-major pieces of at most ``bound`` bytes."""
+    """Cut every transfer into row-major pieces of at most ``bound`` bytes.
+
+    Vectorised for the common case (one row of the box fits: cut along dim 0 in equal steps); a box
+    whose single row is larger than the bound goes through ``split_box`` (recursing inward)."""
+    n, ndim = table.lo.shape
+    ext = table.hi - table.lo
+    row_bytes = np.prod(ext[:, 1:], axis=1) * itemsize if ndim > 1 else np.full(n, itemsize, dtype=np.int64)
+    fits = row_bytes <= bound
     parts = []
+    if fits.any():
+        idx = np.nonzero(fits)[0]
+        step = np.maximum(1, bound // row_bytes[idx])
+        count = -(-ext[idx, 0] // step)
+        rep = np.repeat(idx, count)
+        k = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)  # piece number in its transfer
+        lo, hi = table.lo[rep].copy(), table.hi[rep].copy()
+        lo[:, 0] = table.lo[rep, 0] + k * np.repeat(step, count)
+        hi[:, 0] = np.minimum(lo[:, 0] + np.repeat(step, count), table.hi[rep, 0])
+        nbytes = (hi[:, 0] - lo[:, 0]) * row_bytes[rep]
+        parts.append((rep, TransferTable(table.src[rep], table.dst[rep], table.stage[rep], lo, hi, nbytes.astype(np.int64))))
     max_elems = max(1, bound // itemsize)
-    for t in range(len(table)):
+    for t in np.nonzero(~fits)[0].tolist():
         box = tuple(zip(table.lo[t].tolist(), table.hi[t].tolist()))
         boxes = split_box(box, max_elems)
-        n = len(boxes)
-        parts.append(
-            TransferTable(
-                np.full(n, table.src[t], np.int32),
-                np.full(n, table.dst[t], np.int32),
-                np.full(n, table.stage[t], np.int8),
-                np.asarray([[a for a, _ in b] for b in boxes], dtype=np.int64),
-                np.asarray([[z for _, z in b] for b in boxes], dtype=np.int64),
-                np.asarray([box_numel(b) * itemsize for b in boxes], dtype=np.int64),
-            )
-        )
-    return TransferTable.concat(parts)
+        m = len(boxes)
+        parts.append((np.full(m, t), TransferTable(
+            np.full(m, table.src[t], np.int32), np.full(m, table.dst[t], np.int32), np.full(m, table.stage[t], np.int8),
+            np.asarray([[a for a, _ in b] for b in boxes], dtype=np.int64),
+            np.asarray([[z for _, z in b] for b in boxes], dtype=np.int64),
+            np.asarray([box_numel(b) * itemsize for b in boxes], dtype=np.int64))))
+    origin = np.concatenate([o for o, _ in parts])
+    merged = TransferTable.concat([t for _, t in parts])
+    return merged.take(np.argsort(origin, kind="stable"))  # pieces stay in transfer order
 
 
 def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int = 0) -> tuple[list[Unit], list[Round], list[np.ndarray]]:

@@ -78,28 +78,30 @@ class RoundPacker:
             pos += k
 
     def add_pieces(self, unit: int, inst: int, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
-        """One oversized instance, transfer by transfer (each transfer already <= bound).
-        Consecutive transfers that land in the same round share one entry."""
-        last_round, start = -1, 0
-        for t in range(len(nbytes)):
-            s, d, b = int(src[t]), int(dst[t]), int(nbytes[t])
-            ok = (self.load[:, s] + b <= self.bound) & (self.load[:, d] + b <= self.bound) if len(self.load) else np.zeros(0, bool)
-            if s == d:
-                ok &= self.load[:, s] + 2 * b <= self.bound
-            hits = np.nonzero(ok)[0]
-            if hits.size:
+        """One oversized instance, its (already split, each <= bound) transfers in order: cut into
+        consecutive chunks whose per-rank staging fits the bound, each chunk placed first-fit."""
+        chunks: list[tuple[int, int, dict[int, int]]] = []
+        load: dict[int, int] = {}
+        start = 0
+        for t, (s, d, b) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
+            if load.get(s, 0) + b > self.bound or load.get(d, 0) + b > self.bound:
+                chunks.append((start, t, load))
+                load, start = {}, t
+            load[s] = load.get(s, 0) + b
+            load[d] = load.get(d, 0) + b
+        if len(nbytes) > start:
+            chunks.append((start, len(nbytes), load))
+        for a, z, ld in chunks:
+            ranks = np.fromiter(ld.keys(), dtype=np.int64, count=len(ld))
+            v = np.fromiter(ld.values(), dtype=np.int64, count=len(ld))
+            hits = np.nonzero(np.all(self.load[:, ranks] + v <= self.bound, axis=1))[0] if len(self.load) else ()
+            if len(hits):
                 r = int(hits[0])
             else:
                 self._grow(1)
                 r = len(self.load) - 1
-            if r != last_round:
-                if last_round >= 0:
-                    self.entries[last_round].append(Entry(unit, inst, inst + 1, start, t))
-                last_round, start = r, t
-            self.load[r, s] += b
-            self.load[r, d] += b
-        if last_round >= 0:
-            self.entries[last_round].append(Entry(unit, inst, inst + 1, start, len(nbytes)))
+            self.load[r, ranks] += v
+            self.entries[r].append(Entry(unit, inst, inst + 1, a, z))
 
     def finish(self) -> tuple[list[Round], list[np.ndarray]]:
         rounds = [Round(self.first_index + i, self.stage, tuple(e)) for i, e in enumerate(self.entries)]
