@@ -19,7 +19,7 @@ CASES = [
     ("llama-3.1-70b", "tp=8,pp=8", "tp=8,dp=8"),  # 64 + 64
     ("llama-3.1-70b", "tp=8,pp=4,dp=8", "tp=8,dp=32"),  # 256 + 256
     ("llama-3.1-70b", "tp=8,pp=8,dp=8", "tp=8,dp=64"),  # 512 + 512
-    ("qwen3-235b-a22b", "tp=4,pp=2,ep=8,etp=1", "tp=8,dp=8"),  # 64 + 64
+    ("qwen3-235b-a22b", "tp=4,pp=2,ep=8,etp=1,dp=8", "tp=8,dp=8"),  # 64 + 64
     ("qwen3-235b-a22b", "tp=4,pp=2,ep=16,etp=1,dp=32", "tp=8,dp=32"),  # 256 + 256
     ("deepseek-v3", "pp=16,ep=4,first=3,last=2", "tp=8,dp=8"),  # 64 + 64
     ("deepseek-v3", "pp=16,ep=16,first=3,last=2", "tp=32,dp=8"),  # 256 + 256 (the case)
