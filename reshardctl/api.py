@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from reshardctl.errors import TransferError
+from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
 from reshardctl.plan.model import Plan
 from reshardctl.runtime.contract import IterationReport, RunOptions
@@ -89,6 +89,12 @@ class Refitter:
         missing = [self.model.tensors[i].name for i in self._holdings if self.model.tensors[i].name not in tensors]
         if missing:
             raise TransferError(f"{what} lacks {len(missing)} tensor(s) this rank holds, e.g. {missing[:3]}")
+        for i in self._holdings:
+            t = self.model.tensors[i]
+            for x in tensors[t.name]:
+                if str(x.dtype).removeprefix("torch.") != t.dtype or x.device.type != self.groups.device.type:
+                    raise TransferError(f"{what}[{t.name!r}]: {x.dtype} on {x.device}, expected torch.{t.dtype} "
+                                        f"on {self.groups.device.type}")
         return LocalWeights(self.model, self._holdings,
                             {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
 
@@ -97,20 +103,25 @@ class Refitter:
         """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
         ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape."""
         st = _State()
-        if self.env.side == "train":
-            if local_src is None:
-                raise TransferError(f"trainer rank {self.env.side_rank}: refit needs local_src")
-            st.src = self._local(local_src, "local_src")
-        else:
-            if local_dst is None:
-                raise TransferError(f"inference rank {self.env.side_rank}: refit needs local_dst")
-            st.current = self._local(local_dst, "local_dst")
-            if self._staged is None:
-                self._staged = LocalWeights(self.model, self._holdings,
-                                            empty_like_holdings(self.model, self._holdings, device=self.groups.device))
-            st.staged = self._staged
+        local_error: ReshardError | None = None
+        try:
+            if self.env.side == "train":
+                if local_src is None:
+                    raise TransferError(f"trainer rank {self.env.side_rank}: refit needs local_src")
+                st.src = self._local(local_src, "local_src")
+            else:
+                if local_dst is None:
+                    raise TransferError(f"inference rank {self.env.side_rank}: refit needs local_dst")
+                st.current = self._local(local_dst, "local_dst")
+                if self._staged is None:
+                    self._staged = LocalWeights(self.model, self._holdings,
+                                                empty_like_holdings(self.model, self._holdings, device=self.groups.device))
+                st.staged = self._staged
+        except ReshardError as exc:
+            # still take part: the readiness vote at the common start makes every rank raise at once
+            local_error, st = exc, _State()
         report = refit_once(self.plan, self.env, self.groups, self.executor, st, None, self.options, self.faults,
-                            self.events, step)
+                            self.events, step, not_ready=None if local_error is None else local_error.message)
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
             for i, new in st.current.data.items():

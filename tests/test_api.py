@@ -20,11 +20,7 @@ from reshardctl import api
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.weights import synthetic_region
 
-SMALL = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
+from conftest import SMALL_LLAMA as SMALL  # noqa: E402
 
 
 def _free_port() -> int:
@@ -108,3 +104,43 @@ def test_failed_refit_leaves_caller_tensors_untouched(tmp_path):
         assert res[r] == [(1, True, 1), (2, "VerificationError", 1)]
     for r in (0, 1):
         assert res[r][1][1] == "VerificationError"
+
+
+def _rank_bad_input(rank: int, world: int, port: int, cfg: str, q) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        by_name = {t.name: t for t in plan.model.tensors}
+        refitter = api.Refitter(plan, timeout_s=60)
+        holdings = refitter.holdings()
+        local = {n: [synthetic_region(by_name[n], b, 1) for b in boxes] for n, boxes in holdings.items()}
+        if rank == 1:  # this trainer forgets a tensor: it must still take part so no peer hangs
+            local.pop(next(iter(local)))
+        try:
+            if rank < plan.train_world:
+                refitter.refit(1, local_src=local)
+            else:
+                refitter.refit(1, local_dst=local)
+            out = "committed"
+        except ReshardError as exc:
+            out = f"{type(exc).__name__}: {exc}"
+        dist.destroy_process_group()
+        q.put((rank, out, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_a_caller_mistake_on_one_rank_fails_every_rank_without_a_hang(small_llama):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_bad_input, args=(r, 4, port, small_llama, q)) for r in range(4)]
+    for p in procs:
+        p.start()
+    out = {r: (res, err) for r, res, err in (q.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=30)
+    assert all(err is None for _, err in out.values()), out
+    assert "local_src lacks 1 tensor" in out[1][0]
+    assert all(res.startswith("TransferError") for res, _ in out.values()), out

@@ -17,12 +17,7 @@ from reshardctl.plan.serialize import load_plan
 from reshardctl.site import load_profile
 from reshardctl.topology import Topology
 
-# A small llama (2 layers, hidden 64, vocab 256): export checks hold whole tensors in numpy.
-SMALL = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
-}
+from conftest import SMALL_LLAMA as SMALL  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,11 +26,8 @@ def _no_profile_path(monkeypatch):
 
 
 @pytest.fixture
-def small_model(tmp_path) -> str:
-    d = tmp_path / "small"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(SMALL))
-    return str(d / "config.json")
+def small_model(small_llama) -> str:
+    return small_llama
 
 
 def run_json(capsys, *args) -> dict:

@@ -8,19 +8,12 @@ import pytest
 
 from reshardctl.cli import main
 
-SMALL = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-}
+from conftest import SMALL_LLAMA as SMALL
 
 
 @pytest.fixture
-def small(tmp_path) -> str:
-    d = tmp_path / "small"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(SMALL))
-    return str(d / "config.json")
+def small(small_llama) -> str:
+    return small_llama
 
 
 def test_run_writes_a_complete_run_directory(tmp_path, small, capsys):
@@ -70,7 +63,10 @@ def test_a_corrupted_refit_fails_and_says_so(tmp_path, small, capsys, monkeypatc
     out = tmp_path / "bad"
     code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "2", "--out", str(out)])
     assert code == 1
-    summary = json.loads((out / "summary.json").read_text())
+    def no_nan(x):
+        raise AssertionError(f"summary.json is not strict JSON: {x}")
+
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=no_nan)
     s = summary["transports"]["reshard"]
     assert not summary["ok"] and not s["verified"]
     assert any(f["rank"] == 3 and f["error"] == "VerificationError" for f in s["failures"])
@@ -105,3 +101,23 @@ def test_run_from_a_real_safetensors_checkpoint(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     s = json.loads(capsys.readouterr().out)["transports"]["reshard"]
     assert s["verified"] and s["iterations"] == 1
+
+
+@pytest.mark.parametrize("what", ["missing", "garbage", "wrong shapes"])
+def test_a_bad_checkpoint_is_bad_input_before_any_process_starts(tmp_path, small, capsys, what):
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "ckpt"
+    if what == "garbage":
+        ckpt.mkdir()
+        (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    elif what == "wrong shapes":
+        ckpt.mkdir()
+        save_file({"model.embed_tokens.weight": torch.zeros(3, 3, dtype=torch.bfloat16)}, str(ckpt / "model.safetensors"))
+    out = tmp_path / "never"
+    code = main(["run", "--model", small, "--checkpoint", str(ckpt), "--train", "tp=2", "--infer", "tp=2", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert str(ckpt) in err.replace("\n", "")
+    assert not out.exists()

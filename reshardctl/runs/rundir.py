@@ -30,7 +30,12 @@ def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
     """``out`` if given (created; must be empty or absent), else ``runs/<UTC time>-<label>[-k]``."""
     if out is not None:
         path = Path(out)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from reshardctl.errors import OutputError
+
+            raise OutputError(f"--out {out}: cannot create the run directory: {exc.strerror or exc}") from exc
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(DEFAULT_BASE)

@@ -85,6 +85,10 @@ def run_session(
     if iterations < 1 or warmup < 0:
         raise InputError(f"--iters must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")
     plans = plan_transports(inp, transports)
+    if checkpoint is not None:
+        from reshardctl.runtime.weights import check_checkpoint
+
+        check_checkpoint(inp.model, checkpoint)
     run_dir = new_run_dir(out, "bench" if len(transports) > 1 else transports[0])
     write_command(run_dir, argv)
     lb = lower_bound(next(iter(plans.values())), inp.links)

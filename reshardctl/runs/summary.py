@@ -20,6 +20,17 @@ def _pct(values: Sequence[float], q: float) -> float:
     return s[k]
 
 
+def _finite(x):
+    """JSON has no NaN: a figure that could not be measured (a failed run) is null."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
 def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, predicted_s: float | None = None,
                         lower_bound_s: float | None = None, bucket_bytes: int | None = None,
                         fingerprint: str = "") -> dict[str, Any]:
@@ -64,7 +75,7 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
     if base_s:
         out["raw_baseline_s"] = base_s
         out["transfer_vs_raw"] = base_s / med_t if med_t and med_t > 0 else None
-    return out
+    return _finite(out)
 
 
 def speedups(summaries: dict[str, dict], reference: str = "reshard") -> dict[str, float]:
@@ -73,4 +84,4 @@ def speedups(summaries: dict[str, dict], reference: str = "reshard") -> dict[str
     if not ref or not ref["refit_s"]["all"]:
         return {}
     r = ref["refit_s"]["median"]
-    return {t: s["refit_s"]["median"] / r for t, s in summaries.items() if s["refit_s"]["all"] and r > 0}
+    return {t: s["refit_s"]["median"] / r for t, s in summaries.items() if s["refit_s"]["all"] and r}

@@ -469,7 +469,8 @@ class Executor:
         stats.wire_bytes += p.wire
         return p
 
-    def _finish_round(self, p: _Pending, stats: ExecStats) -> None:
+    def _wait_recorded(self, p: _Pending, phase: str, **fields) -> None:
+        """Wait for a posted step; one event spanning post to completion, failed or not."""
         err = None
         try:
             self._wait(p)
@@ -477,8 +478,11 @@ class Executor:
             err = exc
             raise
         finally:
-            self.events.record("round/transfer", p.posted_unix, time.perf_counter() - p.posted_at, error=err,
-                               round=p.index, bytes=p.wire, peers=p.peers, step=self.step_no)
+            self.events.record(phase, p.posted_unix, time.perf_counter() - p.posted_at, error=err,
+                               bytes=p.wire, peers=p.peers, step=self.step_no, **fields)
+
+    def _finish_round(self, p: _Pending, stats: ExecStats) -> None:
+        self._wait_recorded(p, "round/transfer", round=p.index)
         if p.recvs:
             with self.events.phase("round/unpack", round=p.index, step=self.step_no,
                                    bytes=sum(sum(x.nbytes for x in rv.regions) for rv in p.recvs),
@@ -616,15 +620,7 @@ class Executor:
         p.works.append(self._post_broadcast(b, bucket))
 
     def _finish_bucket(self, p: _Pending, stats: ExecStats) -> None:
-        err = None
-        try:
-            self._wait(p)
-        except TransferError as exc:
-            err = exc
-            raise
-        finally:
-            self.events.record("bucket/broadcast", p.posted_unix, time.perf_counter() - p.posted_at, error=err,
-                               bucket=p.index, bytes=p.wire, peers=p.peers, step=self.step_no)
+        self._wait_recorded(p, "bucket/broadcast", bucket=p.index)
         if p.bucket is not None and self.is_infer:
             b, lay, buf = p.bucket
             with self.events.phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():

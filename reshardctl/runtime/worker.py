@@ -51,12 +51,22 @@ class _State:
     committed_step: int | None = None
 
 
-def _barrier(groups: Groups) -> None:
-    probe = torch.ones(1, device=groups.device)
+def _barrier(groups: Groups, not_ready: str | None = None, step: int | None = None) -> None:
+    """The common start of a refit, and a readiness vote: when any rank is not ready (``not_ready`` says
+    why), every rank raises here, before any byte moves, instead of waiting for it until a timeout."""
+    env = groups.env
+    ready = torch.ones(env.world_size, device=groups.device)
+    if not_ready is not None:
+        ready[env.global_rank] = 0
     try:
-        dist.all_reduce(probe)
+        dist.all_reduce(ready, op=dist.ReduceOp.MIN)
     except RuntimeError as exc:
-        raise TransferError(f"rank {groups.env.global_rank}: common start failed (a rank is gone?): {exc}") from exc
+        raise TransferError(f"rank {env.global_rank}: common start failed (a rank is gone?): {exc}") from exc
+    missing = [r for r, x in enumerate(ready.cpu().tolist()) if x == 0]
+    if missing:
+        here = f"; here: {not_ready}" if not_ready else ""
+        raise TransferError(f"refit of step {step} not started (nothing moved, nothing committed): "
+                            f"rank(s) {missing} not ready{here}")
 
 
 def _advance_source(plan, st: _State, source, step: int) -> None:
@@ -68,10 +78,10 @@ def _advance_source(plan, st: _State, source, step: int) -> None:
 
 
 def refit_once(plan, env: RankEnv, groups: Groups, ex: Executor, st: _State, source, options: RunOptions,
-           faults: Faults, events: EventLog, step: int) -> IterationReport:
+               faults: Faults, events: EventLog, step: int, not_ready: str | None = None) -> IterationReport:
     """One refit of this rank: common start, execute, verify, vote, commit (swap staged <-> current).
     Raises ``VerificationError``/``TransferError`` (nothing committed) unless every rank voted OK."""
-    _barrier(groups)
+    _barrier(groups, not_ready, step)
     faults.at_step_start(step)
     t0 = time.perf_counter()
     local_error: BaseException | None = None
@@ -227,7 +237,8 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0) ->
             failed_plan = name
             if len(names) > 1:
                 events.common.update(fingerprint=plan.fingerprint, plan=name)
-            source = weight_source(plan.model, options.checkpoint)
+            with events.phase("materialise/open", checkpoint=options.checkpoint):
+                source = weight_source(plan.model, options.checkpoint)
             if st.src is not None and st.src_step != step and _same_layout(prev, plan, env.side, env.side_rank):
                 with events.phase("materialise", step=step):
                     _advance_source(plan, st, source, step)
@@ -272,7 +283,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0) ->
         out[name] = RankReport(
             global_rank=env.global_rank, side=env.side, side_rank=env.side_rank, ok=err is None,
             error_type=None if err is None else type(err).__name__,
-            error_message=None if err is None else (err.message if isinstance(err, ReshardError) else f"{type(err).__name__}: {err}"),
+            error_message=None if err is None else (err.message if isinstance(err, ReshardError) else str(err)),
             backend=env.backend, device=info.get("device", ""),
             rendezvous_s=info.get("rendezvous_s", 0.0), group_init_s=info.get("group_init_s", 0.0),
             materialise_s=rec["materialise_s"], iterations=tuple(rec["iterations"]),
