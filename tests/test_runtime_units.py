@@ -15,7 +15,7 @@ from reshardctl.runtime.checksum import CHUNK, checksum
 from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
 from reshardctl.runtime.env import read_rank_env
 from reshardctl.runtime.events import EventLog, read_events
-from reshardctl.runtime.executor import check_mirror
+from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.faults import Faults, parse_faults
 from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, pack_message, unpack_message,
                                      verify_message)

@@ -13,13 +13,9 @@ peer are posted in the same (plan-derived) order on both sides; every size comes
 the messages of every (round, pair) are computed, and cross-checked with the peers' steps, when the
 executor is built (a gloo size mismatch aborts the process instead of raising).
 
-Checksums are off the data path: every message carries payload only. A sender checksums a packed
-region when it packs it (the bytes are in cache) and a zero-copy region later (on CUDA right after
-posting, overlapping the transfer; on CPU, where the transfer itself needs the cores, in the verify
-phase); a receiver checksums what landed in a packed/scratch buffer when it unpacks it, and what landed
-straight in its staged weights in the verify phase. ``exchange_checksums`` (verify phase, before the
-commit vote) then sends every sender's checksums as ONE int64 message per peer for the whole refit,
-and ``checksum_failures`` compares.
+Checksums are off the data path: messages carry payload only; senders and receivers checksum every
+region where it is cheapest (see ``checksum_exchange.py``, which exchanges and compares them in the
+verify phase, before the commit vote).
 """
 
 from __future__ import annotations
@@ -34,15 +30,18 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.layout.placement import box_numel
-from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Step
+from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
 from reshardctl.runtime.checksum import checksum
+from reshardctl.runtime.checksum_exchange import ChecksumExchange
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.faults import Faults
 from reshardctl.runtime.groups import Groups
-from reshardctl.layout.placement import full_box
+from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.pack import (
     DIRECT_MIN_BYTES,
+    BucketTarget,
     BufferPool,
+    FullBoxes,
     LocalWeights,
     Wire,
     box_bytes_in,
@@ -64,32 +63,7 @@ class _Recv:
     lands: list  # per direct region: (view, in_target)
 
 
-class _BucketTarget:
-    """A bucket seen like LocalWeights: every tensor of the bucket is one full box."""
-
-    def __init__(self, model, lay, pos: dict[int, int], buf: torch.Tensor):
-        self.model, self.lay, self.pos, self.buf = model, lay, pos, buf
-
-    def span_view(self, index: int, span, nbytes: int) -> torch.Tensor:
-        off = self.lay.offsets[self.pos[index]] + span[1]
-        return self.buf[off : off + nbytes]
-
-    def write_from(self, index: int, box, seg: torch.Tensor) -> None:
-        t = self.model.tensors[index]
-        full = bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf)
-        dst = box_bytes_in(full, box, t.itemsize)
-        dst.copy_(seg.view(dst.shape))
-
-    def mark_written(self, index: int, k: int, box) -> None:
-        pass
-
-
-class _FullBoxes(dict):
-    def __init__(self, model, tensors):
-        super().__init__({t: (full_box(model.tensors[t].shape),) for t in tensors})
-
 _TAG_ROUND, _TAG_GATHER = 0, 1
-_TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 
 
 def _tag(index: int, kind: int) -> int:
@@ -121,47 +95,7 @@ class _Pending:
     keep: list = field(default_factory=list)  # small tensors (checksum vectors) alive until the wait
 
 
-def check_mirror(plan, rank: int) -> None:
-    """Every message this rank posts has the same regions (hence size) on the peer's side."""
-    cache: dict[int, dict[int, Step]] = {}
-
-    def peer_step(peer: int, index: int) -> Step | None:
-        if peer not in cache:
-            cache[peer] = {s.index: s for s in plan.steps_for(peer)}
-        return cache[peer].get(index)
-
-    def regions_of(prs: tuple[PeerRegions, ...], peer: int):
-        return next((p.regions for p in prs if p.peer == peer), None)
-
-    problems = []
-    for s in plan.steps_for(rank):
-        if isinstance(s, P2PRound):
-            for mine, theirs_attr, verb in ((s.sends, "recvs", "sends"), (s.recvs, "sends", "receives")):
-                for pr in mine:
-                    if pr.peer == rank:
-                        problems.append(f"round {s.index}: rank {rank} {verb} to itself")
-                        continue
-                    other = peer_step(pr.peer, s.index)
-                    theirs = regions_of(getattr(other, theirs_attr), rank) if isinstance(other, P2PRound) else None
-                    if theirs != pr.regions:
-                        problems.append(
-                            f"round {s.index}: rank {rank} {verb} {pr.nbytes} B with rank {pr.peer}, which expects "
-                            + ("nothing" if theirs is None else f"{sum(r.nbytes for r in theirs)} B in other regions")
-                        )
-        elif isinstance(s, BroadcastBucket):
-            for g in s.gather:
-                if rank in (g.peer, s.root) and g.peer != s.root:
-                    other = peer_step(s.root if rank == g.peer else g.peer, s.index)
-                    if other != s:
-                        problems.append(f"bucket {s.index}: rank {rank} and its gather peer disagree on the bucket")
-    if problems:
-        raise TransferError(
-            f"plan is inconsistent for rank {rank} ({len(problems)} problems): " + "; ".join(problems[:5]),
-            hint="messages of mismatched sizes would abort the process; the planner must produce mirrored steps",
-        )
-
-
-class Executor:
+class Executor(ChecksumExchange):
     def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, faults: Faults, *,
                  overlap: bool = True, direct_min: int = DIRECT_MIN_BYTES):
         self.plan = plan
@@ -222,7 +156,7 @@ class Executor:
         key = (kind, index, sender, receiver)
         w = self._wires.get(key)
         if w is None:
-            dst = _FullBoxes(self.model, b.tensors) if b is not None else self._holdings(receiver)
+            dst = FullBoxes(self.model, b.tensors) if b is not None else self._holdings(receiver)
             w = wire_of(self.model, regions, self._holdings(sender), dst, self.direct_min)
             self._wires[key] = w
         return w
@@ -298,43 +232,6 @@ class Executor:
             ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag))
             p.wire += r.nbytes
         return ops, _Recv(peer, regions, w, packed, lands)
-
-    def _post_sums(self, outgoing: list) -> None:
-        """Keep the checksums (or the zero-copy views to sum later) of what was just posted, per peer."""
-        with self._side():
-            for peer, sources in outgoing:
-                # packed scratch bytes ((view,)) now, while the transfer is in flight; on a GPU all of them
-                sources = [checksum(x[0]) if isinstance(x, tuple)
-                           else (checksum(x) if self.early_sums and x.dim() else x) for x in sources]
-                self.out_sums.setdefault(peer, []).extend(sources)
-
-    def exchange_checksums(self, failed: bool = False) -> None:
-        """Verify phase: every sender's checksums of this refit to its receivers, one int64 message per
-        peer (sizes from the plan). A rank whose transfer ``failed`` still takes part (zeros), so that no
-        peer waits for it beyond a dead connection."""
-        ops, self._got = [], {}
-        with self._side():
-            for peer, n in sorted(self.out_count.items()):
-                items = self.out_sums.get(peer, [])
-                if failed or len(items) != n:
-                    v = torch.zeros(n, dtype=torch.int64, device=self.device)
-                else:
-                    v = torch.stack([x if x.dim() == 0 else checksum(x) for x in items])
-                ops.append(dist.P2POp(dist.isend, v, peer, tag=_TAG_SUMS))
-                self._got[("out", peer)] = v
-            for peer, n in sorted(self.in_count.items()):
-                v = torch.empty(n, dtype=torch.int64, device=self.device)
-                ops.append(dist.P2POp(dist.irecv, v, peer, tag=_TAG_SUMS))
-                self._got[peer] = v
-        if not ops:
-            return
-        self._before_post()
-        try:
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-        except RuntimeError as exc:
-            raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
-        self._after_wait()
 
     def _land(self, rv: _Recv, target, what: str, *, defer: bool) -> None:
         """Check and place what arrived from one peer: packed regions are checksummed in the buffer and
@@ -493,32 +390,6 @@ class Executor:
                     stats.bytes_received += sum(x.nbytes for x in rv.regions)
         self._release(p)
 
-    def _check(self, mismatch: torch.Tensor, what: list[str]) -> None:
-        self.checks.append((mismatch, what))
-
-    def checksum_failures(self, limit: int = 20) -> list[str]:
-        """The verify phase: checksums of the regions received straight into the staged weights, then
-        every comparison of this refit (one host sync)."""
-        with self._side():
-            for peer, items in sorted(self.in_sums.items()):
-                want = self._got.get(peer)
-                if want is None or want.numel() != len(items):
-                    self._check(torch.ones(1, dtype=torch.bool), [f"checksums from rank {peer}: "
-                                f"{len(items)} regions arrived, {0 if want is None else want.numel()} checksums"])
-                    continue
-                got = torch.stack([x if not is_view else checksum(x) for x, is_view, _ in items])
-                self._check(got != want, [w for _, _, w in items])
-            self.in_sums = {}
-        self._settle()
-        out = []
-        for mismatch, what in self.checks:
-            for bad, w in zip(mismatch.cpu().tolist(), what):
-                if bad:
-                    out.append(f"checksum mismatch: {w}")
-                    if len(out) >= limit:
-                        return out
-        return out
-
     # ---- gather-and-broadcast buckets --------------------------------------------------------------
     def _bucket_parts(self, b: BroadcastBucket):
         lay = bucket_layout(self.model, b.tensors)
@@ -573,7 +444,7 @@ class Executor:
         with self.events.phase("bucket/gather", bucket=b.index, step=self.step_no, bytes=b.nbytes,
                                peers=[g.peer for g in others]):
             bucket = self._buffer(lay.size, p)
-            target = _BucketTarget(self.model, lay, pos, bucket)
+            target = BucketTarget(self.model, lay, pos, bucket)
             ops, recvs = [], []
             gp = _Pending("gather", b.index, peers=[g.peer for g in others])
             for g in others:

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from reshardctl.errors import TransferError
-from reshardctl.layout.placement import Box, box_numel, box_shape
+from reshardctl.layout.placement import Box, box_numel, box_shape, full_box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import Region
 from reshardctl.runtime.checksum import checksum
@@ -365,3 +365,30 @@ def box_bytes_in(full_view: torch.Tensor, box: Box, itemsize: int) -> torch.Tens
 
 def write_trailer(buf: torch.Tensor, layout: Layout, sums: Iterable[torch.Tensor]) -> None:
     _write_trailer(buf, layout, list(sums))
+
+
+class BucketTarget:
+    """A bucket seen like LocalWeights: every tensor of the bucket is one full box."""
+
+    def __init__(self, model, lay, pos: dict[int, int], buf: torch.Tensor):
+        self.model, self.lay, self.pos, self.buf = model, lay, pos, buf
+
+    def span_view(self, index: int, span, nbytes: int) -> torch.Tensor:
+        off = self.lay.offsets[self.pos[index]] + span[1]
+        return self.buf[off : off + nbytes]
+
+    def write_from(self, index: int, box, seg: torch.Tensor) -> None:
+        t = self.model.tensors[index]
+        full = bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf)
+        dst = box_bytes_in(full, box, t.itemsize)
+        dst.copy_(seg.view(dst.shape))
+
+    def mark_written(self, index: int, k: int, box) -> None:
+        pass
+
+
+class FullBoxes(dict):
+    """Holdings of a bucket's receiver view: every tensor of the bucket as one full box."""
+
+    def __init__(self, model, tensors):
+        super().__init__({t: (full_box(model.tensors[t].shape),) for t in tensors})
