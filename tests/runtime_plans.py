@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+
+from reshardctl.layout.indexset import intersect_boxes
 from collections import defaultdict
 
 from reshardctl.layout.placement import box_numel
@@ -18,14 +20,7 @@ def model(tensors: list[tuple[str, tuple[int, ...], str]]) -> ModelSpec:
     return ModelSpec("hand", DIMS, tuple(TensorSpec(n, s, d, "ffn", "mlp_up") for n, s, d in tensors))
 
 
-def _inter(a, b):
-    out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if lo >= hi:
-            return None
-        out.append((lo, hi))
-    return tuple(out)
+_inter = intersect_boxes
 
 
 def _fp(*parts) -> str:

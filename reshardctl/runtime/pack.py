@@ -23,6 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from reshardctl.errors import TransferError
+from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import Box, box_numel, box_shape, full_box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import Region
@@ -37,14 +38,7 @@ def _norm(box: Box) -> Box:
     return box if box else ((0, 1),)
 
 
-def _intersect(a: Box, b: Box) -> Box | None:
-    out = []
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if lo >= hi:
-            return None
-        out.append((lo, hi))
-    return tuple(out)
+_intersect = intersect_boxes  # the layout algebra's box overlap (None when empty)
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
