@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-
-from reshardctl.layout.indexset import intersect_boxes
 from collections import defaultdict
 
+from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import box_numel
 from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Region
