@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import typer
 from rich.table import Table
@@ -66,13 +67,14 @@ def cancel_cmd(run_dir: str = typer.Argument(..., help="The run directory of a S
 def collect_cmd(
     run_dir: str = typer.Argument(..., help="The run directory of a Slurm run."),
     wait: bool = typer.Option(False, "--wait", help="Wait until the jobs ended (default: refuse while they run)."),
+    job: Optional[str] = typer.Option(None, "--job", help="Job id of a run submitted by hand from `plan --out DIR` scripts."),
     as_json: bool = opt.JSON,
 ) -> None:
     """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
     from reshardctl.commands.run import render
     from reshardctl.runs.session import collect_session
 
-    res = collect_session(run_dir, wait=wait)
+    res = collect_session(run_dir, wait=wait, job=job)
     if as_json:
         output.print_json(res.summary)
     else:

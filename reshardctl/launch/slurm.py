@@ -64,12 +64,28 @@ class SlurmRun:
             raise LaunchError(f"{path}: unreadable ({exc})") from None
 
 
+def session_bytes(plans: Mapping[str, object], options, warmup: int) -> bytes:
+    """The content of ``session.pkl``: what every rank loads. The planner's own plans travel (each rank
+    derives its own steps from them), never every rank's steps written out."""
+    return pickle.dumps({"plans": dict(plans), "options": options, "warmup": warmup}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: int) -> Path:
-    """``session.pkl``: what every rank loads (the planner's plans: each rank derives its own steps)."""
     path = run_dir / SESSION_FILE
     with atomic_open(path, binary=True, mode=0o600) as fh:
-        pickle.dump({"plans": dict(plans), "options": options, "warmup": warmup}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.write(session_bytes(plans, options, warmup))
     return path
+
+
+def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
+    """Record a job submitted by hand (from `reshardctl plan --out DIR`'s scripts) as this run's."""
+    if not job.split("+")[0].isdigit():
+        raise LaunchError(f"--job {job!r} is not a Slurm job id")
+    scripts = sorted(str(p) for p in (Path(run_dir) / "slurm").glob("*.sbatch"))
+    mode = "hetjob" if any(p.endswith("hetjob.sbatch") for p in scripts) else "two-jobs"
+    run = SlurmRun(str(run_dir), mode, {"het" if mode == "hetjob" else "job": job}, time.time(), scripts, world)
+    run.save()
+    return run
 
 
 def write_scripts(request: SlurmRequest) -> list[Path]:
@@ -235,13 +251,29 @@ def slurm_record(run: SlurmRun, w: Watch | None, run_dir: Path) -> dict:
     rec["interrupted"] = w.interrupted
     if w.cancelled_peer:
         rec["cancelled_peer"] = w.cancelled_peer
-    if w.first_running_at is not None:
-        rec["queue_s"] = max(0.0, w.first_running_at - run.submitted_at)
+    started = w.first_running_at
+    if started is None:  # not watched from the submission (a detached run): accounting's start time
+        started = _earliest_start(w.states)
+    if started is not None:
+        rec["queue_s"] = max(0.0, started - run.submitted_at)
         ready = _ranks_ready_at(run_dir)
         if ready is not None:
-            rec["startup_s"] = max(0.0, ready - w.first_running_at)
+            rec["startup_s"] = max(0.0, ready - started)
             rec["run_s"] = max(0.0, w.ended_at - ready)
     return rec
+
+
+def _earliest_start(states: Mapping[str, slurm_cli.JobState]) -> float | None:
+    """The earliest ``Start`` of the jobs (sacct's local ISO time, 1 s resolution), unix time."""
+    import datetime as dt
+
+    starts = []
+    for s in states.values():
+        try:
+            starts.append(dt.datetime.fromisoformat(s.start).timestamp())
+        except (TypeError, ValueError):
+            continue
+    return min(starts) if starts else None
 
 
 def _side_nodes(run: SlurmRun, w: Watch) -> dict[str, str]:
@@ -284,8 +316,11 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
         lines.append(f"cancelled the other job ({w.cancelled_peer}) when this one ended")
     for r in failed:
         lines.append(f"rank {r.global_rank} ({r.side} {r.side_rank}): {r.error_type}: {r.error_message}")
+    by_why: dict[str, list[int]] = {}
     for r, why in sorted(lost.items()):
-        lines.append(f"rank {r}: {why}")
+        by_why.setdefault(why, []).append(r)
+    for why, ranks in by_why.items():
+        lines.append(f"{_ranks_text(ranks)}: {why}")
     if not lines:
         return None
     batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
@@ -293,6 +328,15 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
     if tails and (lost or bad_jobs):
         lines.append("batch output: " + "\n    ".join(tails))
     return "Slurm run failed:\n  " + "\n  ".join(lines)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 0-3`` / ``ranks 0, 2, 5``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 class SlurmRunError(TransferError):

@@ -73,14 +73,14 @@ def _count_commits(events_dir: Path) -> int:
 
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
-                    run_dir: Path) -> dict:
+                    run_dir: Path, command: str) -> dict:
     """Everything ``summary.json`` needs besides the ranks' reports (``session.json``)."""
     lb = lower_bound(next(iter(plans.values())), inp.links)
     needed = infer_needed_bytes(inp.model, inp.infer)
     return {
         "format": "reshardctl-session/1",
         "run_dir": str(run_dir),
-        "command": (run_dir / "command.txt").read_text().strip(),
+        "command": command,
         "inputs": inputs_json(inp),
         "iterations": iterations,
         "warmup": warmup,
@@ -139,7 +139,8 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         plan_rows[t] = transport_report(p, inp.links, lb)
     write_json(run_dir / "plan.json", {"inputs": inputs_json(inp), "lower_bound_s": lb.seconds,
                                        "lower_bound_reason": lb.reason, "transports": plan_rows})
-    ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir)
+    ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
+                          command=(run_dir / "command.txt").read_text().strip())
     write_json(run_dir / SESSION_JSON, ctx)
     return plans, run_dir, ctx
 
@@ -181,6 +182,28 @@ def run_session(
         return _run_slurm(inp, plans, run_dir, ctx, options, warmup, slurm_mode=slurm_mode, detach=detach,
                           progress=progress, total=total, on_state=on_slurm_state)
     return _run_local(plans, run_dir, ctx, options, warmup, progress=progress, total=total)
+
+
+def slurm_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: str, iterations: int = 5,
+                warmup: int = 1, slurm_mode: str | None = None) -> dict[str, str | bytes]:
+    """What `reshardctl plan --out DIR` adds for submitting by hand: ``slurm/<scripts>``, ``session.pkl``
+    (the ranks' plans and options) and ``session.json`` (for `reshardctl collect DIR --job ID`), all for
+    ``run_dir`` (absolute) as the run directory."""
+    from reshardctl.launch.slurm import session_bytes
+    from reshardctl.launch.slurm_request import SESSION_FILE, build_request
+    from reshardctl.runtime.contract import RunOptions
+
+    label = "bench" if len(plans) > 1 else next(iter(plans))
+    req = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label, python=sys.executable)
+    site = inp.site
+    options = RunOptions(run_dir=str(run_dir), iterations=iterations, timeout_s=site.refit.timeout_s,
+                         rendezvous_timeout_s=site.refit.rendezvous_timeout_s)
+    ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher="slurm", run_dir=run_dir,
+                          command=command)
+    files: dict[str, str | bytes] = {f"slurm/{n}": t for n, t in req.materialize().items()}
+    files[SESSION_FILE] = session_bytes(plans, options, warmup)
+    files[SESSION_JSON] = json.dumps(ctx, indent=2, default=str) + "\n"
+    return files
 
 
 def _run_local(plans, run_dir: Path, ctx: dict, options, warmup: int, *, progress, total: int) -> SessionResult:
@@ -271,10 +294,11 @@ def _slurm_summary(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dic
     return summary, err
 
 
-def collect_session(run_dir: str | Path, *, wait: bool = False,
+def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None = None,
                     on_state: Callable[[dict], None] | None = None) -> SessionResult:
     """The summary of a (detached) Slurm run once its jobs ended; ``wait`` watches them until then.
-    Raises ``LaunchError`` when the jobs still run and ``wait`` is off."""
+    ``job``: the job id of a run submitted by hand from `reshardctl plan --out DIR` (recorded in
+    ``slurm/jobs.json``). Raises ``LaunchError`` when the jobs still run and ``wait`` is off."""
     from reshardctl.launch import slurm
 
     run_dir = Path(run_dir)
@@ -284,10 +308,13 @@ def collect_session(run_dir: str | Path, *, wait: bool = False,
         raise InputError(f"{run_dir}: not a reshardctl run directory (no {SESSION_JSON})") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{run_dir / SESSION_JSON}: unreadable ({exc})") from None
+    if job is not None:
+        slurm.adopt(run_dir, job, world=ctx["world"])
     run = slurm.SlurmRun.load(run_dir)
     t0 = time.perf_counter()
     if wait:
         w = slurm.watch(run, on_state)
+        w.first_running_at = None  # watched from now, not from the submission: use accounting's start
     else:
         live = slurm.job_states(run.ids)
         running = {j: s for j, s in live.items() if not s.terminal}
