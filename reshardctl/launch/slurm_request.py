@@ -152,7 +152,7 @@ def _sbatch_lines(c: Component, site, job_name: str, output: str | None) -> tupl
         v = getattr(s, key)
         if v:
             lines.append(f"--{key}={_sbatch_value('slurm.' + key, v, src)}")
-    lines += list(s.extra_sbatch)  # one flag each, no newline (checked by the profile parser)
+    lines += [_sbatch_value(f"slurm.extra_sbatch[{i}]", f, src) for i, f in enumerate(s.extra_sbatch)]
     return tuple(f"#SBATCH {x}" for x in lines)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.errors import InputError, LaunchError, ReshardError, TransferError
+from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError, TransferError
 from reshardctl.plan.cost import lower_bound, predict
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
@@ -267,11 +267,12 @@ def _run_slurm(inp: Inputs, plans, run_dir: Path, ctx: dict, options, warmup: in
 
     try:
         w = slurm.watch(run, update)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # watch() cancelled the jobs already
         w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0), None, time.time(), interrupted=True)
         summary, err = _slurm_summary(ctx, run, w, run_dir, time.perf_counter() - t0)
         write_json(run_dir / "summary.json", summary)
-        raise
+        raise Interrupted(f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}; "
+                          f"run directory {run_dir} (summary.json says so)") from None
     summary, err = _slurm_summary(ctx, run, w, run_dir, time.perf_counter() - t0)
     write_json(run_dir / "summary.json", summary)
     return SessionResult(run_dir, summary, err, plans, slurm=run)

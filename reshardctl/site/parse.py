@@ -203,6 +203,9 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
         if not v.strip():
             c.add(path, f"is empty (expected {spec.form})")
             return default
+        if "\x00" in v:
+            c.add(path, "holds a NUL byte (no shell or Slurm value can carry one)")
+            return default
         return v
     if spec.kind == "strlist":
         if not isinstance(v, (list, tuple)):
@@ -211,7 +214,10 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
         bad = [i for i, item in enumerate(v) if not isinstance(item, str)]
         for i in bad:
             c.add(f"{path}[{i}]", f"expected a string, got {describe(v[i])}")
-        return tuple(v) if not bad else default
+        nul = [i for i, item in enumerate(v) if isinstance(item, str) and "\x00" in item]
+        for i in nul:
+            c.add(f"{path}[{i}]", "holds a NUL byte (no shell or Slurm value can carry one)")
+        return tuple(v) if not (bad or nul) else default
     if spec.kind == "strmap":
         if not isinstance(v, Mapping):
             c.wrong_type(path, spec, v)
@@ -222,6 +228,8 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
                 c.add(f"{path}", f"{describe(name)} is not a valid environment variable name")
             elif isinstance(val, bool) or not isinstance(val, (str, int)):
                 c.add(f"{path}.{name}", f"expected a string (quote it, e.g. '1'), got {describe(val)}")
+            elif isinstance(val, str) and "\x00" in val:
+                c.add(f"{path}.{name}", "holds a NUL byte (no shell or Slurm value can carry one)")
             else:
                 out[name] = str(val)
         return out
