@@ -170,8 +170,11 @@ def _prologue(site, run_dir: str, mode: str) -> str:
     else:
         lines.append("cancel_peer() { :; }  # one job: Slurm ends both components together")
     lines.append('fail() { echo "reshardctl: $*" >&2; cancel_peer; exit 3; }')
-    for m in s.modules:
-        lines.append(f"module load {q(m)} || fail {q('module load ' + m + ' failed')}")
+    if s.modules:
+        lines.append("set +u  # module (Lmod, Environment Modules) may read unset variables")
+        for m in s.modules:
+            lines.append(f"module load {q(m)} || fail {q('module load ' + m + ' failed')}")
+        lines.append("set -u")
     for name, value in s.env.items():  # names are checked shell names (profile parser)
         lines.append(f"export {name}={q(value)}")
     if site.cpu_only:
@@ -181,7 +184,9 @@ def _prologue(site, run_dir: str, mode: str) -> str:
     lines.append(f"cd {q(run_dir)} || fail 'cannot enter the run directory'")
     if s.setup:
         lines.append("# slurm.setup: the site's own shell lines, as written in the profile")
+        lines.append("set +u  # (activate scripts and the like may read unset variables)")
         lines += list(s.setup)
+        lines.append("set -u")
     return "\n".join(lines)
 
 

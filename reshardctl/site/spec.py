@@ -3,7 +3,7 @@
 Objects are built by ``parse_profile`` (which checks types and collects every problem of a file), but they
 also check their own invariants on construction, so code that builds one by hand cannot make an impossible
 site either. Mappings are stored as ``FrozenMap`` and sequences as tuples: a profile is hashable,
-picklable (submitit) and cannot be changed after loading.
+picklable and cannot be changed after loading.
 """
 
 from __future__ import annotations
