@@ -76,7 +76,8 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(),
                           progress=lambda done, total: prog.update(task, completed=done, total=total),
                           launcher=launcher, slurm_mode=slurm_mode, detach=detach,
-                          on_slurm_state=lambda states: prog.update(task, state=slurm_state_line(states)))
+                          on_slurm_state=lambda states, sides: prog.update(
+                              task, state=slurm_state_line(states, sides)))
     if res.summary is None:  # detached
         run = res.slurm
         info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
@@ -97,8 +98,9 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     return res
 
 
-def slurm_state_line(states: dict) -> str:
-    """``job 12 PENDING (Resources)`` / ``job 12 RUNNING on n[1-2]``: the live line of a Slurm run."""
+def slurm_state_line(states: dict, sides: dict | None = None) -> str:
+    """``job 12 PENDING (Resources)`` / ``job 12 RUNNING on n1,n2; train 4, infer 4 commits``: the live
+    line of a Slurm run."""
     if not states:
         return "submitted"
     parts = []
@@ -107,6 +109,8 @@ def slurm_state_line(states: dict) -> str:
             parts.append(f"job {j} PENDING ({s.reason or 'queued'})")
         else:
             parts.append(f"job {j} {s.state}" + (f" on {s.nodes}" if s.nodes else ""))
+    if sides and any(sides.values()):
+        parts.append(f"commits: train {sides.get('train', 0)}, infer {sides.get('infer', 0)}")
     return escape("; ".join(parts))
 
 

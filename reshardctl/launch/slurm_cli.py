@@ -95,22 +95,6 @@ class JobState:
         return self.state in TERMINAL
 
 
-def _elapsed(text: str) -> float | None:
-    """Slurm's ``[D-]HH:MM:SS`` or ``MM:SS(.mmm)`` -> seconds."""
-    text = text.strip()
-    if not text:
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [float(p) for p in text.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0.0)
-    h, m, s = parts[-3:]
-    return days * 86400 + h * 3600 + m * 60 + s
-
-
 def _base_state(state: str) -> str:
     return state.split()[0].rstrip("+") if state else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
 

@@ -63,13 +63,21 @@ def plan_transports(inp: Inputs, transports: list[str], launcher: str = "local")
 
 
 def _count_commits(events_dir: Path) -> int:
-    n = 0
+    return sum(commits_by_side(events_dir).values())
+
+
+def commits_by_side(events_dir: Path) -> dict[str, int]:
+    """Commit events written so far, per side (``{"train": n, "infer": m}``): a run's live progress."""
+    out = {"train": 0, "infer": 0}
     for f in events_dir.glob("rank-*.jsonl"):
         try:
-            n += f.read_text().count('"phase":"commit"')
+            text = f.read_text()
         except OSError:
-            pass
-    return n
+            continue
+        n = text.count('"phase":"commit"')
+        if n:
+            out["infer" if '"side":"infer"' in text else "train"] += n
+    return out
 
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
@@ -261,7 +269,7 @@ def _run_slurm(inp: Inputs, plans, run_dir: Path, ctx: dict, options, warmup: in
 
     def update(states: dict) -> None:
         if on_state is not None:
-            on_state(states)
+            on_state(states, commits_by_side(run_dir / "events"))
         if progress is not None:
             progress(min(total, _count_commits(run_dir / "events")), total)
 
