@@ -119,6 +119,7 @@ def plan_cmd(
     infer_style: str = opt.INFER_STYLE,
     train_layout: Optional[str] = opt.TRAIN_LAYOUT,
     infer_layout: Optional[str] = opt.INFER_LAYOUT,
+    mtp: bool = opt.MTP,
     transport: str = typer.Option("all", "--transport", help="reshard | gather_broadcast | hybrid | all"),
     bucket_mb: Optional[float] = opt.BUCKET_MB,
     relay: str = opt.RELAY,
@@ -130,7 +131,8 @@ def plan_cmd(
     """Plan a refit: bytes, rounds, staging and predicted seconds per transport, against the lower bound."""
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
-                  bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []))
+                  bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []),
+                  mtp=mtp)
     plans, result = plan_report(inp)
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
         paths, n = write_outputs(plans, result, out=out, export=export,

@@ -39,10 +39,12 @@ def _b(n) -> str:
 
 
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
-             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json):
+             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
+             mtp=False):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
-                  transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay)
+                  transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,
+                  mtp=mtp)
     if not as_json and not output.quiet():
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
                     f"({inp.topology.world} processes), transports {', '.join(transports)}")
@@ -100,7 +102,7 @@ def run_cmd(
     transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid (default: the profile's refit.transport)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
-    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
+    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
 ) -> None:
     """Run the refit for real on this machine: every rank a process, every byte verified."""
     from reshardctl.errors import InputError
@@ -112,7 +114,7 @@ def run_cmd(
     _session([t], site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
-             full_check=full_check, as_json=as_json)
+             full_check=full_check, as_json=as_json, mtp=mtp)
 
 
 def bench_cmd(
@@ -122,9 +124,10 @@ def bench_cmd(
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, as_json: bool = opt.JSON,
+    mtp: bool = opt.MTP,
 ) -> None:
     """All three transports on the same processes, side by side, with the raw-transfer ceiling."""
     _session(list(TRANSPORTS), site=site, model=model, layers=layers, train=train, infer=infer,
              train_style=train_style, infer_style=infer_style, train_layout=train_layout,
              infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
-             baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json)
+             baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, mtp=mtp)

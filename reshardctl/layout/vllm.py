@@ -81,6 +81,7 @@ class VllmLayout(StagedPlacements, SideLayout):
     side = "infer"
     framework = "vLLM"
     keys = VLLM_KEYS
+    fused_qkv_a = "fused_qkv_a_proj.weight"  # DeepSeek's replicated [q_a; kv_a] (MergedColumnParallelLinear)
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
         self.model, self.spec = model, spec
@@ -371,7 +372,7 @@ class VllmLayout(StagedPlacements, SideLayout):
                 name, shape, off = lp + _FUSED[kind], (2 * per, t.shape[1]), (per if kind.endswith("up") else 0, 0)
             elif kind in ("q_a", "kv_a") and d.q_lora_rank:
                 rows = d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim
-                name, shape = pre + "fused_qkv_a_proj.weight", (rows, t.shape[1])
+                name, shape = pre + self.fused_qkv_a, (rows, t.shape[1])
                 off = (0 if kind == "q_a" else d.q_lora_rank, 0)
             elif kind in EXPERT_KINDS:
                 k, n_local = self._local_expert_slot(t, self._ep_of[j])
