@@ -132,9 +132,13 @@ def megatron_chunks(num_layers: int, pp: int, vpp: int, *, first: int | None = N
         chunks = [[list(range((s * pp + r) * c, (s * pp + r + 1) * c)) for s in range(vpp)] for r in range(pp)]
         return _checked(MegatronPipeline(chunks, last_stage), num_layers, problems)
     # uneven first/last with vpp: get_transformer_layer_offset's interleaved uneven branch
+    middle_stages = pp - (first is not None) - (last is not None)
+    if middle_stages == 0:
+        problems.append(f"vpp={vpp} with first_stage_layers and last_stage_layers on pp={pp} leaves no middle "
+                        f"stage; Megatron's get_transformer_layer_offset divides by the middle stage count (0)")
+        return MegatronPipeline([[[] for _ in range(vpp)] for _ in range(pp)], last_stage)
     f_c = (first or 0) // vpp
     l_c = (last or 0) // vpp
-    middle_stages = pp - (first is not None) - (last is not None)
     mid_total = num_layers - (first or 0) - (last or 0)
     m_c = mid_total // vpp
     total = f_c + m_c + l_c
@@ -146,7 +150,7 @@ def megatron_chunks(num_layers: int, pp: int, vpp: int, *, first: int | None = N
             if r == 0:
                 offset = s * total
             else:
-                offset = s * total + f_c + mid_rank * (m_c // middle_stages if middle_stages else 0)
+                offset = s * total + f_c + mid_rank * (m_c // middle_stages)
             row.append(list(range(offset, offset + parts[r] // vpp)))
         chunks.append(row)
     return _checked(MegatronPipeline(chunks, last_stage), num_layers, problems)
