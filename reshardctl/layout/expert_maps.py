@@ -44,7 +44,15 @@ class ExpertMap:
         return self.physical.get(layer, self.physical.get(-1, ()))
 
     def slots_per_rank(self, layer: int) -> list[list[int]]:
-        """Per EP rank, the logical experts at its local slots 0, 1, ..."""
+        """Per EP rank, the logical experts at its local slots 0, 1, ... (cached per distinct map)."""
+        cache = self.__dict__.setdefault("_slots", {})
+        key = layer if layer in self.physical else -1
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = self._slots_per_rank(layer)
+        return got
+
+    def _slots_per_rank(self, layer: int) -> list[list[int]]:
         phys = self._phys(layer)
         if self.strategy == "round_robin":
             return [list(range(j, self.num_experts, self.ep)) for j in range(self.ep)]

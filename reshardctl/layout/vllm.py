@@ -355,8 +355,15 @@ class VllmLayout(StagedPlacements, SideLayout):
                 entry = params[name] = (shape, dtype, [])
             entry[2].append(LocalSegment(hf, box, name, offset))
 
+        own = self._stage_ranks[stage]
         for i, t in enumerate(self.model.tensors):
-            boxes = self.placement(i).holding(rank)
+            pl = self.placement(i)
+            if pl.ranks is own:  # the common case: a placement over this rank's stage, slot j
+                boxes = pl.template.holdings[j]
+            elif len(pl.ranks) > len(own):  # the tied embedding: first and last stage
+                boxes = pl.holding(rank)
+            else:
+                continue
             if not boxes:
                 continue
             box = boxes[0]
