@@ -258,8 +258,9 @@ def test_round_robin_placement_and_fallbacks(name, extra, kept):
             j, k = (e % ep, e // ep) if effective else linear_owner(E, ep, e)
             t = m.tensor(f"model.layers.{layer}.mlp.experts.{e}.gate_proj.weight")
             holders = {r for r, h in lay.placement(m.index(t.name)).items() if h}
-            assert {r % lay.tp if all2all_kernels is False else r for r in holders} == {j} or \
-                all((r % lay.tp if not all2all_kernels else r) == j for r in holders)
+            # two engines (EP rank = tp rank in each engine) / one engine (EP rank = flattened dp*tp rank)
+            want = {rank_of(j, 0, d, lay.tp, 1) for d in range(lay.dp)} if not all2all_kernels else {j}
+            assert holders == want
             r0 = min(holders)
             w13 = param(lay, r0, f"model.layers.{layer}.mlp.experts.w13_weight")
             assert {s.offset[0] for s in w13.segments if s.hf_name == t.name} == {k}
