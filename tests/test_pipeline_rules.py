@@ -244,3 +244,7 @@ def test_pp_partition_errors():
     with pytest.raises(LayoutError, match="pp_partition is not a Megatron option"):
         MegatronLayout(m, P("pp=2,pp_partition=5:5"))
     assert sglang_pp_parts(94, 4) == [23, 23, 24, 24] and vllm_pp_parts(94, 4) == [23, 24, 24, 23]
+    from reshardctl.layout.build import build_layout
+
+    with pytest.raises(LayoutError, match="--infer-style dtensor: pp_partition is a Megatron/vLLM/SGLang option"):
+        build_layout(m, "infer", "tp=2,pp_partition=5:5", "dtensor")

@@ -89,7 +89,8 @@ def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_s
         from reshardctl.layout.dtensor import DTensorLayout, Mesh, Replicate, Shard, to_template
     except ImportError as e:  # pragma: no cover - the module is part of the package
         raise LayoutError(f"dtensor style needs reshardctl.layout.dtensor ({e})") from None
-    problems = []
+    problems = [f"--{side}-style dtensor: {key} is a Megatron/vLLM/SGLang option" for key in ps.given()
+                if key not in ("tp", "dp", "pp", "ep", "cp", "vpp")]
     for key in ("pp", "ep", "cp", "vpp"):
         if getattr(ps, key) != 1:
             problems.append(f"--{side}-style dtensor maps tp and dp onto a (dp, tp) mesh; {key}={getattr(ps, key)} "
