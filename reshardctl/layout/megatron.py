@@ -114,7 +114,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
         if vp % TP:
             problems.append(f"Megatron tp={TP} does not divide the unpadded vocab_size={d.vocab} "
                             f"({frac(d.vocab, TP)}; Megatron-Bridge default should_pad_vocab=False; give "
-                            f"vocab_divisor=128 for Megatron-LM's padding)")
+                            f"vocab_divisor={LEGACY_VOCAB_DIVISOR} for Megatron-LM's padding)")
         self.mla = d.kv_lora_rank > 0
         self.moe = d.num_experts > 0 and bool(d.moe_layers)
         self._moe_layers = frozenset(d.moe_layers)
