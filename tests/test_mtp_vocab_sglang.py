@@ -216,3 +216,24 @@ def test_layout_show_names_the_rules(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["sides"]["infer"]["rules"].startswith("SGLang")
     assert "dp_attention=on(attn_tp=2)" in doc["sides"]["infer"]["layout"]
+
+
+@pytest.mark.parametrize("spec", ["tp=2,pp=2", "tp=4,pp=2,dp=2,dp_attention=true"])
+def test_sglang_tied_embedding_last_stage_lm_head(spec):
+    """LlamaForCausalLM "perform weight tying for PP": the last rank's lm_head gets the embedding."""
+    from test_parallel_models import tiny_llama
+
+    m = tiny_llama(layers=4, tie=True)
+    lay = SglangLayout(m, P(spec))
+    tp, V, H = lay.tp, m.dims.vocab, m.dims.hidden
+    per = -(-V // 64) * 64 // tp
+    pl = lay.placement(m.index("model.embed_tokens.weight"))
+    for r in range(lay.world_size):
+        stage, t = r // tp, r % tp
+        if stage == 0:  # the embedding: replicated under DP attention, else split by tp
+            want = (((0, V), (0, H)),) if lay.dp_attention else (((t * per, min((t + 1) * per, V)), (0, H)),)
+        else:  # the last stage's lm_head: always split by the full tp
+            want = (((t * per, min((t + 1) * per, V)), (0, H)),)
+        assert pl.holding(r) == want
+    names = {p.name: p for p in lay.local_params(lay.world_size - 1)}
+    assert names["lm_head.weight"].shape == (per, H) and "model.embed_tokens.weight" not in names

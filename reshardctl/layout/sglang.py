@@ -16,6 +16,9 @@ Rules (``sgl-project/sglang``, ``python/sglang/srt``):
   each EP rank holds ``E // ep`` contiguous experts (must divide), split by ``moe_tp`` inside the expert.
 * Pipeline (``distributed/utils.py::get_pp_indices``): the LAST ``L % PP`` stages get one more layer, or
   ``SGLANG_PP_LAYER_PARTITION``.
+* Tied embeddings with PP > 1 (``models/llama.py::LlamaForCausalLM.__init__``, "perform weight tying for
+  PP"): the last rank's ``lm_head`` (split like any lm_head) receives a copy of the first rank's
+  ``embed_tokens``, so the tied tensor has holders on the first and the last stage.
 * Linear layers and vocabulary mirror vLLM (``layers/linear.py``, ``layers/vocab_parallel_embedding.py``:
   same QKV replication rule, vocab padded to 64). DeepSeek's fused down projection is
   ``fused_qkv_a_proj_with_mqa`` (replicated).
@@ -39,6 +42,7 @@ class SglangLayout(VllmLayout):
     framework = "SGLang"
     keys = SGLANG_KEYS
     fused_qkv_a = "fused_qkv_a_proj_with_mqa.weight"
+    tied_last_name = "lm_head.weight"  # tied + pp > 1: the last rank's lm_head receives the embedding
 
     def _configure(self, spec: ParallelSpec, world_size: int | None, problems: list[str]) -> None:
         d, TP, PP = self.model.dims, spec.tp, spec.pp

@@ -82,6 +82,7 @@ class VllmLayout(StagedPlacements, SideLayout):
     framework = "vLLM"
     keys = VLLM_KEYS
     fused_qkv_a = "fused_qkv_a_proj.weight"  # DeepSeek's replicated [q_a; kv_a] (MergedColumnParallelLinear)
+    tied_last_name = "model.embed_tokens.weight"  # the last stage's own embed_tokens, lm_head tied to it
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
         self.model, self.spec = model, spec
@@ -273,8 +274,10 @@ class VllmLayout(StagedPlacements, SideLayout):
             def build() -> Placement:
                 tmpl = self._templates.get((kind, t.shape, block), lambda: self._build_template(kind, t.shape, block))
                 ranks = self._stage_ranks[stage]
-                if tied:  # the last stage builds embed_tokens too and ties lm_head to it
-                    tmpl = self._templates.get(("tied", t.shape), lambda: ShardTemplate(t.shape, tmpl.holdings * 2))
+                if tied:  # the last stage holds the tied weight as its output head (split like lm_head)
+                    head = self._templates.get(("lm_head", t.shape, ()), lambda: self._build_template("lm_head", t.shape, ()))
+                    tmpl = self._templates.get(("tied", t.shape),
+                                               lambda: ShardTemplate(t.shape, tmpl.holdings + head.holdings))
                     ranks = ranks + self._stage_ranks[-1]
                 return Placement(tmpl, ranks)
             p = self._placements.get(key, build)
@@ -345,7 +348,6 @@ class VllmLayout(StagedPlacements, SideLayout):
         runs = {n: loc for n, _, _, loc in vllm_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, n_attn, t_rank)} \
             if not self.mla and d.num_heads else {}
         qkv_rows = (d.num_heads // n_attn + 2 * max(1, d.num_kv_heads // n_attn)) * d.head_dim if runs else 0
-        vsplit = self._vocab_split("embed")
         i_tp = d.moe_intermediate // self.moe_tp if self.moe else 0
         params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
 
@@ -388,8 +390,12 @@ class VllmLayout(StagedPlacements, SideLayout):
                 else:
                     name, shape = lp + "mlp.experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
                     off = (k, i_tp if kind == "expert_up" else 0, 0)
-            elif kind in ("embed", "lm_head") and vsplit is not None:
-                name, shape, off = t.name, (vllm_padded_vocab(d.vocab) // vsplit[0],) + t.shape[1:], zero
+            elif kind in ("embed", "lm_head"):
+                head = kind == "lm_head" or (self._tied_pp and t.layer is None and stage == self.pp - 1)
+                vsplit = self._vocab_split("lm_head" if head else "embed")
+                name = self.tied_last_name if head and kind == "embed" else t.name
+                shape = (vllm_padded_vocab(d.vocab) // vsplit[0],) + t.shape[1:] if vsplit else box_shape(box)
+                off = zero
             else:
                 name, shape, off = t.name, box_shape(box), zero
             if mtp:
