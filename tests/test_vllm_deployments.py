@@ -324,3 +324,32 @@ def test_eplb_explicit_map_file(tmp_path):
         VllmLayout(m, P("tp=2,dp=2,ep=4,redundant=3"))
     with pytest.raises(LayoutError, match="no such file"):
         VllmLayout(m, P(f"tp=2,dp=2,ep=4,redundant={R},expert_map={tmp_path / 'none.json'}"))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("ep_on", [False, True])
+def test_fp8_block_rules_qwen3_moe_fp8(tp, ep_on):
+    """Qwen3-30B-A3B-FP8 (the preset's config with a 128x128 block quantization_config): QKVParallelLinear
+    partitions and the fused-MoE intermediate 768/moe_tp against the block (vLLM refuses tp 4 and 8
+    without expert parallel: 192 and 96 rows)."""
+    from reshardctl.models.catalog import preset_config
+    from reshardctl.models.config import spec_from_config
+
+    cfg = dict(preset_config("qwen3-30b-a3b"))
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    m = spec_from_config(cfg, "qwen3-30b-a3b-fp8", include_scales=True)
+    d = m.dims
+    kv_per_rank = max(1, d.num_kv_heads // tp) * d.head_dim
+    parts = [d.num_heads * d.head_dim // tp, kv_per_rank, kv_per_rank]  # qkv_proj output partitions
+    check = parts if tp > 1 else parts[:-1]
+    refused = any(x % 128 for x in check) or (tp > 1 and (d.num_heads * d.head_dim // tp) % 128)
+    moe_tp = 1 if ep_on else tp
+    refused = refused or (moe_tp > 1 and (d.moe_intermediate // moe_tp) % 128 != 0)
+    spec = f"tp={tp}" + (",expert_parallel=true" if ep_on else "")
+    if refused:
+        with pytest.raises(LayoutError, match="block-fp8"):
+            VllmLayout(m, P(spec))
+    else:
+        lay = VllmLayout(m, P(spec))
+        assert lay.placement(m.index("model.layers.0.self_attn.q_proj.weight_scale_inv")).ranks
