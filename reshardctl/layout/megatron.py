@@ -204,7 +204,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
         """Which framework rules (and versions) this layout models, for ``layout show``."""
         vocab = ("unpadded (Megatron-Bridge should_pad_vocab=False)" if self.vocab_divisor is None else
                  f"padded to a multiple of {self.vocab_divisor}*tp (Megatron-LM vocab_size_with_padding)")
-        return ("Megatron-Core (Megatron-LM main 2026-08, core_r0.14 rules; Megatron-Bridge naming): TE spec, "
+        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec, "
                 "linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in contiguous EP blocks, "
                 "MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
                 f"get_transformer_layer_offset / PipelineParallelLayerLayout; vocab {vocab}")

@@ -126,5 +126,5 @@ class SglangLayout(VllmLayout):
     def framework_rules(self) -> str:
         dp = (f"DP attention: {self.attn_dp} attention groups of attn_tp={self.attn_tp} inside tp={self.tp}"
               if self.dp_attention else f"{self.dp} independent replica(s) of tp={self.tp}")
-        return ("SGLang (v0.4.9-v0.5 rules: initialize_model_parallel moe_ep/moe_tp groups, "
+        return ("SGLang (main 2025-26: initialize_model_parallel moe_ep/moe_tp groups, "
                 f"compute_dp_attention_world_info, get_pp_indices); {dp}; MoE ep={self.ep} x moe_tp={self.moe_tp}")

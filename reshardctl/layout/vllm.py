@@ -242,8 +242,8 @@ class VllmLayout(StagedPlacements, SideLayout):
         dp = ("in-engine DP (one engine; MoE world flattened over dp x tp)" if self.dp_mode == "in_engine" else
               f"{self.dp} separate engines (NeMo RL style; EP = TP = {self.tp} inside each)")
         note = f"; {self.placement_note}" if self.placement_note else ""
-        return (f"vLLM (v0.11-v0.19 rules: QKVParallelLinear, FusedMoEParallelConfig.make, determine_expert_map, "
-                f"get_pp_indices, validate_fp8_block_shape); {dp}"
+        return (f"vLLM (main 2025-26, first-ranks expert remainder; QKVParallelLinear, FusedMoEParallelConfig.make, "
+                f"determine_expert_map, get_pp_indices, validate_fp8_block_shape); {dp}"
                 + ("; shared experts replicated (use_sequence_parallel_moe)" if self.sp_moe else "") + note)
 
     def coords(self, rank: int) -> dict[str, int]:
