@@ -104,6 +104,8 @@ def _transfers(capsys, tmp_path, name, *args) -> list[dict]:
     ("train", "tp=2,dp=2", "dtensor", ".json"),
     ("infer", "tp=4", "vllm", ".yaml"),
     ("infer", "tp=2,ep=4", "vllm", ".json"),
+    ("infer", "tp=2,dp=2,ep=2,redundant=4,placement=linear", "vllm", ".json"),  # 2 engines, EPLB slots
+    ("infer", "tp=4,ep=2,dp=2,dp_attention=true", "sglang", ".yaml"),
 ])
 def test_layout_export_plans_identically(capsys, tmp_path, side, spec, style, suffix):
     model = "tiny-qwen3-moe"

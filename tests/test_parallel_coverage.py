@@ -24,6 +24,7 @@ MODELS = {
     "llama-tied": tiny_llama(layers=4, tie=True),
     "qwen3moe": tiny_qwen3_moe(layers=4),
     "deepseek": tiny_deepseek(layers=4),  # MLA + shared experts + MTP + fp8 scale_inv
+    "deepseek-bf16": tiny_deepseek(layers=4, fp8=False),  # the same served in bf16 (vLLM refuses most fp8 tp>1)
 }
 
 
@@ -78,7 +79,10 @@ def check_infer(lay):
             continue
         done[key] = pl
         check_holdings(t, pl)
-        assert set(pl.ranks) == set(lay.stage_ranks(key[1]))
+        tied = lay.model.dims.tie_embeddings and t.kind == "embed" and t.layer is None and lay.pp > 1
+        # vLLM's tied embedding: the last stage builds embed_tokens too (LlamaModel.__init__)
+        last = set(lay.stage_ranks(lay.num_stages() - 1)) if tied else set()
+        assert set(pl.ranks) == set(lay.stage_ranks(key[1])) | last
         groups = [list(pl.items())] if expert_like else [
             [(r, h) for r, h in pl.items() if r // per_replica == d] for d in range(lay.dp)]
         for items in groups:  # exactly once per DP replica, one copy per distinct holding class
@@ -117,13 +121,16 @@ def check_local_params(lay, rank):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=st.sampled_from(sorted(MODELS)), tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3]),
        dp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]), ep=st.sampled_from([1, 2, 4]),
-       etp=st.sampled_from([None, 1, 2]), mla_col=st.booleans())
-def test_megatron_coverage(model, tp, pp, dp, cp, ep, etp, mla_col):
+       etp=st.sampled_from([None, 1, 2]), mla_col=st.booleans(), divisor=st.sampled_from([None, 128]),
+       vpp=st.sampled_from([1, 2]), split=st.sampled_from(["", "embed", "loss", "both"]))
+def test_megatron_coverage(model, tp, pp, dp, cp, ep, etp, mla_col, divisor, vpp, split):
     m = MODELS[model]
     if not m.dims.num_experts:
         ep, etp = 1, None
-    spec = ParallelSpec(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
-                        first_stage_layers=1 if pp == 3 else None)
+    spec = ParallelSpec(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vocab_divisor=divisor, vpp=vpp if pp > 1 else 1,
+                        first_stage_layers=1 if (pp == 3 and not split) else None,
+                        embedding_in_split=True if split in ("embed", "both") else None,
+                        loss_in_split=True if split in ("loss", "both") else None)
     try:
         lay = MegatronLayout(m, spec, mla_down_proj="column" if mla_col else "replicated")
     except LayoutError:
@@ -135,11 +142,15 @@ def test_megatron_coverage(model, tp, pp, dp, cp, ep, etp, mla_col):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=st.sampled_from(sorted(MODELS)), tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3]),
-       dp=st.sampled_from([1, 2, 3]), ep_on=st.booleans())
-def test_vllm_coverage(model, tp, pp, dp, ep_on):
+       dp=st.sampled_from([1, 2, 3]), ep_on=st.booleans(), mode=st.sampled_from(["in_engine", "engines"]),
+       placement=st.sampled_from([None, "round_robin"]), redundant=st.sampled_from([None, 4]))
+def test_vllm_coverage(model, tp, pp, dp, ep_on, mode, placement, redundant):
     m = MODELS[model]
+    moe = bool(m.dims.num_experts)
     try:
-        lay = VllmLayout(m, ParallelSpec(tp=tp, pp=pp, dp=dp, expert_parallel=ep_on if m.dims.num_experts else None))
+        lay = VllmLayout(m, ParallelSpec(tp=tp, pp=pp, dp=dp, expert_parallel=ep_on if moe else None, dp_mode=mode,
+                                         placement=placement if (moe and ep_on) else None,
+                                         redundant=redundant if (moe and ep_on) else None))
     except LayoutError:
         assume(False)
     check_infer(lay)
@@ -153,8 +164,8 @@ def test_coverage_helper_counts():
 
 
 def test_every_rank_local_params_small_layouts():
-    for lay in (MegatronLayout(MODELS["deepseek"], ParallelSpec(tp=2, pp=2, ep=2, dp=2)),
-                VllmLayout(MODELS["deepseek"], ParallelSpec(tp=2, dp=2, expert_parallel=True)),
+    for lay in (MegatronLayout(MODELS["deepseek"], ParallelSpec(tp=2, pp=2, ep=2, dp=2, vocab_divisor=128)),
+                VllmLayout(MODELS["deepseek-bf16"], ParallelSpec(tp=2, dp=2, expert_parallel=True)),
                 MegatronLayout(MODELS["llama-tied"], ParallelSpec(tp=2, pp=2))):
         for r in range(lay.world_size):
             check_local_params(lay, r)
@@ -187,11 +198,13 @@ def test_catalog_tiny_presets_cover():
     for name in ("tiny-llama", "tiny-qwen3-moe", "tiny-deepseek"):
         m = load_model(name, include_mtp=name == "tiny-deepseek", include_scales=name == "tiny-deepseek")
         tr = MegatronLayout(m, ParallelSpec(tp=2, pp=2, ep=2 if m.dims.num_experts else 1))
-        inf = VllmLayout(m, ParallelSpec(tp=4, dp=2, expert_parallel=bool(m.dims.num_experts)))
+        # tiny-deepseek's fp8 view: vLLM refuses tp=4 (q_b_proj 768/4 = 192 rows, not a multiple of 128)
+        inf = VllmLayout(m, ParallelSpec(tp=2 if name == "tiny-deepseek" else 4, dp=2,
+                                         expert_parallel=bool(m.dims.num_experts)))
         check_train(tr)
         check_infer(inf)
         check_local_params(tr, tr.world_size - 1)
-        check_local_params(inf, 5)
+        check_local_params(inf, inf.world_size - 3)
 
 
 # Every shipped model (reshardctl.models.PRESETS), full checkpoint view (MTP layers and fp8 scales where
@@ -202,10 +215,10 @@ PRESET_LAYOUTS = {
     "llama-3.1-70b": [("megatron", "tp=8,pp=4"), ("vllm", "tp=8,dp=2")],
     "qwen3-30b-a3b": [("megatron", "tp=2,ep=8,etp=1"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
     "qwen3-235b-a22b": [("megatron", "tp=4,pp=2,ep=8,etp=1"), ("vllm", "tp=8"), ("vllm", "tp=8,ep=8")],
-    "deepseek-v3": [("megatron", "pp=16,ep=16,first=3,last=2"), ("vllm", "tp=32,dp=8")],
+    "deepseek-v3": [("megatron", "pp=16,ep=16,first=3,last=2"), ("vllm", "tp=8,dp=4,ep=32")],
     "tiny-llama": [("megatron", "tp=2,pp=2"), ("vllm", "tp=2,dp=2")],
     "tiny-qwen3-moe": [("megatron", "tp=2,ep=2"), ("vllm", "tp=4")],
-    "tiny-deepseek": [("megatron", "tp=2,pp=2,ep=2"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
+    "tiny-deepseek": [("megatron", "tp=2,pp=2,ep=2"), ("vllm", "tp=1,dp=2,expert_parallel=true")],
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import parse_parallel as P
-from reshardctl.layout.shard_rules import vllm_pp_parts
+from reshardctl.layout.pipeline import vllm_pp_parts
 from reshardctl.layout.vllm import VllmLayout, vllm_expert_ranges, vllm_qkv_runs
 from test_parallel_models import deepseek_v3, llama_70b, qwen3_235b, tiny_deepseek, tiny_llama, tiny_qwen3_moe
 
@@ -75,7 +75,7 @@ def test_experts_tp_sharded_over_dp_x_tp_without_ep():
 
 
 def test_mla_fused_qkv_a_replicated():
-    m = tiny_deepseek(layers=4)
+    m = tiny_deepseek(layers=4, fp8=False)  # bf16 weights (its fp8 view is refused by vLLM at tp=2)
     lay = VllmLayout(m, P("tp=2"))
     names = {p.name: p for p in lay.local_params(1)}
     f = names["model.layers.0.self_attn.fused_qkv_a_proj.weight"]
@@ -110,7 +110,7 @@ def test_validation_lists_every_violation_with_arithmetic():
     s = "\n".join(ei.value.violations)
     assert "vLLM tp=6 > num_kv_heads=4 requires 6 % 4 == 0" in s
     assert "tp=6 does not divide num_attention_heads=64 (64/6 = 10.67)" in s
-    assert "vLLM ep=5 must equal dp(1) x tp(6) = 6" in s
+    assert "vLLM ep=5 must be tp(6) = 6 (dp_mode=engines" in s and "or dp(1) x tp(6) = 6 (dp_mode=in_engine" in s
     assert "vLLM pp=2 > 1 layers" in s
     assert len(ei.value.violations) >= 4
     with pytest.raises(LayoutError, match="16 ranks, but 12 were given"):
@@ -120,8 +120,10 @@ def test_validation_lists_every_violation_with_arithmetic():
 
 
 def test_deepseek_v3_full_scale_placements():
-    m = deepseek_v3()
-    for s in ("tp=32,dp=8", "tp=32,dp=8,expert_parallel=on"):
+    from reshardctl.models.views import drop_scales
+
+    m = drop_scales(deepseek_v3(), "bfloat16")  # bf16 generation weights (NeMo RL refits bf16)
+    for s in ("tp=32,dp=8", "tp=32,dp=8,expert_parallel=on", "tp=32,dp=8,ep=32"):
         lay = VllmLayout(m, P(s))
         assert lay.world_size == 256
         for i in range(len(m.tensors)):

@@ -6,6 +6,7 @@ import fnmatch
 
 import typer
 
+from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, LayoutError, OutputError
 
@@ -18,12 +19,15 @@ def fmt_box(box) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-def _load_model(name: str, layers: int | None):
+def _load_model(name: str, layers: int | None, mtp: bool = False):
     try:
         from reshardctl.models import load_model
     except ImportError as e:  # pragma: no cover - the catalog is part of the package
         raise InputError(f"the model catalog is not available ({e})") from None
-    return load_model(name, layers=layers)
+    if mtp and layers is not None:
+        raise InputError(f"--mtp with --layers {layers}: the MTP layers follow the last decoder layer; "
+                         f"give one or the other")
+    return load_model(name, layers=layers, include_mtp=mtp)
 
 
 def _tensor_rows(layout, pattern: str | None) -> list[dict]:
@@ -71,9 +75,10 @@ def show(
     train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
     infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
     train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
-    infer_style: str = typer.Option("vllm", "--infer-style", help="vllm | dtensor"),
+    infer_style: str = opt.INFER_STYLE,
     train_layout: str = typer.Option(None, "--train-layout", help="Trainer layout file (overrides --train)."),
     infer_layout: str = typer.Option(None, "--infer-layout", help="Inference layout file (overrides --infer)."),
+    mtp: bool = opt.MTP,
     side: str = typer.Option("both", "--side", help="train | infer | both"),
     rank: int = typer.Option(None, "--rank", help="Show this rank's local (framework) parameters with segments."),
     tensor: str = typer.Option(None, "--tensor", help="Only HF tensors matching this glob."),
@@ -86,7 +91,7 @@ def show(
 
     if side not in ("train", "infer", "both"):
         raise InputError(f"--side {side!r}: expected train, infer or both")
-    m = _load_model(model, layers)
+    m = _load_model(model, layers, mtp)
     prof = None
     if site:
         from reshardctl.site import load_profile
@@ -113,7 +118,9 @@ def show(
                                   f"(`reshardctl model show {model}` lists them)")
     result = {"model": m.name, "tensors": len(m.tensors), "sides": {}}
     for s, lay in layouts.items():
-        entry = {"layout": lay.describe(), "world_size": lay.world_size, "stages": [
+        rules = getattr(lay, "framework_rules", None)
+        entry = {"layout": lay.describe(), "rules": rules() if rules else "generic per-tensor placements "
+                 "(DTensor semantics of torch 2.13)", "world_size": lay.world_size, "stages": [
             list(lay.stage_ranks(p)) for p in range(lay.num_stages())]}
         if rank is not None:
             entry["rank"] = rank
@@ -129,6 +136,7 @@ def show(
     for s, entry in result["sides"].items():
         con.print(f"\n[bold]{s}[/bold]: {entry['layout']}  ({entry['world_size']} ranks, "
                   f"{len(entry['stages'])} stage{'s' if len(entry['stages']) != 1 else ''})")
+        con.print(f"  models: {entry['rules']}", markup=False)
         if rank is not None:
             for p in entry["params"]:
                 con.print(f"  {p['param']}  {p['shape']} {p['dtype']}")
@@ -150,7 +158,8 @@ def export(
     train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
     infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
     train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
-    infer_style: str = typer.Option("vllm", "--infer-style", help="vllm | dtensor"),
+    infer_style: str = opt.INFER_STYLE,
+    mtp: bool = opt.MTP,
     out: str = typer.Option(..., "--out", "-o", help="Layout file to write: FILE.json (JSON) or FILE.yaml (YAML)."),
 ) -> None:
     """Write one side's layout as an explicit generic layout file (per tensor: boxes per rank).
@@ -166,7 +175,7 @@ def export(
         raise InputError(f"--side {side!r}: expected train or infer")
     if Path(out).suffix not in (".yaml", ".yml", ".json"):
         raise InputError(f"--out {out}: expected a .yaml, .yml or .json file name")
-    m = _load_model(model, layers)
+    m = _load_model(model, layers, mtp)
     spec, style = (train, train_style) if side == "train" else (infer, infer_style)
     problems: list[str] = []
     lay, _ = _layout(m, side, spec, style, None, problems, f"--{side}")

@@ -120,6 +120,7 @@ def plan_cmd(
     infer_style: str = opt.INFER_STYLE,
     train_layout: Optional[str] = opt.TRAIN_LAYOUT,
     infer_layout: Optional[str] = opt.INFER_LAYOUT,
+    mtp: bool = opt.MTP,
     transport: str = typer.Option("all", "--transport", help="reshard | gather_broadcast | hybrid | all"),
     bucket_mb: Optional[float] = opt.BUCKET_MB,
     relay: str = opt.RELAY,
@@ -131,7 +132,8 @@ def plan_cmd(
     """Plan a refit: bytes, rounds, staging and predicted seconds per transport, against the lower bound."""
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
-                  bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []))
+                  bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []),
+                  mtp=mtp)
     plans, result = plan_report(inp)
     extra = None
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)

@@ -46,10 +46,11 @@ def _b(n) -> str:
 
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
              infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
-             launcher=None, slurm_mode=None, dry_run=False, detach=False):
+             launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
-                  transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay)
+                  transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,
+                  mtp=mtp)
     launcher = launcher or inp.site.launcher
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
@@ -185,7 +186,7 @@ def run_cmd(
     transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid (default: the profile's refit.transport)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
-    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
+    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH,
 ) -> None:
@@ -199,7 +200,7 @@ def run_cmd(
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
              full_check=full_check, as_json=as_json, launcher=launcher, slurm_mode=slurm_mode, dry_run=dry_run,
-             detach=detach)
+             detach=detach, mtp=mtp)
 
 
 def bench_cmd(
@@ -209,6 +210,7 @@ def bench_cmd(
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, as_json: bool = opt.JSON,
+    mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH,
 ) -> None:
@@ -217,4 +219,4 @@ def bench_cmd(
              train_style=train_style, infer_style=infer_style, train_layout=train_layout,
              infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
              baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, launcher=launcher,
-             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach)
+             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach, mtp=mtp)

@@ -1,6 +1,6 @@
 """One factory for a side's layout: a parallel string + a style (or a layout file) -> ``SideLayout``.
 
-Styles: train ``megatron`` (default) | ``dtensor``; infer ``vllm`` (default) | ``dtensor``.
+Styles: train ``megatron`` (default) | ``dtensor``; infer ``vllm`` (default) | ``sglang`` | ``dtensor``.
 ``dtensor`` maps the parallel string onto a 2-D DTensor mesh ``(dp, tp)`` (``rank = dp*TP + tp``):
 column-parallel HF tensors (q/k/v, gate/up, q_b/kv_b, embeddings, lm_head, MTP eh_proj, expert gate/up)
 ``(Replicate(), Shard(0))``, row-parallel ones (o, down) ``(Replicate(), Shard(1))``, everything else
@@ -18,7 +18,7 @@ from reshardctl.layout.parallel_spec import ParallelSpec, parse_parallel
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
 
-STYLES = {"train": ("megatron", "dtensor"), "infer": ("vllm", "dtensor")}
+STYLES = {"train": ("megatron", "dtensor"), "infer": ("vllm", "sglang", "dtensor")}
 DEFAULT_STYLE = {"train": "megatron", "infer": "vllm"}
 DEFAULT_SPEC = {"train": "tp=2,dp=2", "infer": "tp=2,dp=2"}
 
@@ -54,6 +54,10 @@ def build_layout(model: ModelSpec, side: str, spec: str | None = None, style: st
             from reshardctl.layout.vllm import VllmLayout
 
             return VllmLayout(model, ps, world_size)
+        if style == "sglang":
+            from reshardctl.layout.sglang import SglangLayout
+
+            return SglangLayout(model, ps, world_size)
         return dtensor_from_parallel(model, side, ps, world_size)
     except LayoutError as e:  # the layout cannot be built, but its rank count is known: keep it for the
         if getattr(e, "world_size", None) is None:  # allocation check (every violation at once)
@@ -72,8 +76,11 @@ def spec_world_size(model: ModelSpec, style: str, ps: ParallelSpec) -> int:
             lcm(tc, etp * ps.ep) // tc if (model.dims.num_experts and ps.ep > 1) else 1)
         return tc * dp * ps.pp
     if style == "vllm":
-        dp = ps.dp if ps.dp is not None else (ps.ep // ps.tp if ps.ep > 1 and ps.ep % ps.tp == 0 else 1)
+        dp = ps.dp if ps.dp is not None else (
+            ps.ep // ps.tp if ps.ep > 1 and ps.ep % ps.tp == 0 and ps.dp_mode != "engines" else 1)
         return dp * ps.pp * ps.tp
+    if style == "sglang":
+        return (1 if ps.dp_attention else (ps.dp or 1)) * ps.pp * ps.tp
     return (ps.dp or 1) * ps.tp
 
 
@@ -82,7 +89,8 @@ def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_s
         from reshardctl.layout.dtensor import DTensorLayout, Mesh, Replicate, Shard, to_template
     except ImportError as e:  # pragma: no cover - the module is part of the package
         raise LayoutError(f"dtensor style needs reshardctl.layout.dtensor ({e})") from None
-    problems = []
+    problems = [f"--{side}-style dtensor: {key} is a Megatron/vLLM/SGLang option" for key in ps.given()
+                if key not in ("tp", "dp", "pp", "ep", "cp", "vpp")]
     for key in ("pp", "ep", "cp", "vpp"):
         if getattr(ps, key) != 1:
             problems.append(f"--{side}-style dtensor maps tp and dp onto a (dp, tp) mesh; {key}={getattr(ps, key)} "

@@ -8,11 +8,14 @@ dp/cp (dense) or edp (experts) replicas are slots with identical holdings.
 
 Rules: column-parallel rows / row-parallel columns split by TP; ``linear_qkv`` rows interleaved per query
 group then split contiguously (a rank can hold part of a group, §2.3); gated fc1 stride 2
-(``[gate_r; up_r]``); vocab padded to ``ceil(V/(128*TP))*128*TP`` at the end (pad rows are in no box);
+(``[gate_r; up_r]``); vocab rows ``V/TP`` per rank unpadded (Megatron-Bridge's default,
+``should_pad_vocab=False``), or with ``vocab_divisor=d`` padded to ``ceil(V/(d*TP))*d*TP`` at the end
+(Megatron-LM's ``vocab_size_with_padding``; pad rows are in no box);
 experts in contiguous EP blocks, split by ETP inside, replicated over EDP; routers, router bias and norms
 replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replicated (TE spec;
 ``mla_down_proj="column"`` gives the local-spec column split), q_b/kv_b column, o row; MTP layers on the
-last stage; tied embeddings: stage 0 and, when PP > 1, a copy on the last stage (two replica holders).
+stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
+when PP > 1, a copy on the last stage (two replica holders). Pipeline splits: ``layout/pipeline.py``.
 fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
 granularity (see ``shard_rules.scale_template``).
 """
@@ -23,15 +26,17 @@ from math import lcm
 
 from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import ParallelSpec
+from reshardctl.layout.pipeline import megatron_chunks
 from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
 from reshardctl.layout.shard_rules import (
-    Interner, StagedPlacements, ceil_div, frac, megatron_pp_parts, need_divides, replicated_template,
-    split_template,
+    Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
-VOCAB_DIVISOR = 128
+LEGACY_VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default (vocab_divisor=128)
+MEGATRON_KEYS = frozenset({"tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers",
+                           "vocab_divisor", "pp_layout", "embedding_in_split", "loss_in_split"})
 
 REPLICATED_KINDS = frozenset({
     "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm",
@@ -64,16 +69,12 @@ def megatron_qkv_runs(np_: int, ng: int, hn: int, tp: int, r: int) -> list[tuple
     return runs
 
 
-def megatron_padded_vocab(vocab: int, tp: int, divisor: int = VOCAB_DIVISOR) -> int:
+def megatron_padded_vocab(vocab: int, tp: int, divisor: int | None) -> int:
+    """Megatron-LM ``vocab_size_with_padding``: ``ceil(V/(d*TP))*d*TP``; ``None``: unpadded (Bridge)."""
+    if divisor is None:
+        return vocab
     m = divisor * tp
     return ceil_div(vocab, m) * m
-
-
-def megatron_vpp_layers(num_layers: int, pp: int, vpp: int, rank: int, chunk: int) -> range:
-    """Global layers of model chunk ``chunk`` on pipeline rank ``rank``: ``[(s*PP+r)*c, (s*PP+r+1)*c)``."""
-    c = num_layers // (pp * vpp)
-    start = (chunk * pp + rank) * c
-    return range(start, start + c)
 
 
 class MegatronLayout(StagedPlacements, SideLayout):
@@ -86,6 +87,9 @@ class MegatronLayout(StagedPlacements, SideLayout):
         self.mla_down_proj = mla_down_proj
         d = model.dims
         problems: list[str] = []
+        for key in spec.given():
+            if key not in MEGATRON_KEYS:
+                problems.append(f"{key} is not a Megatron option (an inference-side key)")
         TP, PP, CP, EP, VPP = spec.tp, spec.pp, spec.cp, spec.ep, spec.vpp
         ETP = spec.etp or TP
         if spec.dp is not None:
@@ -99,12 +103,18 @@ class MegatronLayout(StagedPlacements, SideLayout):
         else:  # smallest dp that also fits the expert grid: tp*cp*dp divisible by etp*ep
             DP = lcm(TP * CP, ETP * EP) // (TP * CP) if (d.num_experts and EP > 1) else 1
         self.tp, self.pp, self.cp, self.dp, self.ep, self.etp, self.vpp = TP, PP, CP, DP, EP, ETP, VPP
+        self.vocab_divisor = spec.vocab_divisor
         self.world_size = TP * CP * DP * PP
         self.stage_size = S = TP * CP * DP
         self.factors = (("tp", TP), ("cp", CP), ("dp", DP), ("pp", PP))
         if world_size is not None and spec.dp is not None and world_size != self.world_size:
             problems.append(f"world size tp({TP}) x cp({CP}) x dp({DP}) x pp({PP}) = {self.world_size} ranks, "
                             f"but {world_size} were given")
+        vp = megatron_padded_vocab(d.vocab, TP, spec.vocab_divisor)
+        if vp % TP:
+            problems.append(f"Megatron tp={TP} does not divide the unpadded vocab_size={d.vocab} "
+                            f"({frac(d.vocab, TP)}; Megatron-Bridge default should_pad_vocab=False; give "
+                            f"vocab_divisor={LEGACY_VOCAB_DIVISOR} for Megatron-LM's padding)")
         self.mla = d.kv_lora_rank > 0
         self.moe = d.num_experts > 0 and bool(d.moe_layers)
         self._moe_layers = frozenset(d.moe_layers)
@@ -144,34 +154,28 @@ class MegatronLayout(StagedPlacements, SideLayout):
             problems.append(f"Megatron ep={EP}/etp={ETP} given but model {model.name} has no routed experts")
         self.edp = max(1, self.world_size // (ETP * EP * PP))
         self.experts_per_rank = d.num_experts // EP if d.num_experts and EP else 0
-        # --- pipeline ---
+        # --- pipeline (layout/pipeline.py: Megatron's get_num_layers_to_build / layer offset rules) ---
         L = d.num_layers
-        if VPP > 1:
-            if spec.first_stage_layers or spec.last_stage_layers:
-                problems.append("vpp > 1 with first_stage_layers/last_stage_layers is not supported")
-            if L % (PP * VPP):
-                problems.append(f"pp({PP}) x vpp({VPP}) = {PP * VPP} does not divide {L} layers "
-                                f"({frac(L, PP * VPP)})")
-        parts = megatron_pp_parts(L, PP, spec.first_stage_layers, spec.last_stage_layers, problems)
-        if any(p <= 0 for p in parts) and not problems:
-            problems.append(f"pp={PP} with {L} layers leaves a stage without layers ({parts})")
+        pipe = megatron_chunks(L, PP, VPP, first=spec.first_stage_layers, last=spec.last_stage_layers,
+                               embed_in_split=bool(spec.embedding_in_split), loss_in_split=bool(spec.loss_in_split),
+                               layout=spec.pp_layout, num_mtp=d.num_mtp_layers, problems=problems)
+        self.vpp = VPP = len(pipe.chunks[0])
+        if not problems:
+            for r, row in enumerate(pipe.chunks):
+                if not any(row):
+                    problems.append(f"pp={PP} with {L} layers leaves pp rank {r} without layers "
+                                    f"({[sum(len(c) for c in rw) for rw in pipe.chunks]})")
+                    break
         if problems:
             raise LayoutError(problems, hint=f"model {model.name}; train layout {self.describe()}")
-        # layer -> (pp rank, vpp chunk, local index)
+        self.chunks = pipe.chunks
         self._layer_pos: dict[int, tuple[int, int, int]] = {}
-        if VPP > 1:
-            for r in range(PP):
-                for c in range(VPP):
-                    for i, g in enumerate(megatron_vpp_layers(L, PP, VPP, r, c)):
-                        self._layer_pos[g] = (r, c, i)
-        else:
-            g = 0
-            for r, n in enumerate(parts):
-                for i in range(n):
-                    self._layer_pos[g] = (r, 0, i)
-                    g += 1
+        for r, row in enumerate(pipe.chunks):
+            for c, layers in enumerate(row):
+                for i, g in enumerate(layers):
+                    self._layer_pos[g] = (r, c, i)
         for k in range(d.num_mtp_layers):
-            self._layer_pos[L + k] = (PP - 1, VPP - 1, k)
+            self._layer_pos[L + k] = (*pipe.mtp_stage, k)
         self._layer_stage = {g: p[0] for g, p in self._layer_pos.items()}
         self._templates = Interner()
         self._placements = Interner()
@@ -189,7 +193,21 @@ class MegatronLayout(StagedPlacements, SideLayout):
             s += f",ep={self.ep},etp={self.etp},edp={self.edp}"
         if self.vpp > 1:
             s += f",vpp={self.vpp}"
+        s += f",vocab_divisor={self.vocab_divisor or 'none'}"
+        for key in ("first_stage_layers", "last_stage_layers", "embedding_in_split", "loss_in_split", "pp_layout"):
+            v = getattr(self.spec, key)
+            if v is not None:
+                s += f",{key}={str(v).lower() if isinstance(v, bool) else v}"
         return s
+
+    def framework_rules(self) -> str:
+        """Which framework rules (and versions) this layout models, for ``layout show``."""
+        vocab = ("unpadded (Megatron-Bridge should_pad_vocab=False)" if self.vocab_divisor is None else
+                 f"padded to a multiple of {self.vocab_divisor}*tp (Megatron-LM vocab_size_with_padding)")
+        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec, "
+                "linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in contiguous EP blocks, "
+                "MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
+                f"get_transformer_layer_offset / PipelineParallelLayerLayout; vocab {vocab}")
 
     def layer_position(self, layer: int) -> tuple[int, int, int]:
         """``(pp rank, vpp chunk, local index)`` of a global layer (MTP: index within the MTP block)."""
@@ -203,7 +221,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
                 "etp": s % ETP, "ep": (s // ETP) % EP, "edp": s // (ETP * EP)}
 
     def padded_vocab(self) -> int:
-        return megatron_padded_vocab(self.model.dims.vocab, self.tp)
+        return megatron_padded_vocab(self.model.dims.vocab, self.tp, self.vocab_divisor)
 
     def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind
@@ -248,7 +266,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
         if kind in REPLICATED_KINDS or (kind in ("q_a", "kv_a") and self.mla_down_proj == "replicated"):
             return replicated_template(shape, S)
         if kind in ("embed", "lm_head"):
-            vp = megatron_padded_vocab(shape[0], TP)
+            vp = megatron_padded_vocab(shape[0], TP, self.vocab_divisor)
             return split_template(shape, 0, TP, self._tp_index(), per=vp // TP, limit=shape[0])
         if kind in QKV_KINDS and not self.mla:
             per_rank = []

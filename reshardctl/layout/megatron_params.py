@@ -3,8 +3,9 @@
 Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices
 (``mlp.experts.linear_fc1.weight{i}``, global expert ``= ep_rank*E_local + i``), TE fused norms
 (``linear_qkv.layer_norm_weight``, ``mlp.linear_fc1.layer_norm_weight``), and, with vpp > 1, a
-``model{chunk}.`` prefix per virtual pipeline chunk. MTP layers are ``mtp.layers.{k}.`` (inner layer under
-``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
+``model{chunk}.`` prefix per virtual pipeline chunk. MTP layers are ``mtp.layers.{k}.`` with the inner
+transformer layer under ``mtp_model_layer.`` (``transformer/multi_token_prediction.py``,
+``MultiTokenPredictionLayer.__init__``; older Megatron-LM releases named it ``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
 Dtypes: router weight and expert bias fp32; fp8 HF weights are bf16 in the trainer.
 """
 
@@ -81,7 +82,7 @@ def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
             vp = f"model{chunk}." if lay.vpp > 1 else ""
             if t.layer >= L:
                 outer = f"{vp}mtp.layers.{local}."
-                inner = outer + "transformer_layer."
+                inner = outer + "mtp_model_layer."
             else:
                 outer = inner = f"{vp}decoder.layers.{local}."
         else:

@@ -16,9 +16,30 @@ Keys (all positive integers unless noted; every key optional):
                      Megatron uneven pipeline split (``num_layers_in_first/last_pipeline_stage``)
 ``expert_parallel``  vLLM ``enable_expert_parallel`` (true/false/1/0/on/off/yes/no); default:
                      on when ``ep > 1``
+``vocab_divisor``    Megatron vocabulary padding: pad V to a multiple of ``divisor*tp`` (Megatron-LM's
+                     ``--make-vocab-size-divisible-by``, legacy default 128), or ``none`` (the
+                     default: Megatron-Bridge's ``should_pad_vocab=False``)
+``pp_layout``        Megatron ``pipeline_model_parallel_layout`` (``E``/``t``/``m``/``L``, ``|``,
+                     ``(..)*n``; write it without commas, which separate keys here)
+``embedding_in_split`` / ``loss_in_split``
+                     Megatron ``account_for_embedding/loss_in_pipeline_split`` (booleans)
+``pp_partition``     vLLM ``VLLM_PP_LAYER_PARTITION`` / SGLang ``SGLANG_PP_LAYER_PARTITION``, layers
+                     per stage separated by ``:`` or ``/`` (e.g. ``pp_partition=30:31``)
+``dp_mode``          vLLM: ``in_engine`` (one engine, vLLM data parallel; EP over dp x tp) or
+                     ``engines`` (each dp replica its own engine, NeMo RL; EP over tp). Default:
+                     ``engines`` when ``ep == tp < dp*tp``, else ``in_engine``
+``placement``        vLLM ``expert_placement_strategy``: ``linear`` (default) or ``round_robin``
+``all2all``          vLLM ``all2all_backend`` (default ``allgather_reducescatter``)
+``redundant``        vLLM EPLB ``num_redundant_experts`` (turns EPLB on; E + R physical slots)
+``expert_map``       vLLM EPLB: a JSON file with the physical->logical expert map (one list, or
+                     one list per MoE layer)
+``dp_attention``     SGLang ``--enable-dp-attention`` (boolean)
 ==================== =========================================================================
 
-Aliases: ``first``/``last`` for the stage-layer keys, ``ep_enabled`` for ``expert_parallel``.
+Aliases: ``first``/``last`` for the stage-layer keys, ``ep_enabled`` for ``expert_parallel``,
+the framework names ``account_for_embedding_in_pipeline_split``, ``account_for_loss_in_pipeline_split``,
+``pipeline_model_parallel_layout``, ``expert_placement_strategy``, ``num_redundant_experts``,
+``make_vocab_size_divisible_by``.
 Separators: ``,`` or whitespace. Errors are collected and raised together as one ``LayoutError``
 naming the flag, the key and a did-you-mean.
 """
@@ -30,9 +51,18 @@ from dataclasses import dataclass, fields
 
 from reshardctl.errors import LayoutError
 
-_INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers")
-_BOOL_KEYS = ("expert_parallel",)
-_ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel"}
+_INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers", "redundant")
+_BOOL_KEYS = ("expert_parallel", "embedding_in_split", "loss_in_split", "dp_attention")
+_CHOICE_KEYS = {"dp_mode": ("in_engine", "engines"), "placement": ("linear", "round_robin")}
+_STR_KEYS = ("pp_layout", "all2all", "expert_map")
+_OTHER_KEYS = ("vocab_divisor", "pp_partition")
+_ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel",
+            "account_for_embedding_in_pipeline_split": "embedding_in_split",
+            "account_for_loss_in_pipeline_split": "loss_in_split",
+            "pipeline_model_parallel_layout": "pp_layout", "expert_placement_strategy": "placement",
+            "num_redundant_experts": "redundant", "make_vocab_size_divisible_by": "vocab_divisor",
+            "all2all_backend": "all2all", "enable_dp_attention": "dp_attention"}
+_ALL_KEYS = _INT_KEYS + _BOOL_KEYS + tuple(_CHOICE_KEYS) + _STR_KEYS + _OTHER_KEYS
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -51,6 +81,21 @@ class ParallelSpec:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     expert_parallel: bool | None = None
+    vocab_divisor: int | None = None  # None: no padding (Megatron-Bridge default)
+    pp_layout: str | None = None
+    embedding_in_split: bool | None = None
+    loss_in_split: bool | None = None
+    pp_partition: tuple[int, ...] | None = None
+    dp_mode: str | None = None
+    placement: str | None = None
+    all2all: str | None = None
+    redundant: int | None = None
+    expert_map: str | None = None
+    dp_attention: bool | None = None
+
+    def given(self) -> list[str]:
+        """Names of the keys set away from their defaults (for "not a vLLM option" checks)."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]
 
     def __str__(self) -> str:
         parts = []
@@ -59,6 +104,8 @@ class ParallelSpec:
             default = f.default
             if v is None or (v == default and f.name not in ("tp", "pp")):
                 continue
+            if isinstance(v, tuple):
+                v = ":".join(map(str, v))
             parts.append(f"{f.name}={str(v).lower() if isinstance(v, bool) else v}")
         return ",".join(parts)
 
@@ -72,7 +119,7 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
         return ParallelSpec()
     problems: list[str] = []
     values: dict[str, object] = {}
-    known = list(_INT_KEYS) + list(_BOOL_KEYS) + list(_ALIASES)
+    known = list(_ALL_KEYS) + list(_ALIASES)
     for item in text.replace(",", " ").split():
         if "=" not in item:
             problems.append(f"{flag} {text!r}: {item!r} is not key=value (e.g. tp=4)")
@@ -81,15 +128,44 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
         key = key.strip().lower().replace("-", "_")
         raw = raw.strip()
         canon = _ALIASES.get(key, key)
-        if canon not in _INT_KEYS and canon not in _BOOL_KEYS:
+        if canon not in _ALL_KEYS:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(
-                f"{flag}: unknown key {key!r}{hint} (known: {', '.join(_INT_KEYS + _BOOL_KEYS)})"
+                f"{flag}: unknown key {key!r}{hint} (known: {', '.join(_ALL_KEYS)})"
             )
             continue
         if canon in values:
             problems.append(f"{flag}: key {key!r} given twice")
+            continue
+        if canon in _CHOICE_KEYS:
+            if raw.lower() not in _CHOICE_KEYS[canon]:
+                problems.append(f"{flag}: {key}={raw!r}: expected one of {', '.join(_CHOICE_KEYS[canon])}")
+            else:
+                values[canon] = raw.lower()
+            continue
+        if canon in _STR_KEYS:
+            if not raw:
+                problems.append(f"{flag}: {key}= needs a value")
+            else:
+                values[canon] = raw
+            continue
+        if canon == "vocab_divisor":
+            if raw.lower() in ("none", "0", "off", "false"):
+                values[canon] = None
+                continue
+        if canon == "pp_partition":
+            items = [x for x in raw.replace("/", ":").split(":")]
+            try:
+                nums = tuple(int(x) for x in items)
+            except ValueError:
+                problems.append(f"{flag}: pp_partition={raw!r}: expected layer counts separated by ':' "
+                                f"(e.g. 30:31)")
+                continue
+            if any(n <= 0 for n in nums):
+                problems.append(f"{flag}: pp_partition={raw!r}: every stage needs at least one layer")
+                continue
+            values[canon] = nums
             continue
         if canon in _BOOL_KEYS:
             low = raw.lower()

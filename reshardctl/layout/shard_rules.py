@@ -1,5 +1,5 @@
 """Small pure helpers shared by the Megatron and vLLM layouts: 1-D splits, template interning,
-derived fp8 block-scale templates, arithmetic in messages, pipeline splits, and ``StagedPlacements``
+derived fp8 block-scale templates, arithmetic in messages, and ``StagedPlacements``
 (the pipeline-stage and placement-cache methods both layouts have)."""
 
 from __future__ import annotations
@@ -140,51 +140,3 @@ class StagedPlacements:
                                    lambda: scale_template(w.template, t.shape))
         return self._placements.get(("scale", id(tmpl), w.ranks), lambda: Placement(tmpl, w.ranks))
 
-
-def vllm_pp_parts(num_layers: int, pp: int) -> list[int]:
-    """vLLM ``get_pp_indices``: ``[L//PP]*PP``; remainder r goes to the stages just before the last
-    (``parts[-i] += 1 for i in 2..r+1``)."""
-    parts = [num_layers // pp] * pp
-    rem = num_layers % pp
-    for i in range(2, rem + 2):
-        parts[-i] += 1
-    return parts
-
-
-def megatron_pp_parts(num_layers: int, pp: int, first: int | None, last: int | None,
-                      problems: list[str]) -> list[int]:
-    """Megatron layers per pipeline rank: even split (must divide) or first/last-stage overrides with the
-    rest split evenly over the middle stages (must divide)."""
-    if first is None and last is None:
-        if num_layers % pp:
-            problems.append(f"pp={pp} does not divide {num_layers} layers ({frac(num_layers, pp)}; "
-                            f"give first_stage_layers/last_stage_layers)")
-            return [ceil_div(num_layers, pp)] * pp
-        return [num_layers // pp] * pp
-    if pp == 1:
-        problems.append("first_stage_layers/last_stage_layers need pp > 1")
-        return [num_layers]
-    f = first if first is not None else None
-    la = last if last is not None else None
-    middle = pp - (f is not None) - (la is not None)
-    rest = num_layers - (f or 0) - (la or 0)
-    if rest < 0:
-        problems.append(f"first_stage_layers + last_stage_layers = {(f or 0) + (la or 0)} > {num_layers} layers")
-        return [1] * pp
-    if middle == 0:
-        if rest:
-            problems.append(f"pp={pp}: first_stage_layers({f}) + last_stage_layers({la}) = {f + la} "
-                            f"!= {num_layers} layers")
-        per = 0
-    elif rest % middle:
-        problems.append(f"the {rest} layers left after the first/last-stage overrides do not split evenly "
-                        f"over the {middle} other stages ({frac(rest, middle)})")
-        per = ceil_div(rest, middle)
-    else:
-        per = rest // middle
-    parts = [per] * pp
-    if f is not None:
-        parts[0] = f
-    if la is not None:
-        parts[-1] = la
-    return parts

@@ -1,56 +1,71 @@
 """vLLM inference layout (layout-rules §3): who holds which box of every HF tensor.
 
-Ranks: ``arange(world).reshape(DP, PP, TP)`` (TP innermost): ``rank = tp + TP*(pp + PP*dp)``. Templates are
-over the ``DP*TP`` ranks of one pipeline stage, slot ``j = dp*TP + tp`` (= vLLM's flattened MoE rank);
-every DP replica is a full copy of the non-expert weights (replica slots).
+Ranks: ``rank = tp + TP*(pp + PP*dp)`` (``arange(world).reshape(DP, PP, TP)``, TP innermost). Templates are
+over the ``DP*TP`` ranks of one pipeline stage, slot ``j = dp*TP + tp``; every DP replica is a full copy of
+the non-expert weights (replica slots). Two data-parallel deployments (``dp_mode``):
 
-Rules: ``qkv_proj = [q_r | k_(r//rep) | v_(r//rep)]`` with ``rep = TP/nkv`` KV replicas when TP > nkv;
-merged gate_up ``[gate_r; up_r]``; row-parallel o/down; vocab padded to ``ceil(V/64)*64`` split by TP, real
-rows only in boxes (padding is zero-filled in the param); experts with expert parallel ON: EP over the
-flattened DP*TP ranks, ``base, rem = divmod(E, ep)``, the first ``rem`` ranks get ``base+1`` (linear);
-OFF: every expert TP-sharded over the DP*TP ranks (gate/up rows, down columns). MLA: q_a and kv_a
-replicated (``fused_qkv_a_proj``), q_b/kv_b column, o row; router, bias and norms replicated; MTP
-``eh_proj`` is a plain ``nn.Linear`` (replicated). Pipeline: ``[L//PP]*PP`` with the remainder on the stages
-just before the last; MTP layers go to the last stage (that is where vLLM's DeepSeekMTP draft model runs
-next to the lm_head; our choice for a single-engine view).
-fp8 ``scale_inv`` follows its weight at 128-block granularity (``shard_rules.scale_template``).
+* ``in_engine``: one vLLM engine with vLLM data parallelism; the fused-MoE world is flattened over DP x TP
+  (``FusedMoEParallelConfig.make``): expert parallel over ``dp*tp`` ranks (EP rank = slot ``j``), or,
+  without EP, every expert TP-sharded over ``dp*tp`` ranks. With DP > 1, EP, TP > 1 and a
+  sequence-parallel all2all backend, ``ParallelConfig.use_sequence_parallel_moe`` holds and DeepSeek's
+  shared experts are built with ``disable_tp=True`` (``DeepseekV2MoE`` -> ``DeepseekV2MLP``): replicated.
+* ``engines``: each DP replica is its own engine (NeMo RL's generation workers): the MoE world is one
+  engine's TP ranks, EP = TP inside each engine (EP rank = ``j % TP``), every replica the same map.
+
+Rules: ``qkv_proj = [q_r | k_(r//rep) | v_(r//rep)]`` (``QKVParallelLinear``, ``rep = TP/nkv``); merged
+gate_up ``[gate_r; up_r]``; row-parallel o/down; vocab padded to ``ceil(V/64)*64`` split by TP, real rows
+only in boxes; expert maps in ``expert_maps.py`` (linear, round_robin, EPLB); MLA q_a/kv_a replicated in
+``fused_qkv_a_proj``; router, bias, norms and MTP ``eh_proj`` replicated. Tied embeddings with PP > 1: the
+last stage builds ``embed_tokens`` too and ties ``lm_head`` to it (``LlamaModel.__init__``: first rank, or
+tied and last rank), so the embedding has holders on the first and the last stage. Pipeline:
+``pipeline.vllm_pp_parts`` (``get_pp_indices``, ``VLLM_PP_LAYER_PARTITION``); MTP layers go to the last
+stage (the draft model ``DeepSeekMTP`` runs there next to the lm_head). Block-FP8 views are checked with
+``fp8_rules.check_vllm_fp8``. fp8 ``scale_inv`` follows its weight (``shard_rules.scale_template``).
 
 ``local_params`` offsets: a 3-D fused expert param (``w13_weight [E_local, 2*I_tp, H]``) holds 2-D HF boxes;
-the segment offset then has one more leading entry, the local expert index (``param[e, r0:r1, c0:c1]``).
+the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``).
+MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
+(``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
+prefix, since the draft is a separate module next to the target model on the same rank.
 """
 
 from __future__ import annotations
 
 from reshardctl.errors import LayoutError
+from reshardctl.layout.expert_maps import (
+    ALL2ALL_BACKENDS, SP_ALL2ALL, ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges,
+)
+from reshardctl.layout.fp8_rules import check_vllm_fp8
 from reshardctl.layout.parallel_spec import ParallelSpec
+from reshardctl.layout.pipeline import vllm_pp_parts
 from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, ShardTemplate, box_shape
 from reshardctl.layout.shard_rules import (
-    Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template, vllm_pp_parts,
+    Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
+__all__ = ["VllmLayout", "vllm_expert_ranges", "vllm_qkv_runs", "vllm_padded_vocab"]
+
 VOCAB_PAD = 64
+VLLM_KEYS = frozenset({"tp", "pp", "dp", "ep", "expert_parallel", "pp_partition", "dp_mode", "placement", "all2all",
+                       "redundant", "expert_map"})
 
 REPLICATED_KINDS = frozenset({
     "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "router",
     "router_bias", "mtp_enorm", "mtp_hnorm", "mtp_head_norm", "mtp_eh_proj", "q_a", "kv_a",
 })
-ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "q_b", "kv_b", "q"})
-COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
+ATTN_ROW_KINDS = frozenset({"q_b", "kv_b", "q"})
+DENSE_ROW_KINDS = frozenset({"mlp_gate", "mlp_up"})
+SHARED_KINDS = frozenset({"shared_gate", "shared_up", "shared_down"})
 EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
 _FUSED = {"mlp_gate": "mlp.gate_up_proj.weight", "mlp_up": "mlp.gate_up_proj.weight",
           "shared_gate": "mlp.shared_experts.gate_up_proj.weight", "shared_up": "mlp.shared_experts.gate_up_proj.weight"}
+_MTP_OUTER = frozenset({"mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "lm_head"})
 
 
 def vllm_padded_vocab(vocab: int) -> int:
     return ceil_div(vocab, VOCAB_PAD) * VOCAB_PAD
-
-
-def vllm_expert_ranges(num_experts: int, ep: int) -> list[tuple[int, int]]:
-    """Linear EP placement: ``[start, end)`` per EP rank, the first ``E % ep`` ranks one more."""
-    base, rem = divmod(num_experts, ep)
-    return [(j * base + min(j, rem), (j + 1) * base + min(j + 1, rem)) for j in range(ep)]
 
 
 def vllm_qkv_runs(nh: int, nkv: int, hd: int, tp: int, r: int) -> list[tuple[str, int, int, int]]:
@@ -64,75 +79,51 @@ def vllm_qkv_runs(nh: int, nkv: int, hd: int, tp: int, r: int) -> list[tuple[str
 
 class VllmLayout(StagedPlacements, SideLayout):
     side = "infer"
+    framework = "vLLM"
+    keys = VLLM_KEYS
+    fused_qkv_a = "fused_qkv_a_proj.weight"  # DeepSeek's replicated [q_a; kv_a] (MergedColumnParallelLinear)
+    tied_last_name = "model.embed_tokens.weight"  # the last stage's own embed_tokens, lm_head tied to it
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
         self.model, self.spec = model, spec
         d = model.dims
         problems: list[str] = []
+        for key in spec.given():
+            if key not in self.keys:
+                problems.append(f"{key} is not a {self.framework} option")
         TP, PP = spec.tp, spec.pp
-        ep_on = spec.expert_parallel if spec.expert_parallel is not None else spec.ep > 1
-        if spec.dp is not None:
-            DP = spec.dp
-        elif spec.ep > 1 and spec.ep % TP == 0:
-            DP = spec.ep // TP
-        elif world_size is not None and world_size % (TP * PP) == 0:
-            DP = world_size // (TP * PP)
-        else:
-            DP = 1
-        for key in ("etp", "first_stage_layers", "last_stage_layers"):
-            if getattr(spec, key) is not None:
-                problems.append(f"{key} is a Megatron option, not a vLLM one")
-        if spec.cp != 1 or spec.vpp != 1:
-            problems.append("cp/vpp are Megatron options, not vLLM ones")
-        if spec.ep > 1 and spec.ep != DP * TP:
-            problems.append(f"vLLM ep={spec.ep} must equal dp({DP}) x tp({TP}) = {DP * TP} "
-                            f"(vLLM's expert-parallel group is the flattened DP x TP ranks)")
-        if spec.ep > 1 and spec.expert_parallel is False:
-            problems.append(f"ep={spec.ep} contradicts expert_parallel=false")
-        self.tp, self.pp, self.dp, self.expert_parallel = TP, PP, DP, ep_on
+        self.mla = d.kv_lora_rank > 0
+        self.moe = d.num_experts > 0 and bool(d.moe_layers)
+        self._configure(spec, world_size, problems)  # sets dp, world, stage slots and the MoE plan
+        DP, M = self.dp, self.stage_size
+        self.tp, self.pp = TP, PP
         self.world_size = DP * PP * TP
         self.factors = (("tp", TP), ("pp", PP), ("dp", DP))
         if world_size is not None and world_size != self.world_size:
             problems.append(f"world size tp({TP}) x pp({PP}) x dp({DP}) = {self.world_size} ranks, "
                             f"but {world_size} were given")
-        self.stage_size = M = DP * TP
-        self.mla = d.kv_lora_rank > 0
-        self.moe = d.num_experts > 0 and bool(d.moe_layers)
-        need_divides(problems, TP, d.num_heads, f"vLLM tp={TP}", "num_attention_heads")
-        if not self.mla and d.num_kv_heads:
-            nkv = d.num_kv_heads
-            if TP >= nkv and TP % nkv:
-                problems.append(f"vLLM tp={TP} > num_kv_heads={nkv} requires {TP} % {nkv} == 0 "
-                                f"({TP} % {nkv} = {TP % nkv})")
-            elif TP < nkv:
-                need_divides(problems, TP, nkv, f"vLLM tp={TP}", "num_kv_heads")
+        self._check_attention(problems)
         vp = vllm_padded_vocab(d.vocab)
         if vp % TP:
-            problems.append(f"vLLM tp={TP} does not divide the padded vocab {vp} = ceil({d.vocab}/64)*64 "
+            problems.append(f"{self.framework} tp={TP} does not divide the padded vocab {vp} = ceil({d.vocab}/64)*64 "
                             f"({frac(vp, TP)})")
         if any(t.kind == "mlp_gate" for t in model.tensors):
-            need_divides(problems, TP, d.intermediate, f"vLLM tp={TP}", "intermediate_size")
+            need_divides(problems, TP, d.intermediate, f"{self.framework} tp={TP}", "intermediate_size")
         if self.moe:
-            if d.num_shared_experts:
-                need_divides(problems, TP, d.moe_intermediate * d.num_shared_experts, f"vLLM tp={TP}",
-                             "shared expert intermediate size")
-            if ep_on:
-                if d.num_experts < M:
-                    problems.append(f"vLLM expert parallel over dp({DP}) x tp({TP}) = {M} ranks needs "
-                                    f"num_experts >= {M} (has {d.num_experts})")
-            else:
-                need_divides(problems, M, d.moe_intermediate, f"vLLM MoE tensor parallel dp({DP}) x tp({TP}) = {M}",
-                             "moe_intermediate_size")
-                if d.arch == "qwen3_moe" and TP > d.num_experts:
-                    problems.append(f"vLLM Qwen3-MoE: tp={TP} > num_experts={d.num_experts} without expert parallel")
-        elif spec.ep > 1:
-            problems.append(f"vLLM ep={spec.ep} given but model {model.name} has no routed experts")
+            if d.num_shared_experts and self.shared_tp > 1:
+                need_divides(problems, self.shared_tp, d.moe_intermediate * d.num_shared_experts,
+                             f"{self.framework} tp={self.shared_tp}", "shared expert intermediate size")
+            if self.moe_tp > 1:
+                need_divides(problems, self.moe_tp, d.moe_intermediate, f"{self.framework} MoE tensor parallel "
+                             f"{self.moe_tp_what} = {self.moe_tp}", "moe_intermediate_size")
         L = d.num_layers
         if PP > L:
-            problems.append(f"vLLM pp={PP} > {L} layers")
+            problems.append(f"{self.framework} pp={PP} > {L} layers")
+        self.pp_parts = self._pp_parts(L, PP, spec.pp_partition, problems)
+        if not problems:
+            self._check_fp8(problems)
         if problems:
             raise LayoutError(problems, hint=f"model {model.name}; infer layout {self.describe()}")
-        self.pp_parts = vllm_pp_parts(L, PP)
         self._layer_stage: dict[int, int] = {}
         g = 0
         for p, n in enumerate(self.pp_parts):
@@ -144,18 +135,116 @@ class VllmLayout(StagedPlacements, SideLayout):
         self._stage_ranks = tuple(tuple(t + TP * (p + PP * dp) for dp in range(DP) for t in range(TP))
                                   for p in range(PP))
         self._rank_slot = {r: (p, j) for p, rs in enumerate(self._stage_ranks) for j, r in enumerate(rs)}
-        self.expert_ranges = vllm_expert_ranges(d.num_experts, M) if self.moe and ep_on else []
-        self._owner = [j for j, (a, b) in enumerate(self.expert_ranges) for _ in range(a, b)]
+        self._tied_pp = d.tie_embeddings and PP > 1
         self._templates = Interner()
         self._placements = Interner()
         self._by_index: list[Placement | None] = [None] * len(model.tensors)
+        assert M == DP * TP
+
+    # ------------------------------------------------------------------ configuration (per framework)
+    def _configure(self, spec: ParallelSpec, world_size: int | None, problems: list[str]) -> None:
+        d, TP, PP = self.model.dims, spec.tp, spec.pp
+        ep_on = spec.expert_parallel if spec.expert_parallel is not None else (
+            spec.ep > 1 or bool(spec.redundant) or spec.expert_map is not None)
+        if spec.dp is not None:
+            DP = spec.dp
+        elif spec.ep > 1 and spec.ep % TP == 0 and spec.dp_mode != "engines":
+            DP = spec.ep // TP
+        elif world_size is not None and world_size % (TP * PP) == 0:
+            DP = world_size // (TP * PP)
+        else:
+            DP = 1
+        mode = spec.dp_mode or ("engines" if (spec.ep > 1 and spec.ep == TP and DP > 1) else "in_engine")
+        self.dp, self.dp_mode, self.expert_parallel = DP, mode, ep_on
+        self.stage_size = M = DP * TP
+        group = TP if mode == "engines" else M  # the fused-MoE world of one engine
+        if spec.ep > 1 and spec.ep != group:
+            problems.append(f"vLLM ep={spec.ep} must be tp({TP}) = {TP} (dp_mode=engines: {DP} separate engines, "
+                            f"EP = TP inside each) or dp({DP}) x tp({TP}) = {M} (dp_mode=in_engine: vLLM's DP+EP "
+                            f"over the flattened DP x TP ranks)"
+                            + (f"; dp_mode={mode} needs ep={group}" if spec.dp_mode else ""))
+        if spec.ep > 1 and spec.expert_parallel is False:
+            problems.append(f"ep={spec.ep} contradicts expert_parallel=false")
+        all2all = spec.all2all or "allgather_reducescatter"
+        if all2all not in ALL2ALL_BACKENDS:
+            problems.append(f"all2all={all2all!r}: expected one of {', '.join(sorted(ALL2ALL_BACKENDS))}")
+        engine_dp = DP if mode == "in_engine" else 1
+        self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in SP_ALL2ALL)
+        self.shared_tp = 1 if self.sp_moe else TP
+        self._tp_of = [j % TP for j in range(M)]
+        self.expert_map: ExpertMap | None = None
+        self.placement_note = ""
+        if not self.moe:
+            self.moe_tp, self.moe_tp_what, self.ep = 1, "", 1
+            self._ep_of = self._mtp_of = [0] * M
+            if spec.ep > 1 or spec.redundant or spec.expert_map or spec.placement:
+                problems.append(f"vLLM expert options given but model {self.model.name} has no routed experts")
+            return
+        if ep_on:
+            self.ep, self.moe_tp, self.moe_tp_what = group, 1, ""
+            self._ep_of = [j % group for j in range(M)]
+            self._mtp_of = [0] * M
+            strategy, self.placement_note = effective_strategy(
+                spec.placement or "linear", num_expert_group=int(self.model.config.get("n_group") or 1),
+                redundant=spec.redundant or 0, all2all_kernels=engine_dp > 1, all2all=all2all)
+            self.expert_map = build_vllm_expert_map(
+                num_experts=d.num_experts, ep=group, strategy=strategy, redundant=spec.redundant or 0,
+                map_file=spec.expert_map, moe_layers=tuple(d.moe_layers), problems=problems)
+        else:
+            if spec.redundant or spec.expert_map or spec.placement:
+                problems.append("vLLM expert placement / EPLB options need expert parallel (ep=N)")
+            self.ep = 1
+            self.moe_tp = group
+            self.moe_tp_what = f"dp({DP}) x tp({TP})" if mode == "in_engine" else f"tp({TP}) (one engine)"
+            self._ep_of = [0] * M
+            self._mtp_of = [j % group for j in range(M)]
+            if d.arch == "qwen3_moe" and TP > d.num_experts:
+                problems.append(f"vLLM Qwen3-MoE: tp={TP} > num_experts={d.num_experts} without expert parallel")
+
+    def _check_attention(self, problems: list[str]) -> None:
+        d, TP = self.model.dims, self.spec.tp
+        need_divides(problems, TP, d.num_heads, f"{self.framework} tp={TP}", "num_attention_heads")
+        if not self.mla and d.num_kv_heads:
+            nkv = d.num_kv_heads
+            if TP >= nkv and TP % nkv:
+                problems.append(f"{self.framework} tp={TP} > num_kv_heads={nkv} requires {TP} % {nkv} == 0 "
+                                f"({TP} % {nkv} = {TP % nkv})")
+            elif TP < nkv:
+                need_divides(problems, TP, nkv, f"{self.framework} tp={TP}", "num_kv_heads")
+
+    def _pp_parts(self, L: int, PP: int, partition, problems: list[str]) -> list[int]:
+        return vllm_pp_parts(L, PP, partition, problems)
+
+    def _check_fp8(self, problems: list[str]) -> None:
+        check_vllm_fp8(self.model, tp=self.tp, shared_tp=self.shared_tp, moe_tp=self.moe_tp, problems=problems)
 
     # ------------------------------------------------------------------ public
     def describe(self) -> str:
-        s = f"vllm tp={self.tp},pp={self.pp},dp={self.dp}"
+        s = f"{self.framework.lower()} tp={self.tp},pp={self.pp},dp={self.dp}"
+        if self.dp > 1:
+            s += f",dp_mode={self.dp_mode}"
         if self.moe:
             s += f",expert_parallel={'on' if self.expert_parallel else 'off'}"
+            if self.expert_parallel:
+                s += f",ep={self.ep}"
+                if self.expert_map is not None:
+                    s += f",placement={self.expert_map.strategy}"
+                    if self.spec.redundant:
+                        s += f",redundant={self.spec.redundant}"
+            if self.sp_moe:
+                s += ",sp_moe=on"
+        if self.spec.pp_partition:
+            s += f",pp_partition={':'.join(map(str, self.spec.pp_partition))}"
         return s
+
+    def framework_rules(self) -> str:
+        """Which framework rules (and versions) this layout models, for ``layout show``."""
+        dp = ("in-engine DP (one engine; MoE world flattened over dp x tp)" if self.dp_mode == "in_engine" else
+              f"{self.dp} separate engines (NeMo RL style; EP = TP = {self.tp} inside each)")
+        note = f"; {self.placement_note}" if self.placement_note else ""
+        return (f"vLLM (main 2025-26, first-ranks expert remainder; QKVParallelLinear, FusedMoEParallelConfig.make, "
+                f"determine_expert_map, get_pp_indices, validate_fp8_block_shape); {dp}"
+                + ("; shared experts replicated (use_sequence_parallel_moe)" if self.sp_moe else "") + note)
 
     def coords(self, rank: int) -> dict[str, int]:
         return {"dp": rank // (self.tp * self.pp), "pp": (rank // self.tp) % self.pp, "tp": rank % self.tp}
@@ -163,56 +252,103 @@ class VllmLayout(StagedPlacements, SideLayout):
     def padded_vocab(self) -> int:
         return vllm_padded_vocab(self.model.dims.vocab)
 
+    @property
+    def expert_ranges(self) -> list[tuple[int, int]]:
+        """Linear placement only: ``[start, end)`` per EP rank."""
+        if self.expert_map is None or self.expert_map.strategy != "linear":
+            return []
+        return vllm_expert_ranges(self.model.dims.num_experts, self.ep)
+
+    def _expert_holders(self, t: TensorSpec) -> tuple[int, ...]:
+        if self.expert_map is None:
+            return ()
+        return tuple(sorted({j for j, _ in self.expert_map.holders(t.layer, t.expert)}))
+
     def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind
-        block = self._owner[t.expert] if (t.expert is not None and self.expert_parallel) else -1
-        key = (kind, t.shape, stage, block)
+        block = self._expert_holders(t) if t.expert is not None else ()
+        tied = kind == "embed" and t.layer is None and self._tied_pp
+        key = (kind, t.shape, stage, block, tied)
         p = self._placements._d.get(key)
         if p is None:
-            p = self._placements.get(key, lambda: Placement(
-                self._templates.get((kind, t.shape, block), lambda: self._build_template(kind, t.shape, block)),
-                self._stage_ranks[stage]))
+            def build() -> Placement:
+                tmpl = self._templates.get((kind, t.shape, block), lambda: self._build_template(kind, t.shape, block))
+                ranks = self._stage_ranks[stage]
+                if tied:  # the last stage holds the tied weight as its output head (split like lm_head)
+                    head = self._templates.get(("lm_head", t.shape, ()), lambda: self._build_template("lm_head", t.shape, ()))
+                    tmpl = self._templates.get(("tied", t.shape),
+                                               lambda: ShardTemplate(t.shape, tmpl.holdings + head.holdings))
+                    ranks = ranks + self._stage_ranks[-1]
+                return Placement(tmpl, ranks)
+            p = self._placements.get(key, build)
         return p
 
     # ------------------------------------------------------------------ internals
-    def _build_template(self, kind: str, shape: tuple[int, ...], block: int) -> ShardTemplate:
-        M, TP = self.stage_size, self.tp
+    def _attn_split(self, kind: str) -> tuple[int, list[int]]:
+        """(tp size, per-slot tp index) for attention tensors (vLLM: the engine's TP)."""
+        return self.tp, self._tp_of
+
+    def _vocab_split(self, kind: str) -> tuple[int, list[int]] | None:
+        return self.tp, self._tp_of
+
+    def _build_template(self, kind: str, shape: tuple[int, ...], block: tuple[int, ...]) -> ShardTemplate:
+        M = self.stage_size
         d = self.model.dims
-        tp_idx = [j % TP for j in range(M)]
         if kind in REPLICATED_KINDS:
             return replicated_template(shape, M)
         if kind in ("embed", "lm_head"):
-            return split_template(shape, 0, TP, tp_idx, per=vllm_padded_vocab(shape[0]) // TP, limit=shape[0])
-        if kind in ("k", "v") and not self.mla:
-            kvh = max(1, d.num_kv_heads // TP)
-            rep = max(1, TP // d.num_kv_heads)
-            return split_template(shape, 0, shape[0] // (kvh * d.head_dim), [t // rep for t in tp_idx],
+            split = self._vocab_split(kind)
+            if split is None:
+                return replicated_template(shape, M)
+            n, idx = split
+            return split_template(shape, 0, n, idx, per=vllm_padded_vocab(shape[0]) // n, limit=shape[0])
+        if kind in ("q", "k", "v", "o") and not self.mla:
+            n, idx = self._attn_split(kind)
+            if kind == "o":
+                return split_template(shape, 1, n, idx)
+            if kind == "q":
+                return split_template(shape, 0, n, idx)
+            kvh = max(1, d.num_kv_heads // n)
+            rep = max(1, n // d.num_kv_heads)
+            return split_template(shape, 0, shape[0] // (kvh * d.head_dim), [t // rep for t in idx],
                                   per=kvh * d.head_dim)
-        if kind in ROW_SPLIT_KINDS:
-            return split_template(shape, 0, TP, tp_idx)
-        if kind in COL_SPLIT_KINDS:
-            return split_template(shape, 1, TP, tp_idx)
+        if kind in ATTN_ROW_KINDS or kind == "o":
+            n, idx = self._attn_split(kind)
+            return split_template(shape, 1 if kind == "o" else 0, n, idx)
+        if kind in DENSE_ROW_KINDS:
+            return split_template(shape, 0, self.tp, self._tp_of)
+        if kind == "mlp_down":
+            return split_template(shape, 1, self.tp, self._tp_of)
+        if kind in SHARED_KINDS:
+            if self.shared_tp == 1:
+                return replicated_template(shape, M)
+            return split_template(shape, 1 if kind == "shared_down" else 0, self.tp, self._tp_of)
         if kind in EXPERT_KINDS:
-            if self.expert_parallel:
-                return ShardTemplate(shape, tuple(((tuple((0, n) for n in shape)),) if j == block else ()
-                                                  for j in range(M)))
-            return split_template(shape, 1 if kind == "expert_down" else 0, M, list(range(M)))
+            dim = 1 if kind == "expert_down" else 0
+            if self.expert_map is None:
+                return split_template(shape, dim, self.moe_tp, self._mtp_of)
+            return split_template(shape, dim, self.moe_tp,
+                                  [self._mtp_of[j] if self._ep_of[j] in block else None for j in range(M)])
         return replicated_template(shape, M)
+
+    def _local_expert_slot(self, t: TensorSpec, ep_rank: int) -> tuple[int, int]:
+        """(local slot of expert ``t.expert`` on ``ep_rank``, number of local slots)."""
+        if self.expert_map is None:
+            return t.expert, self.model.dims.num_experts
+        for j, k in self.expert_map.holders(t.layer, t.expert):
+            if j == ep_rank:
+                return k, self.expert_map.local_count(t.layer, ep_rank)
+        raise AssertionError((t.name, ep_rank))
 
     def local_params(self, rank: int) -> list[LocalParam]:
         d = self.model.dims
         stage, j = self._rank_slot[rank]
-        t_rank = j % self.tp
-        runs = {n: loc for n, _, _, loc in vllm_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, self.tp, t_rank)} \
+        n_attn, idx_attn = self._attn_split("q") if d.num_heads else (self.tp, self._tp_of)
+        t_rank = idx_attn[j]
+        runs = {n: loc for n, _, _, loc in vllm_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, n_attn, t_rank)} \
             if not self.mla and d.num_heads else {}
-        qkv_rows = (d.num_heads // self.tp + 2 * max(1, d.num_kv_heads // self.tp)) * d.head_dim if runs else 0
-        vrows = self.padded_vocab() // self.tp
-        if self.expert_parallel and self.moe:
-            e0, e1 = self.expert_ranges[j]
-            i_tp = d.moe_intermediate
-        else:
-            e0, e1 = 0, d.num_experts
-            i_tp = d.moe_intermediate // self.stage_size if self.moe else 0
+        qkv_rows = (d.num_heads // n_attn + 2 * max(1, d.num_kv_heads // n_attn)) * d.head_dim if runs else 0
+        i_tp = d.moe_intermediate // self.moe_tp if self.moe else 0
         params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
 
         def add(name, shape, dtype, hf, box, offset):
@@ -221,35 +357,57 @@ class VllmLayout(StagedPlacements, SideLayout):
                 entry = params[name] = (shape, dtype, [])
             entry[2].append(LocalSegment(hf, box, name, offset))
 
+        own = self._stage_ranks[stage]
         for i, t in enumerate(self.model.tensors):
-            if self.stage_of(i) != stage:
+            pl = self.placement(i)
+            if pl.ranks is own:  # the common case: a placement over this rank's stage, slot j
+                boxes = pl.template.holdings[j]
+            elif len(pl.ranks) > len(own):  # the tied embedding: first and last stage
+                boxes = pl.holding(rank)
+            else:
                 continue
-            boxes = self.placement(i).holding(rank)
             if not boxes:
                 continue
             box = boxes[0]
             kind = t.kind
+            mtp = t.layer is not None and t.layer >= d.num_layers
             pre = t.name.rsplit(".", 2)[0] + "." if t.layer is not None else ""
             lp = f"model.layers.{t.layer}." if t.layer is not None else ""
             zero = (0,) * len(t.shape)
             if kind in ("q", "k", "v") and runs:
-                add(pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), t.dtype, t.name, box, (runs[kind], 0))
+                name, shape, off = pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), (runs[kind], 0)
             elif kind in _FUSED:
-                per = t.shape[0] // self.tp
-                add(lp + _FUSED[kind], (2 * per, t.shape[1]), t.dtype, t.name, box,
-                    (per if kind.endswith("up") else 0, 0))
+                per = box[0][1] - box[0][0]
+                name, shape, off = lp + _FUSED[kind], (2 * per, t.shape[1]), (per if kind.endswith("up") else 0, 0)
             elif kind in ("q_a", "kv_a") and d.q_lora_rank:
                 rows = d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim
-                add(pre + "fused_qkv_a_proj.weight", (rows, t.shape[1]), t.dtype, t.name, box,
-                    (0 if kind == "q_a" else d.q_lora_rank, 0))
-            elif kind in ("expert_gate", "expert_up"):
-                add(lp + "mlp.experts.w13_weight", (e1 - e0, 2 * i_tp, t.shape[1]), t.dtype, t.name, box,
-                    (t.expert - e0, i_tp if kind == "expert_up" else 0, 0))
-            elif kind == "expert_down":
-                add(lp + "mlp.experts.w2_weight", (e1 - e0, t.shape[0], i_tp), t.dtype, t.name, box,
-                    (t.expert - e0, 0, 0))
+                name, shape = pre + self.fused_qkv_a, (rows, t.shape[1])
+                off = (0 if kind == "q_a" else d.q_lora_rank, 0)
+            elif kind in EXPERT_KINDS:
+                k, n_local = self._local_expert_slot(t, self._ep_of[j])
+                if kind == "expert_down":
+                    name, shape, off = lp + "mlp.experts.w2_weight", (n_local, t.shape[0], i_tp), (k, 0, 0)
+                else:
+                    name, shape = lp + "mlp.experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
+                    off = (k, i_tp if kind == "expert_up" else 0, 0)
             elif kind in ("embed", "lm_head"):
-                add(t.name, (vrows,) + t.shape[1:], t.dtype, t.name, box, zero)
+                head = kind == "lm_head" or (self._tied_pp and t.layer is None and stage == self.pp - 1)
+                vsplit = self._vocab_split("lm_head" if head else "embed")
+                name = self.tied_last_name if head and kind == "embed" else t.name
+                shape = (vllm_padded_vocab(d.vocab) // vsplit[0],) + t.shape[1:] if vsplit else box_shape(box)
+                off = zero
             else:
-                add(t.name, box_shape(box), t.dtype, t.name, box, zero)
+                name, shape, off = t.name, box_shape(box), zero
+            if mtp:
+                name = self._mtp_name(name, t)
+            add(name, shape, t.dtype, t.name, box, off)
         return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
+
+    def _mtp_name(self, name: str, t: TensorSpec) -> str:
+        """vLLM's MTP draft names (``DeepSeekMTP._rewrite_spec_layer_name``), under ``draft/``."""
+        prefix = f"model.layers.{t.layer}."
+        if t.kind == "embed":
+            return "draft/model.embed_tokens.weight"
+        if t.kind in _MTP_OUTER or t.kind == "scale_inv" and self.model.tensor(t.scale_of).kind in _MTP_OUTER:
+            return "draft/" + name
+        return "draft/" + name.replace(prefix, prefix + "mtp_block.", 1)

@@ -109,7 +109,7 @@ def prepare(
     *, site: str, model: str, layers: int | None, train: str | None, infer: str | None, train_style: str,
     infer_style: str, train_layout: str | None, infer_layout: str | None, transport: str,
     bucket_mb: float | None, relay: str, out: str | None = None, export: str | None = None,
-    compare: list[str] | None = None,
+    compare: list[str] | None = None, mtp: bool = False,
 ) -> Inputs:
     """Load and validate every input; raise one ``InputError`` listing every problem."""
     from reshardctl.models import load_model
@@ -138,10 +138,13 @@ def prepare(
     for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
         if lf is not None and not Path(lf).is_file():
             problems.append(f"{flag} {lf}: no such file")
+    if mtp and layers is not None:
+        problems.append(f"--mtp with --layers {layers}: the MTP layers follow the last decoder layer; "
+                        f"give one or the other")
     if problems:  # flag problems first: nothing below can help them
         _raise(problems)
     prof = load_profile(site)
-    m = load_model(model, layers=layers)
+    m = load_model(model, layers=layers, include_mtp=mtp)
     tl, tw = _layout(m, "train", train, train_style, train_layout, problems, "--train")
     il, iw = _layout(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
     topo = _topology(prof, tw, iw, problems, "allocation")
