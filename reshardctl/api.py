@@ -77,7 +77,7 @@ class Refitter:
         self.faults = Faults(parse_faults(None), rank)  # test-only hooks (RESHARDCTL_TEST_*), none otherwise
         self.groups = attach_groups(self.env, plan, device, timeout_s)
         self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
-        self.executor = Executor(plan, self.groups, self.events, self.pool, self.faults)
+        self.executor = Executor(plan, self.groups, self.events, self.pool)
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
         self._staged: LocalWeights | None = None
 

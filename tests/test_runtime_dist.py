@@ -18,6 +18,7 @@ import torch
 from reshardctl.errors import TransferError, VerificationError
 from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import read_events
 from reshardctl.runtime.weights import synthetic_region
 
@@ -211,7 +212,7 @@ def test_bucket_root_gathers_straight_into_the_bucket(tmp_path, overlap):
     reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, direct_min_bytes=0, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
-    bucket = plan.bucket_bytes + 8  # one tensor + its checksum
+    bucket = plan.bucket_bytes + SUM_BYTES  # one tensor + its checksum
     in_flight = 2 if overlap else 1
     # the root holds the bucket(s) in flight and nothing else: no gather message buffers
     assert reports[0].peak_staging_bytes <= in_flight * bucket

@@ -31,10 +31,9 @@ import torch.distributed as dist
 from reshardctl.errors import TransferError
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
-from reshardctl.runtime.checksum import checksum
-from reshardctl.runtime.checksum_exchange import ChecksumExchange
+from reshardctl.runtime.checksum import checksum, segment_checksums
+from reshardctl.runtime.checksum_exchange import ChecksumExchange, Later
 from reshardctl.runtime.events import EventLog
-from reshardctl.runtime.faults import Faults
 from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.pack import (
@@ -47,6 +46,8 @@ from reshardctl.runtime.pack import (
     box_bytes_in,
     bucket_layout,
     bucket_tensor_view,
+    item_checksums,
+    trailer_view,
     wire_of,
     write_trailer,
 )
@@ -96,8 +97,10 @@ class _Pending:
 
 
 class Executor(ChecksumExchange):
-    def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, faults: Faults, *,
+    def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, *, tap=None,
                  overlap: bool = True, direct_min: int = DIRECT_MIN_BYTES):
+        """``tap(step, buf, nbytes)``: called with the first bytes that landed from each peer before they
+        are checked (the worker's fault drills use it to corrupt them); None in the API."""
         self.plan = plan
         self.model = plan.model
         self.env = groups.env
@@ -105,7 +108,7 @@ class Executor(ChecksumExchange):
         self.groups = groups
         self.events = events
         self.pool = pool
-        self.faults = faults
+        self.tap = tap
         self.overlap = overlap
         self.steps = plan.steps_for(self.rank)
         self.is_infer = self.env.side == "infer"
@@ -115,7 +118,7 @@ class Executor(ChecksumExchange):
         self.checks: list[tuple[torch.Tensor, list[str]]] = []
         # this refit's checksums, per peer, in plan order: a 0-d tensor, or a contiguous view still to sum
         self.out_sums: dict[int, list[torch.Tensor]] = {}
-        self.in_sums: dict[int, list[tuple[torch.Tensor, bool, str]]] = {}  # (sum or view, is_view, what)
+        self.in_sums: dict[int, list[tuple[torch.Tensor, str]]] = {}  # (int64 sum, or uint8 view to sum; what)
         self.out_count: dict[int, int] = {}  # from the plan: regions per peer per refit
         self.in_count: dict[int, int] = {}
         self.early_sums = self.device.type == "cuda"  # zero-copy sources summed right after posting
@@ -184,19 +187,18 @@ class Executor(ChecksumExchange):
             raise TransferError(f"rank {self.rank}: plan messages: {exc.message}") from exc
 
     def _send_ops(self, peer: int, regions, w: Wire, local: LocalWeights, tag: int, p: _Pending):
-        """Ops sending ``regions`` to ``peer`` (packed message first, then the direct regions), and the
-        contiguous bytes of every region (for its checksum, computed after posting)."""
+        """Ops sending ``regions`` to ``peer`` (packed message first, then the direct regions), and what
+        each region's checksum is taken from: its bytes in the weights where they are contiguous there
+        (a uint8 view, summed later), else its packed/scratch copy (``Later``, summed right after
+        posting, one pass per message)."""
         ops, sources = [], [None] * len(regions)
         if w.packed:
             buf = self._buffer(w.packed_size, p)
             for j, off in zip(w.packed, w.layout.offsets):
                 r = regions[j]
-                seg = buf[off : off + r.nbytes]
-                local.read_into(r.tensor, r.box, seg)
-                # summed off the packing path: from the weights in the verify phase when the region is
-                # contiguous there, else from the packed bytes right after posting (the buffer goes
-                # back to the pool after the wait)
-                sources[j] = local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None else (seg,)
+                local.read_into(r.tensor, r.box, buf[off : off + r.nbytes])
+                sources[j] = (local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None
+                              else Later(buf, off, r.nbytes))
             ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag))
             p.wire += w.packed_size
         for j in w.direct:
@@ -207,7 +209,7 @@ class Executor(ChecksumExchange):
             else:
                 v = self._buffer(r.nbytes, p)
                 local.read_into(r.tensor, r.box, v)
-                sources[j] = checksum(v)
+                sources[j] = Later(v, 0, r.nbytes)
             assert v.numel() == r.nbytes
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag))
             p.wire += r.nbytes
@@ -234,37 +236,47 @@ class Executor(ChecksumExchange):
         return ops, _Recv(peer, regions, w, packed, lands)
 
     def _land(self, rv: _Recv, target, what: str, *, defer: bool) -> None:
-        """Check and place what arrived from one peer: packed regions are checksummed in the buffer and
-        copied; direct regions in a scratch buffer likewise; direct regions already in ``target`` are
-        checksummed now or (``defer``) in the verify phase."""
+        """Place what arrived from one peer into ``target`` (the staged weights, or a bucket at its root),
+        then take every region's checksum from where it finally lies: a contiguous span of ``target`` is
+        summed there (in the verify phase when ``defer``); any other region is read back from ``target``
+        into its receive buffer and summed there (one pass per message). So the copy into ``target`` is
+        covered as well as the wire."""
         regions, w = rv.regions, rv.wire
         names = [f"{what} from rank {rv.peer}: {self.model.tensors[x.tensor].name} {x.box}" for x in regions]
         got: list = [None] * len(regions)
-        # the test-only corruption hook hits the first region that landed (zero-copy ones first)
-        hit = next(((v, v.numel()) for v, _ in rv.lands), None)
-        if hit is None and w.packed:
-            hit = (rv.packed, w.layout.offsets[0] + regions[w.packed[0]].nbytes)
-        if hit is not None:
-            self.faults.maybe_corrupt(self.step_no, hit[0], hit[1])
+        if self.tap is not None:  # a drill's corruption (worker layer): the first region that landed
+            hit = next(((v, v.numel()) for v, _ in rv.lands), None)
+            if hit is None and w.packed:
+                hit = (rv.packed, w.layout.offsets[0] + regions[w.packed[0]].nbytes)
+            if hit is not None:
+                self.tap(self.step_no, hit[0], hit[1])
+        back_off, back_n, back_j = [], [], []
         if w.packed:
             for j, off in zip(w.packed, w.layout.offsets):
                 r = regions[j]
                 seg = rv.packed[off : off + r.nbytes]
                 target.write_from(r.tensor, r.box, seg)
-                if defer and w.dst[j] is not None:  # summed in the verify phase, where it landed
-                    got[j] = (target.span_view(r.tensor, w.dst[j], r.nbytes), True, names[j])
+                if w.dst[j] is not None:
+                    v = target.span_view(r.tensor, w.dst[j], r.nbytes)
+                    got[j] = (v if defer else checksum(v), names[j])
                 else:
-                    got[j] = (checksum(seg), False, names[j])
+                    target.read_into(r.tensor, r.box, seg)  # read back what landed
+                    back_off.append(off)
+                    back_n.append(r.nbytes)
+                    back_j.append(j)
+        if back_j:
+            sums = segment_checksums(rv.packed, back_off, back_n)
+            for k, j in enumerate(back_j):
+                got[j] = (sums[k], names[j])
         for j, (v, inside) in zip(w.direct, rv.lands):
             r = regions[j]
             if inside:
                 target.mark_written(r.tensor, w.dst[j][0], r.box)
-            if inside and defer:
-                got[j] = (v, True, names[j])  # summed in the verify phase, where it lies
+                got[j] = (v if defer else checksum(v), names[j])
             else:
-                got[j] = (checksum(v), False, names[j])
-                if not inside:
-                    target.write_from(r.tensor, r.box, v)
+                target.write_from(r.tensor, r.box, v)
+                target.read_into(r.tensor, r.box, v)  # read back what landed
+                got[j] = (checksum(v), names[j])
         self.in_sums.setdefault(rv.peer, []).extend(got)
 
     def _buffer(self, n: int, pending: _Pending) -> torch.Tensor:
@@ -464,7 +476,10 @@ class Executor(ChecksumExchange):
                         continue
                     for r in g.regions:
                         full = bucket_tensor_view(self.model, r.tensor, lay, pos[r.tensor], bucket)
-                        self.src.read_into(r.tensor, r.box, box_bytes_in(full, r.box, self.model.tensors[r.tensor].itemsize))
+                        dst = box_bytes_in(full, r.box, self.model.tensors[r.tensor].itemsize)
+                        self.src.read_into(r.tensor, r.box, dst)
+                        self._copy_check(self.src, r.tensor, r.box, dst,
+                                         f"bucket {b.index}: own {self.model.tensors[r.tensor].name} {r.box} copy")
                         written[pos[r.tensor]] += box_numel(r.box)
             self._wait(gp)
             with self._side():
@@ -479,7 +494,7 @@ class Executor(ChecksumExchange):
                 ]
                 if short:
                     raise TransferError(f"bucket {b.index}: the gather does not cover the bucket: " + "; ".join(short[:5]))
-                write_trailer(bucket, lay, [checksum(bucket[o : o + n]) for o, n in zip(lay.offsets, lay.sizes)])
+                write_trailer(bucket, lay, item_checksums(lay, bucket))
             self._settle()
             for blk in p.blocks[1:]:  # gather messages are done; keep only the bucket
                 self.pool.release(blk)
@@ -495,17 +510,25 @@ class Executor(ChecksumExchange):
         if p.bucket is not None and self.is_infer:
             b, lay, buf = p.bucket
             with self.events.phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
-                self.faults.maybe_corrupt(self.step_no, buf, lay.payload and lay.offsets[0] + lay.sizes[0])
+                if self.tap is not None and lay.payload:
+                    self.tap(self.step_no, buf, lay.offsets[0] + lay.sizes[0])
                 held = [k for k, t in enumerate(b.tensors) if self.dst.get(t)]
                 if held:
-                    got = torch.stack([checksum(buf[lay.offsets[k] : lay.offsets[k] + lay.sizes[k]]) for k in held])
-                    want = buf[lay.trailer : lay.size].view(torch.int64)[torch.tensor(held, device=buf.device)]
-                    self._check(got != want, [f"bucket {b.index}: {self.model.tensors[b.tensors[k]].name}" for k in held])
+                    got = item_checksums(lay, buf, held)
+                    want = trailer_view(lay, buf)[torch.tensor(held, device=buf.device)]
+                    self._check((got != want).any(1), [f"bucket {b.index}: {self.model.tensors[b.tensors[k]].name}" for k in held])
                 for k in held:
                     t_idx = b.tensors[k]
                     t = self.model.tensors[t_idx]
                     full = bucket_tensor_view(self.model, t_idx, lay, k, buf)
                     for box in self.dst[t_idx]:
-                        self.staged.write_from(t_idx, box, box_bytes_in(full, box, t.itemsize))
+                        ref = box_bytes_in(full, box, t.itemsize)
+                        self.staged.write_from(t_idx, box, ref)
+                        self._copy_check(self.staged, t_idx, box, ref, f"bucket {b.index}: {t.name} {box} copy")
                         stats.bytes_received += box_numel(box) * t.itemsize
         self._release(p)
+
+    def _copy_check(self, local: LocalWeights, index: int, box, ref: torch.Tensor, what: str) -> None:
+        """A local copy checked byte for byte: ``box`` of ``local`` equals ``ref``, the bytes it was
+        copied from or to (compared in place, in the verify phase's one host sync)."""
+        self._check(local.differs(index, box, ref), [what])

@@ -245,7 +245,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0) ->
             rec["materialise_s"] = _prepare_weights(prev, plan, env, st, source, options, step, device, events)
             pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
             rec["pool"] = pool
-            ex = Executor(plan, groups, events, pool, faults, overlap=options.overlap,
+            ex = Executor(plan, groups, events, pool, tap=faults.maybe_corrupt, overlap=options.overlap,
                           direct_min=options.direct_min_bytes)
             for it in range(warmup + options.iterations):
                 if st.src is not None and step != st.src_step:
