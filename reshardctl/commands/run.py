@@ -24,6 +24,10 @@ WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connecti
 OUT = typer.Option(None, "--out", help="Run directory (default runs/<UTC time>-<label>).")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="safetensors checkpoint (file or dir): trainer ranks read their slices from it.")
 FULL_CHECK = typer.Option(False, "--full-check", help="Also compare every destination box with the weight source (timed apart).")
+INJECT = typer.Option(None, "--inject", help="A fault drill, repeatable: kill:rank=5:phase=transfer, hang:rank=2:phase=verify, corrupt:rank=6, slow:rank=1:factor=4, exit:rank=3:phase=commit (docs/runbook-faults.md).")
+RETRIES = typer.Option(0, "--retries", min=0, help="Retry a failed refit N times on freshly built process groups, after every rank settled.")
+ON_FAILURE = typer.Option("abort", "--on-failure", help="abort | fallback (retries use gather-and-broadcast, decided before the first attempt).")
+TIMEOUT = typer.Option(None, "--timeout-s", min=0.1, help="Bound on every blocking call (default: the profile's refit.timeout_s).")
 
 
 def _s(x) -> str:
@@ -39,7 +43,8 @@ def _b(n) -> str:
 
 
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
-             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json):
+             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
+             inject=None, retries=0, on_failure="abort", timeout_s=None):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay)
@@ -51,12 +56,14 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                         f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
                         f"this machine's, not the site's; `reshardctl plan` predicts the site")
     show = not as_json and not output.quiet()
-    with Progress(TextColumn("refits"), BarColumn(), TextColumn("{task.completed}/{task.total} rank commits"),
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
-        task = prog.add_task("refit", total=None)
+        task = prog.add_task("starting ranks", total=None)
         res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out,
-                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(),
-                          progress=lambda done, total: prog.update(task, completed=done, total=total))
+                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
+                          retries=retries, on_failure=on_failure, timeout_s=timeout_s,
+                          progress=lambda done, total, what: prog.update(task, completed=done, total=total,
+                                                                         description=what))
     if as_json:
         output.print_json(res.summary)
     else:
@@ -86,9 +93,27 @@ def render(summary: dict) -> None:
         )
     con.print(table)
     con.print(f"run directory: {summary['run_dir']}", markup=False, highlight=False)
+    if summary.get("interrupted"):
+        con.print("interrupted: the ranks were stopped", markup=False)
+    root = summary.get("root_cause")
+    if root:
+        where = ", ".join(str(x) for x in (f"{root.get('side')} {root.get('side_rank')}", root.get("host"),
+                          root.get("phase") and f"phase {root['phase']}", root.get("step") and f"step {root['step']}")
+                          if x)
+        con.print(f"root cause: rank {root['rank']} ({where}): {root['error']}: {root['message']}", markup=False)
+        n = summary.get("knock_on_failures", 0)
+        if n:
+            det = summary.get("detection_s")
+            con.print(f"then {n} knock-on failure(s) on the other ranks"
+                      + (f", the last detected {det:.2f} s after the fault (timeout {summary['timeout_s']:g} s)"
+                         if det is not None else ""), markup=False)
+        return
     for name, s in trs.items():
         for f in s["failures"][:5]:
             con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
+                      markup=False)
+        for a in s.get("attempts", [])[:10]:
+            con.print(f"{name}: step {a['step']} attempt {a['attempt']} ({a['transport']}): {a['outcome']}",
                       markup=False)
 
 
@@ -100,7 +125,8 @@ def run_cmd(
     transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid (default: the profile's refit.transport)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
-    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
+    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, inject: Optional[list[str]] = INJECT,
+    retries: int = RETRIES, on_failure: str = ON_FAILURE, timeout_s: Optional[float] = TIMEOUT,
 ) -> None:
     """Run the refit for real on this machine: every rank a process, every byte verified."""
     from reshardctl.errors import InputError
@@ -112,7 +138,8 @@ def run_cmd(
     _session([t], site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
-             full_check=full_check, as_json=as_json)
+             full_check=full_check, as_json=as_json, inject=inject, retries=retries, on_failure=on_failure,
+             timeout_s=timeout_s)
 
 
 def bench_cmd(

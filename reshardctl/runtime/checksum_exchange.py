@@ -3,7 +3,7 @@
 A mixin of ``Executor`` (it uses the executor's ``out_sums``/``in_sums``/``out_count``/``in_count``,
 ``device``, ``rank`` and stream helpers): every sender's checksums of one refit travel as ONE int64
 message per peer (``WORDS`` per region, sizes from the plan), then every receiver compares them with
-its own (taken where the bytes finally landed), in one host sync. A rank whose transfer failed still takes part (zeros), so no peer waits for it.
+its own (taken where the bytes finally landed), in one host sync. A rank whose transfer failed publishes the failure instead (groups.py), so no peer waits for it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.runtime.checksum import WORDS, checksum, segment_checksums
+from reshardctl.runtime.groups import Abandoned, wait_works
 
 TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 
@@ -47,33 +48,33 @@ class ChecksumExchange:
                 sources = [checksum(x) if self.early_sums and x.dtype == torch.uint8 else x for x in sources]
                 self.out_sums.setdefault(peer, []).extend(sources)
 
-    def exchange_checksums(self, failed: bool = False) -> None:
+    def exchange_checksums(self) -> None:
         """Verify phase: every sender's checksums of this refit to its receivers, one int64 message per
-        peer (sizes from the plan). A rank whose transfer ``failed`` still takes part (zeros), so that no
-        peer waits for it beyond a dead connection."""
+        peer (``WORDS`` per region, sizes from the plan), on the gloo control group (CPU tensors),
+        every wait bounded (a dead, silent or failed peer ends it within the timeout)."""
         ops, self._got = [], {}
+        ctrl = self.groups.ctrl
         with self._side():
             for peer, n in sorted(self.out_count.items()):
                 items = self.out_sums.get(peer, [])
-                if failed or len(items) != n:
-                    v = torch.zeros(n, WORDS, dtype=torch.int64, device=self.device)
-                else:
-                    v = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x in items])
-                ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS))
+                if len(items) != n:
+                    raise TransferError(f"rank {self.rank}: {len(items)} checksums for rank {peer}, the plan says {n}")
+                v = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x in items]).cpu()
+                ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
                 self._got[("out", peer)] = v
             for peer, n in sorted(self.in_count.items()):
-                v = torch.empty(n, WORDS, dtype=torch.int64, device=self.device)
-                ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS))
+                v = torch.empty(n, WORDS, dtype=torch.int64)
+                ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS, group=ctrl))
                 self._got[peer] = v
         if not ops:
             return
-        self._before_post()
         try:
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-        except RuntimeError as exc:
+            wait_works(dist.batch_isend_irecv(ops), self.groups, self.groups.timeout.total_seconds(),
+                       f"rank {self.rank}: checksum exchange")
+        except Abandoned:
+            raise
+        except (RuntimeError, TransferError) as exc:
             raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
-        self._after_wait()
 
     def _check(self, mismatch: torch.Tensor, what: list[str]) -> None:
         self.checks.append((mismatch, what))
@@ -89,7 +90,7 @@ class ChecksumExchange:
                                 f"{len(items)} regions arrived, {0 if want is None else want.shape[0]} checksums"])
                     continue
                 got = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x, _ in items])
-                self._check((got != want).any(1), [w for _, w in items])
+                self._check((got.cpu() != want).any(1), [w for _, w in items])
             self.in_sums = {}
         self._settle()
         out = []

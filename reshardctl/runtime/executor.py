@@ -34,7 +34,7 @@ from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
 from reshardctl.runtime.checksum import checksum, segment_checksums
 from reshardctl.runtime.checksum_exchange import ChecksumExchange, Later
 from reshardctl.runtime.events import EventLog
-from reshardctl.runtime.groups import Groups
+from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.pack import (
     DIRECT_MIN_BYTES,
@@ -199,7 +199,7 @@ class Executor(ChecksumExchange):
                 local.read_into(r.tensor, r.box, buf[off : off + r.nbytes])
                 sources[j] = (local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None
                               else Later(buf, off, r.nbytes))
-            ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag))
+            ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag, group=self.groups.data))
             p.wire += w.packed_size
         for j in w.direct:
             r = regions[j]
@@ -211,7 +211,7 @@ class Executor(ChecksumExchange):
                 local.read_into(r.tensor, r.box, v)
                 sources[j] = Later(v, 0, r.nbytes)
             assert v.numel() == r.nbytes
-            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag))
+            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += r.nbytes
         return ops, sources
 
@@ -220,7 +220,7 @@ class Executor(ChecksumExchange):
         packed = None
         if w.packed:
             packed = self._buffer(w.packed_size, p)
-            ops.append(dist.P2POp(dist.irecv, packed, peer, tag=tag))
+            ops.append(dist.P2POp(dist.irecv, packed, peer, tag=tag, group=self.groups.data))
             p.wire += w.packed_size
         lands = []
         for j in w.direct:
@@ -231,7 +231,7 @@ class Executor(ChecksumExchange):
                 v, inside = self._buffer(r.nbytes, p), False
             assert v.numel() == r.nbytes
             lands.append((v, inside))
-            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag))
+            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag, group=self.groups.data))
             p.wire += r.nbytes
         return ops, _Recv(peer, regions, w, packed, lands)
 
@@ -293,13 +293,16 @@ class Executor(ChecksumExchange):
         p.blocks.clear()
 
     def _wait(self, p: _Pending) -> None:
+        what = f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers}"
         try:
-            for w in p.works:
-                w.wait()
-        except RuntimeError as exc:
-            raise TransferError(
-                f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers} failed: {exc}"
-            ) from exc
+            wait_works(p.works, self.groups, self.groups.timeout.total_seconds(), what)
+        except Abandoned as exc:
+            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise
+        except (RuntimeError, TransferError) as exc:
+            err = TransferError(f"{what} failed: {exc}")
+            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise err from exc
         self._after_wait()
 
     # ---- the loop --------------------------------------------------------------------------------
