@@ -48,7 +48,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def choose_local_backend(world: int, device: str) -> str:
-    if device == "cpu":
+    """gloo for ``--device cpu`` (or ``RESHARDCTL_FORCE_CPU=1``); NCCL where every rank has its own GPU."""
+    if device == "cpu" or os.environ.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false"):
+        if device == "cuda":
+            raise LaunchError("--device cuda but RESHARDCTL_FORCE_CPU is set")
         return "gloo"
     ok = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if device == "cuda" and not ok:
