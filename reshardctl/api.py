@@ -8,12 +8,12 @@
     refitter = api.Refitter(plan)                 # collective: creates the broadcast sub-groups
     boxes = refitter.holdings()                   # {hf_name: (box, ...)} this rank holds
     report = refitter.refit(step, local_src=...)  # trainer ranks: {hf_name: [tensor per box]}
-    report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, all or nothing
+    report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, only once committed
 
-The same executor, checksums, vote and events as ``reshardctl run`` (reshardctl/runtime/). On an
-inference rank ``local_dst`` is written only after EVERY rank verified its bytes; a failed refit
-raises ``VerificationError``/``TransferError`` and leaves ``local_dst`` untouched. Reference:
-docs/api.md.
+The same executor, checksums, two-phase commit and events as ``reshardctl run`` (reshardctl/runtime/).
+On an inference rank ``local_dst`` is written only after EVERY rank verified its bytes and this rank
+learned that every rank knows it; a failed refit raises ``VerificationError``/``TransferError`` and
+leaves ``local_dst`` untouched. Reference: docs/api.md.
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reshardctl.errors import LaunchError, TransferError
+from reshardctl.errors import InputError, LaunchError, TransferError
 from reshardctl.plan.schedule import Region
 from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
 from reshardctl.runtime.env import read_rank_env
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import EventLog, read_events
 from reshardctl.runtime.mirror import check_mirror
-from reshardctl.runtime.faults import Faults, parse_faults
+from reshardctl.runtime.drills import Drills, parse_faults
 from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, pack_message, unpack_message,
                                      verify_message)
 from reshardctl.runtime.weights import CheckpointWeights, materialise, restep_, synthetic_region
@@ -195,16 +195,21 @@ def test_events_record_success_and_failure(tmp_path):
     json.dumps(ev)
 
 
-def test_fault_spec():
-    f = parse_faults("corrupt:rank=2,step=3", {"RESHARDCTL_TEST_DIE": "rank=1,step=2"})
-    assert [(x.kind, x.rank, x.step) for x in f] == [("corrupt", 2, 3), ("die", 1, 2)]
-    faults = Faults(f, 2)
+def test_drill_specs_and_the_corruption_tap():
+    f = parse_faults("corrupt:rank=2:step=3;kill:rank=5:phase=transfer;slow:rank=1,factor=4")
+    assert [(x.kind, x.rank, x.phase, x.step) for x in f] == [("corrupt", 2, "transfer", 3),
+                                                              ("kill", 5, "transfer", None), ("slow", 1, "transfer", None)]
+    assert f[2].factor == 4.0 and parse_faults("exit:rank=3")[0].phase == "commit"
+    assert parse_faults("hang:rank=2")[0].phase == "verify"
+    drills = Drills(f, 2)
     b = torch.zeros(16, dtype=torch.uint8)
-    assert not faults.maybe_corrupt(2, b, 16)
-    assert faults.maybe_corrupt(3, b, 16) and b.sum() > 0
-    assert not faults.maybe_corrupt(3, b, 16)  # once per step
-    with pytest.raises(ValueError):
-        parse_faults("explode:rank=1,step=1", {})
+    assert not drills.corrupt(2, b, 16)
+    assert drills.corrupt(3, b, 16) and b.sum() > 0
+    assert not drills.corrupt(3, b, 16)  # once
+    assert Drills(f, 1).slow_factor(1) == 4.0
+    for bad in ("explode:rank=1", "kill:rank=x", "kill:phase=commit", "kill:rank=1:when=now"):
+        with pytest.raises(InputError):
+            parse_faults(bad)
 
 
 # ---- zero copy: contiguous spans and the wire split ---------------------------------------------------

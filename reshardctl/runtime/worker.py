@@ -4,10 +4,14 @@
 failed refit: the returned ``RankReport`` says ``ok=False`` with the error (``raise_for_status``).
 Module entry (one process per rank, rank read from the environment, see ``env.py``)::
 
-    python -m reshardctl.runtime.worker --plan PLAN.pkl --run-dir DIR [--iterations N] ...
+    python -m reshardctl.runtime.worker --plan PLAN.pkl --run-dir DIR [--iterations N] [--timeout-s S]
+        [--inject SPEC ...] [--retries N --on-failure fallback --fallback-plan GB.pkl] ...
 
 The plan file is a pickled plan object (``StaticPlan.freeze(plan)`` is always picklable); the report
-goes to ``<run_dir>/reports/rank-<N>.json``. Exit status 0 = this rank's refits all committed.
+goes to ``<run_dir>/reports/rank-<N>.json`` (atomically, 0600). The run token comes from
+``RESHARDCTL_RUN_TOKEN`` (a launcher exports one random token to every rank of a run; never on a command
+line). Exit status 0 = this rank's refits all committed; the process exits without tearing its groups
+down (after a failure a dead peer's pending ops could hold that up).
 """
 
 from __future__ import annotations
