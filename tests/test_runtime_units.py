@@ -250,3 +250,42 @@ def test_wire_split_is_the_same_on_both_sides_and_respects_the_threshold():
             assert big.direct == () and len(big.packed) == len(pr.regions)
             assert sum(w.message_sizes(pr.regions)) >= pr.nbytes
     assert {"w.eq", "w.sc", "w.rc"} <= names and packed == {"w.odd"}
+
+
+# ---- two-phase commit: agreement on the committed step ----------------------------------------------
+def test_agreement_finds_the_ranks_ahead():
+    from reshardctl.runtime.commit import agree
+
+    assert agree([None, None, 4, 4], 2) == (4, [])
+    assert agree([None, None, 4, 5], 2) == (4, [3])
+    assert agree([None, None, None, 5], 2) == (None, [3])  # a rank with nothing committed is the lowest
+    assert agree([7, 9, None, None], 2) == (None, [])  # trainers hold no committed weights
+
+
+def test_a_rank_ahead_rolls_back_to_the_previous_weights_it_holds(monkeypatch, tmp_path):
+    """The acknowledgement completed on rank 3 but not on rank 2 (a partial completion a real system
+    cannot produce on demand: the all-reduce is faked here). At the next common start rank 3 swaps back
+    to the step-1 weights it still holds, so both serve step 1; a rank that no longer holds them raises."""
+    from types import SimpleNamespace
+
+    from reshardctl.runtime import commit as _commit
+    from reshardctl.runtime.refit import State, common_start
+
+    m = model([("w", (4, 4), "float32")])
+    h = {0: (((0, 4), (0, 4)),)}
+    old, new = materialise(m, h, 1), materialise(m, h, 2)
+    st = State(current=LocalWeights(m, h, new), staged=LocalWeights(m, h, old), committed_step=2,
+               previous_step=1, previous_valid=True)
+    env = SimpleNamespace(global_rank=3, side="infer", world_size=4)
+    groups = SimpleNamespace(env=env)
+    monkeypatch.setattr(_commit, "gather_steps", lambda g, extra, mine: ([1, 1, 1, 1], [None, None, 1, 2]))
+    log = EventLog(tmp_path, 3, "infer")
+    common_start(groups, st, 2, 3, None, log)
+    assert st.committed_step == 1 and not st.previous_valid
+    assert torch.equal(u8(st.current.data[0][0]), u8(old[0][0]))
+    st2 = State(current=LocalWeights(m, h, new), staged=LocalWeights(m, h, old), committed_step=2,
+                previous_step=1, previous_valid=False)
+    with pytest.raises(TransferError, match="disagree on the committed step"):
+        common_start(groups, st2, 2, 3, None, log)
+    log.close()
+    assert any(e["phase"] == "rollback" for e in read_events(tmp_path / "events" / "rank-3.jsonl"))

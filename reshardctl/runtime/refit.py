@@ -106,8 +106,6 @@ def common_start(groups: Groups, st: State, train_world: int, step: int, not_rea
         with events.phase("rollback", step=step, committed=st.committed_step, to=low):
             st.current.swap_data(st.staged)
             st.committed_step, st.previous_valid = low, False
-    elif ahead and env.side == "train":
-        pass  # trainers hold no committed weights
 
 
 def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: RunOptions, events: EventLog,
