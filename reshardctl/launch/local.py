@@ -95,6 +95,9 @@ def _child(env: RankEnv, plans, options: RunOptions, warmup: int, threads: int, 
     q.join_thread()
     sys.stdout.flush()
     sys.stderr.flush()
+    if env.global_rank == 0:  # it hosts the run's store: the others may still need it to learn a failure
+        while True:  # until the launcher kills it, after the last report (or it dies with the launcher)
+            time.sleep(1)
     os._exit(0)  # no teardown: after a failure, a dead peer's pending ops could hold it up
 
 
@@ -108,6 +111,7 @@ class LocalRunError(TransferError):
         self.session: dict[str, list[RankReport]] = {}
         self.failures: list[dict] = []
         self.interrupted = False
+        self.stopped_after_s: float | None = None  # from the first failure the launcher knew to the last process killed
 
 
 class LocalVerificationError(LocalRunError, VerificationError):
@@ -266,6 +270,7 @@ def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmu
         for p in procs:
             p.join(timeout=5)
         q.close()
+    stopped_after = None if first_failure is None else time.monotonic() - first_failure
     session = {n: [reports[r][n] for r in sorted(reports)] for n in names}
     if interrupted:
         err = LocalRunError(f"local run interrupted: {len(reports)} of {world} ranks had reported; the others "
@@ -286,6 +291,7 @@ def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmu
             only_verify = not lost and all(r.error_type == "VerificationError" for r in failed)
             err = (LocalVerificationError if only_verify else LocalRunError)(msg, ordered)
             err.session, err.failures = session, failures
+            err.stopped_after_s = stopped_after
             raise err
     return session
 

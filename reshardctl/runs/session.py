@@ -223,6 +223,7 @@ def run_session(
     reports = result.get("reports")
     err: ReshardError | None = None
     failures: list[dict] = []
+    stopped_after = None
     interrupted = stop.is_set()
     if error:
         exc = error[0]
@@ -230,6 +231,7 @@ def run_session(
             err = exc
             reports = exc.session or {next(iter(plans)): exc.reports}
             failures = exc.failures
+            stopped_after = exc.stopped_after_s
             interrupted = interrupted or exc.interrupted
         elif isinstance(exc, ReshardError):
             err = exc
@@ -265,6 +267,7 @@ def run_session(
         "knock_on_failures": fs["knock_on_failures"] if fs else 0,
         "detection_s": fs["detection_s"] if fs else None,
         "drills": fs["drills"] if fs else [],
+        "launcher_stopped_after_s": stopped_after,
         "timeout_s": timeout,
         "retries": retries,
         "on_failure": on_failure,

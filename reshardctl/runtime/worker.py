@@ -312,9 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.exit_code == 2 else 1
     report = run_rank(env, plan, options, fallback=fallback)
     write_report(Path(a.run_dir), report)
+    if env.global_rank == 0:  # it hosts the run's store: stay (bounded) until every rank reported
+        _await_reports(Path(a.run_dir), env.world_size, options.timeout_s + 5.0)
     if not report.ok:
         print(f"reshardctl worker rank {env.global_rank}: {report.error_type}: {report.error_message}", file=sys.stderr)
     return 0 if report.ok else 1
+
+
+def _await_reports(run_dir: Path, world: int, limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if all((run_dir / "reports" / f"rank-{r}.json").exists() for r in range(world)):
+            return
+        time.sleep(0.2)
 
 
 def write_report(run_dir: Path, report: RankReport) -> Path:
