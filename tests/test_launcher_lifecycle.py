@@ -155,3 +155,13 @@ def test_bad_drills_are_bad_input(tmp_path, small_llama, capsys, spec, msg):
     assert code == 2
     assert msg in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_gpu_memory_is_checked_per_rank():
+    from reshardctl.runs.memory_check import check_gpu_memory, rank_bytes
+
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst)
+    check_gpu_memory({"p": plan}, lambda r: 10 * rank_bytes(plan, r))
+    with pytest.raises(InputError, match="rank 3: .* free on cuda:3"):
+        check_gpu_memory({"p": plan}, lambda r: 10 * rank_bytes(plan, r) if r != 3 else rank_bytes(plan, r))

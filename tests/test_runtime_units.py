@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from reshardctl.errors import InputError, LaunchError, TransferError
 from reshardctl.plan.schedule import Region

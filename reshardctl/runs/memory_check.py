@@ -9,7 +9,9 @@ Per rank (every rank is a process on this machine, weights on the CPU):
   process itself with torch imported (``PROCESS_BYTES``, measured: ~220 MiB RSS with torch 2.13 CPU).
 
 The sum is compared with ``MemAvailable`` (/proc/meminfo) less a 10 % reserve; a run that does not fit
-is refused with the arithmetic (``InputError``, exit 2).
+is refused with the arithmetic (``InputError``, exit 2). When the ranks run on GPUs (NCCL, one GPU per
+rank), each rank's weights and pool are compared with its GPU's free memory instead (same reserve),
+and only the processes with the host's.
 """
 
 from __future__ import annotations
@@ -48,9 +50,38 @@ def needed_bytes(plan) -> dict:
             "processes": procs, "total": src + 2 * dst + pool + procs}
 
 
-def check_memory(plans: dict, available: int | None = None) -> dict:
-    """Raise ``InputError`` with the arithmetic when the largest of ``plans`` cannot fit; returns it."""
+def rank_bytes(plan, rank: int) -> int:
+    """One rank's weights (inference: served + staged) and buffer pool."""
+    T = plan.train_world
+    pool = max(4 * plan.bucket_bytes, 64 << 20)
+    if rank < T:
+        return _holding_bytes(plan.model, plan.src_holdings(rank)) + pool
+    return 2 * _holding_bytes(plan.model, plan.dst_holdings(rank - T)) + pool
+
+
+def check_gpu_memory(plans: dict, free_bytes) -> None:
+    """Per rank on its own GPU (``free_bytes(rank)``): raise ``InputError`` naming every rank that cannot fit."""
+    bad = []
+    for p in plans.values():
+        for r in range(p.train_world + p.infer_world):
+            need, free = rank_bytes(p, r), free_bytes(r)
+            if need > free * (1 - RESERVE):
+                bad.append(f"rank {r}: {need / GiB:.1f} GiB (weights{' x 2' if r >= p.train_world else ''} + pool) "
+                           f"> {free * (1 - RESERVE) / GiB:.1f} GiB free on cuda:{r} after a {RESERVE:.0%} reserve")
+    if bad:
+        raise InputError("the ranks of this run do not fit on their GPUs; nothing was started: " + "; ".join(bad[:8]))
+
+
+def check_memory(plans: dict, available: int | None = None, *, gpus: bool = False) -> dict:
+    """Raise ``InputError`` with the arithmetic when the largest of ``plans`` cannot fit; returns it.
+    ``gpus``: the weights live on one GPU per rank (checked there; only the processes count here)."""
     need = max((needed_bytes(p) for p in plans.values()), key=lambda x: x["total"])
+    if gpus:
+        import torch
+
+        check_gpu_memory(plans, lambda r: torch.cuda.mem_get_info(r)[0])
+        need = {**need, "trainer_weights": 0, "inference_weights": 0, "inference_staging": 0, "pools": 0,
+                "total": need["processes"]}
     avail = available_bytes() if available is None else available
     if avail is None:
         return need

@@ -175,7 +175,9 @@ def run_session(
         from reshardctl.runtime.weights import check_checkpoint
 
         check_checkpoint(inp.model, checkpoint)
-    memory = check_memory(plans)
+    from reshardctl.launch.local import choose_local_backend
+
+    memory = check_memory(plans, gpus=choose_local_backend(inp.topology.world, "auto") == "nccl")
     run_dir = new_run_dir(out, "bench" if len(transports) > 1 else transports[0])
     who, started = started_by(), time.time()
     mark_run(run_dir, "running", who, started)

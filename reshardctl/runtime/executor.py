@@ -13,9 +13,12 @@ peer are posted in the same (plan-derived) order on both sides; every size comes
 the messages of every (round, pair) are computed, and cross-checked with the peers' steps, when the
 executor is built (a gloo size mismatch aborts the process instead of raising).
 
-Checksums are off the data path: messages carry payload only; senders and receivers checksum every
-region where it is cheapest (see ``checksum_exchange.py``, which exchanges and compares them in the
-verify phase, before the commit vote).
+Checksums are off the data path: messages carry payload only. Senders sum every region in their
+weights where it is contiguous there, else in its packed copy (one pass per message); receivers sum
+every region where it finally lies (read back from the staged weights or the bucket), and local copies
+(a bucket root's own pieces, bucket -> staged weights) are compared byte for byte. The sums travel and
+are compared in the verify phase, on the control plane, before the vote (``checksum_exchange.py``;
+coverage table in docs/checksums.md).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import torch.distributed as dist
 from reshardctl.errors import TransferError
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
-from reshardctl.runtime.checksum import checksum, segment_checksums
-from reshardctl.runtime.checksum_exchange import ChecksumExchange, Later
+from reshardctl.runtime.checksum import checksum
+from reshardctl.runtime.checksum_exchange import ChecksumExchange
+from reshardctl.runtime.message_io import MessageIO
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.mirror import check_mirror
@@ -51,17 +55,6 @@ from reshardctl.runtime.pack import (
     wire_of,
     write_trailer,
 )
-
-
-@dataclass
-class _Recv:
-    """One peer's incoming messages of one step: where every region lands, and the sender's checksums."""
-
-    peer: int
-    regions: tuple
-    wire: Wire
-    packed: torch.Tensor | None  # the packed message buffer
-    lands: list  # per direct region: (view, in_target)
 
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -96,7 +89,7 @@ class _Pending:
     keep: list = field(default_factory=list)  # small tensors (checksum vectors) alive until the wait
 
 
-class Executor(ChecksumExchange):
+class Executor(MessageIO, ChecksumExchange):
     def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, *, tap=None,
                  overlap: bool = True, direct_min: int = DIRECT_MIN_BYTES):
         """``tap(step, buf, nbytes)``: called with the first bytes that landed from each peer before they
@@ -185,99 +178,6 @@ class Executor(ChecksumExchange):
                                 self.in_count[g.peer] = self.in_count.get(g.peer, 0) + len(g.regions)
         except TransferError as exc:
             raise TransferError(f"rank {self.rank}: plan messages: {exc.message}") from exc
-
-    def _send_ops(self, peer: int, regions, w: Wire, local: LocalWeights, tag: int, p: _Pending):
-        """Ops sending ``regions`` to ``peer`` (packed message first, then the direct regions), and what
-        each region's checksum is taken from: its bytes in the weights where they are contiguous there
-        (a uint8 view, summed later), else its packed/scratch copy (``Later``, summed right after
-        posting, one pass per message)."""
-        ops, sources = [], [None] * len(regions)
-        if w.packed:
-            buf = self._buffer(w.packed_size, p)
-            for j, off in zip(w.packed, w.layout.offsets):
-                r = regions[j]
-                local.read_into(r.tensor, r.box, buf[off : off + r.nbytes])
-                sources[j] = (local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None
-                              else Later(buf, off, r.nbytes))
-            ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag, group=self.groups.data))
-            p.wire += w.packed_size
-        for j in w.direct:
-            r = regions[j]
-            if w.src[j] is not None:
-                v = local.span_view(r.tensor, w.src[j], r.nbytes)  # zero copy
-                sources[j] = v
-            else:
-                v = self._buffer(r.nbytes, p)
-                local.read_into(r.tensor, r.box, v)
-                sources[j] = Later(v, 0, r.nbytes)
-            assert v.numel() == r.nbytes
-            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
-            p.wire += r.nbytes
-        return ops, sources
-
-    def _recv_ops(self, peer: int, regions, w: Wire, target, tag: int, p: _Pending):
-        ops = []
-        packed = None
-        if w.packed:
-            packed = self._buffer(w.packed_size, p)
-            ops.append(dist.P2POp(dist.irecv, packed, peer, tag=tag, group=self.groups.data))
-            p.wire += w.packed_size
-        lands = []
-        for j in w.direct:
-            r = regions[j]
-            if w.dst[j] is not None:
-                v, inside = target.span_view(r.tensor, w.dst[j], r.nbytes), True  # zero copy
-            else:
-                v, inside = self._buffer(r.nbytes, p), False
-            assert v.numel() == r.nbytes
-            lands.append((v, inside))
-            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag, group=self.groups.data))
-            p.wire += r.nbytes
-        return ops, _Recv(peer, regions, w, packed, lands)
-
-    def _land(self, rv: _Recv, target, what: str, *, defer: bool) -> None:
-        """Place what arrived from one peer into ``target`` (the staged weights, or a bucket at its root),
-        then take every region's checksum from where it finally lies: a contiguous span of ``target`` is
-        summed there (in the verify phase when ``defer``); any other region is read back from ``target``
-        into its receive buffer and summed there (one pass per message). So the copy into ``target`` is
-        covered as well as the wire."""
-        regions, w = rv.regions, rv.wire
-        names = [f"{what} from rank {rv.peer}: {self.model.tensors[x.tensor].name} {x.box}" for x in regions]
-        got: list = [None] * len(regions)
-        if self.tap is not None:  # a drill's corruption (worker layer): the first region that landed
-            hit = next(((v, v.numel()) for v, _ in rv.lands), None)
-            if hit is None and w.packed:
-                hit = (rv.packed, w.layout.offsets[0] + regions[w.packed[0]].nbytes)
-            if hit is not None:
-                self.tap(self.step_no, hit[0], hit[1])
-        back_off, back_n, back_j = [], [], []
-        if w.packed:
-            for j, off in zip(w.packed, w.layout.offsets):
-                r = regions[j]
-                seg = rv.packed[off : off + r.nbytes]
-                target.write_from(r.tensor, r.box, seg)
-                if w.dst[j] is not None:
-                    v = target.span_view(r.tensor, w.dst[j], r.nbytes)
-                    got[j] = (v if defer else checksum(v), names[j])
-                else:
-                    target.read_into(r.tensor, r.box, seg)  # read back what landed
-                    back_off.append(off)
-                    back_n.append(r.nbytes)
-                    back_j.append(j)
-        if back_j:
-            sums = segment_checksums(rv.packed, back_off, back_n)
-            for k, j in enumerate(back_j):
-                got[j] = (sums[k], names[j])
-        for j, (v, inside) in zip(w.direct, rv.lands):
-            r = regions[j]
-            if inside:
-                target.mark_written(r.tensor, w.dst[j][0], r.box)
-                got[j] = (v if defer else checksum(v), names[j])
-            else:
-                target.write_from(r.tensor, r.box, v)
-                target.read_into(r.tensor, r.box, v)  # read back what landed
-                got[j] = (checksum(v), names[j])
-        self.in_sums.setdefault(rv.peer, []).extend(got)
 
     def _buffer(self, n: int, pending: _Pending) -> torch.Tensor:
         block = self.pool.acquire(n)
@@ -530,8 +430,3 @@ class Executor(ChecksumExchange):
                         self._copy_check(self.staged, t_idx, box, ref, f"bucket {b.index}: {t.name} {box} copy")
                         stats.bytes_received += box_numel(box) * t.itemsize
         self._release(p)
-
-    def _copy_check(self, local: LocalWeights, index: int, box, ref: torch.Tensor, what: str) -> None:
-        """A local copy checked byte for byte: ``box`` of ``local`` equals ``ref``, the bytes it was
-        copied from or to (compared in place, in the verify phase's one host sync)."""
-        self._check(local.differs(index, box, ref), [what])

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, ReshardError, TransferError
 from reshardctl.runtime import commit as _commit
