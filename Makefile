@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test bench clean install slurm-up slurm-down
+.PHONY: demo test test-gpu bench clean install slurm-up slurm-down
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# the NCCL tests (marked gpu), on a machine with at least 2 GPUs; the CPU suite never runs them
+test-gpu: install
+	RESHARDCTL_TEST_GPU=1 $(PY) -m pytest -q -m gpu
 
 bench: install
 	$(PY) benchmarks/refit_local.py

@@ -8,12 +8,12 @@
     refitter = api.Refitter(plan)                 # collective: creates the broadcast sub-groups
     boxes = refitter.holdings()                   # {hf_name: (box, ...)} this rank holds
     report = refitter.refit(step, local_src=...)  # trainer ranks: {hf_name: [tensor per box]}
-    report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, all or nothing
+    report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, only once committed
 
-The same executor, checksums, vote and events as ``reshardctl run`` (reshardctl/runtime/). On an
-inference rank ``local_dst`` is written only after EVERY rank verified its bytes; a failed refit
-raises ``VerificationError``/``TransferError`` and leaves ``local_dst`` untouched. Reference:
-docs/api.md.
+The same executor, checksums, two-phase commit and events as ``reshardctl run`` (reshardctl/runtime/).
+On an inference rank ``local_dst`` is written only after EVERY rank verified its bytes and this rank
+learned that every rank knows it; a failed refit raises ``VerificationError``/``TransferError`` and
+leaves ``local_dst`` untouched. Reference: docs/api.md.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.faults import Faults, parse_faults
-from reshardctl.runtime.groups import attach_groups
+from reshardctl.runtime.groups import attach_groups, settle
 from reshardctl.runtime.pack import BufferPool, LocalWeights
+from reshardctl.runtime.refit import State, refit_once
 from reshardctl.runtime.weights import empty_like_holdings
-from reshardctl.runtime.worker import _State, refit_once
+
+_instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
 
 def plan_refit(*, model, train: str | None = None, infer: str | None = None, site: str = "local",
@@ -74,12 +75,32 @@ class Refitter:
         self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api")
         self.options = RunOptions(run_dir=events_dir, timeout_s=timeout_s)
         self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
-        self.faults = Faults(parse_faults(None), rank)  # test-only hooks (RESHARDCTL_TEST_*), none otherwise
-        self.groups = attach_groups(self.env, plan, device, timeout_s)
+        self.device, self.timeout_s = device, timeout_s
+        _instances[0] += 1
+        self._uid = _instances[0]
+        self._attempt = 0
+        self._retired: list = []  # groups of failed attempts: never torn down while a dead peer's op may be pending
         self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
-        self.executor = Executor(plan, self.groups, self.events, self.pool, self.faults)
+        self._build()
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
         self._staged: LocalWeights | None = None
+        self._committed: int | None = None
+        self._broken = False
+
+    def _store(self):
+        try:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            return dist.PrefixStore(f"reshardctl/refitter-{self._uid}/", _get_default_store())
+        except Exception:  # noqa: BLE001 - no store: failures are not published, each rank runs into its own timeout
+            return None
+
+    def _build(self) -> None:
+        """Own control and data groups (collective), so a failed refit can be followed by fresh ones."""
+        self.groups = attach_groups(self.env, self.plan, self.device, self.timeout_s, own_data=True)
+        store = self._store()
+        self.groups.store = None if store is None else dist.PrefixStore(f"attempt-{self._attempt}/", store)
+        self.executor = Executor(self.plan, self.groups, self.events, self.pool)
 
     def holdings(self) -> dict[str, tuple[Box, ...]]:
         """The boxes (global HF coordinates) this rank holds, by HF tensor name; one local tensor per box."""
@@ -99,10 +120,38 @@ class Refitter:
                             {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
 
     def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
-              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None) -> IterationReport:
+              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0) -> IterationReport:
         """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
-        ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape."""
-        st = _State()
+        ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape.
+        A failed attempt is retried up to ``retries`` times (every rank passes the same value), after
+        every rank settled, on fresh groups; the error of the last attempt is raised. After a failure the
+        Refitter stays usable: the next call rebuilds its groups first."""
+        for attempt in range(retries + 1):
+            if self._broken:
+                self._rebuild(step)
+            try:
+                return self._refit_once(step, local_src, local_dst)
+            except TransferError as exc:
+                self._broken = True
+                self.events.record("attempt", 0.0, 0.0, error=exc, step=step, attempt=attempt)
+                if attempt == retries:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _rebuild(self, step: int) -> None:
+        store = self._store()
+        if store is not None:
+            missing = settle(store, self.env, self._attempt, self.timeout_s)
+            if missing:
+                raise TransferError(f"refit of step {step}: rank(s) {missing} did not settle after the failed "
+                                    f"refit within {self.timeout_s:g} s; the Refitter cannot rebuild its groups")
+        self._retired.append(self.groups)
+        self._attempt += 1
+        self._build()
+        self._broken = False
+
+    def _refit_once(self, step, local_src, local_dst) -> IterationReport:
+        st = State(committed_step=self._committed)
         local_error: ReshardError | None = None
         try:
             if self.env.side == "train":
@@ -119,15 +168,19 @@ class Refitter:
                 st.staged = self._staged
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
-            local_error, st = exc, _State()
-        report = refit_once(self.plan, self.env, self.groups, self.executor, st, None, self.options, self.faults,
-                            self.events, step, not_ready=None if local_error is None else local_error.message)
+            local_error, st = exc, State(committed_step=self._committed)
+        report = refit_once(self.plan, self.groups, self.executor, st, None, self.options, self.events, step,
+                            not_ready=None if local_error is None else local_error.message)
+        # committed: every rank voted OK and learned it. Only now the caller's tensors change.
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
             for i, new in st.current.data.items():
                 for dst, src in zip(st.staged.data[i], new):
                     dst.copy_(src)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
             self._staged = LocalWeights(self.model, self._holdings, st.current.data)
+        self._committed = step
         return report
 
     def close(self) -> None:

@@ -21,3 +21,29 @@ def small_llama(tmp_path) -> str:
     d.mkdir()
     (d / "config.json").write_text(json.dumps(SMALL_LLAMA))
     return str(d / "config.json")
+
+
+# ---- backends: CPU tests run gloo on any host; GPU (NCCL) tests only when asked ---------------------
+GPU_FLAG = "RESHARDCTL_TEST_GPU"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA GPUs and NCCL; runs only with RESHARDCTL_TEST_GPU=1 (make test-gpu)")
+
+
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    if os.environ.get(GPU_FLAG) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"GPU test: set {GPU_FLAG}=1 (make test-gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _pin_backend(request, monkeypatch):
+    """Every test that is not marked gpu runs its ranks on gloo/CPU, even on a host with GPUs."""
+    if "gpu" not in request.keywords:
+        monkeypatch.setenv("RESHARDCTL_FORCE_CPU", "1")

@@ -8,7 +8,6 @@ ends up with against the synthetic generator, independently of the runtime's che
 from __future__ import annotations
 
 import json
-import os
 import socket
 
 import pytest
@@ -29,27 +28,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: str | None, q) -> None:
+def _corrupt_once(step: int):
+    """A byte flipped in what lands on this rank at ``step`` (the executor's tap, set by this test in its
+    own process: the API itself has no fault hooks); a rebuilt Refitter has a fresh executor, no tap."""
+    done = []
+
+    def tap(at, buf, n):
+        if at == step and n > 0 and not done:
+            buf[n // 2] ^= 0x5A
+            done.append(at)
+    return tap
+
+
+def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: int | None, q,
+          retries: int = 0) -> None:
     try:
         torch.set_num_threads(1)
-        if corrupt:
-            os.environ["RESHARDCTL_TEST_CORRUPT"] = corrupt  # the runtime's test-only hook
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2", transport=transport)
         by_name = {t.name: t for t in plan.model.tensors}
         refitter = api.Refitter(plan, timeout_s=60)
+        if corrupt is not None and rank == 3:
+            refitter.executor.tap = _corrupt_once(corrupt)
         holdings = refitter.holdings()
         trainer = rank < plan.train_world
         # the caller's own tensors: inference ranks start on step-0 weights
         local = {n: [synthetic_region(by_name[n], b, 0) for b in boxes] for n, boxes in holdings.items()}
         results = []
-        for step in (1, 2):
+        for step in (1, 2, 3) if corrupt is not None else (1, 2):
             try:
                 if trainer:
                     local = {n: [synthetic_region(by_name[n], b, step) for b in boxes] for n, boxes in holdings.items()}
-                    refitter.refit(step, local_src=local)
+                    refitter.refit(step, local_src=local, retries=retries)
                 else:
-                    refitter.refit(step, local_dst=local)
+                    refitter.refit(step, local_dst=local, retries=retries)
                 ok = True
             except ReshardError as exc:
                 ok = type(exc).__name__
@@ -68,7 +80,7 @@ def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: s
         q.put((rank, None, repr(exc)))
 
 
-def _run(tmp_path, transport: str, corrupt: str | None = None):
+def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0):
     cfg = tmp_path / "small" / "config.json"
     cfg.parent.mkdir()
     cfg.write_text(json.dumps(SMALL))
@@ -76,7 +88,8 @@ def _run(tmp_path, transport: str, corrupt: str | None = None):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q, retries))
+             for r in range(world)]
     for p in procs:
         p.start()
     out = dict((r, (res, err)) for r, res, err in (q.get(timeout=180) for _ in procs))
@@ -96,14 +109,20 @@ def test_refit_in_caller_processes(tmp_path, transport):
         assert [ok for _, ok, _ in res[r]] == [True, True]
 
 
-def test_failed_refit_leaves_caller_tensors_untouched(tmp_path):
+def test_failed_refit_leaves_caller_tensors_untouched_and_the_refitter_survives(tmp_path):
     """A byte flipped on inference rank 3 (global) at step 2: every rank raises VerificationError and
-    both inference ranks' own tensors still hold step 1."""
-    res = _run(tmp_path, "reshard", corrupt="rank=3,step=2")
+    both inference ranks' own tensors still hold step 1; the next refit (fresh groups) commits step 3."""
+    res = _run(tmp_path, "reshard", corrupt=2)
     for r in (2, 3):
-        assert res[r] == [(1, True, 1), (2, "VerificationError", 1)]
+        assert res[r] == [(1, True, 1), (2, "VerificationError", 1), (3, True, 3)]
     for r in (0, 1):
-        assert res[r][1][1] == "VerificationError"
+        assert [ok for _, ok, _ in res[r]] == [True, "VerificationError", True]
+
+
+def test_refit_retries_after_a_failed_attempt(tmp_path):
+    res = _run(tmp_path, "reshard", corrupt=2, retries=1)
+    for r in (2, 3):
+        assert res[r] == [(1, True, 1), (2, True, 2), (3, True, 3)]
 
 
 def _rank_bad_input(rank: int, world: int, port: int, cfg: str, q) -> None:

@@ -58,10 +58,10 @@ def test_bench_runs_all_transports_on_the_same_processes(tmp_path, small, capsys
         assert sum('"rendezvous"' in line for line in f.read_text().splitlines()) == 1
 
 
-def test_a_corrupted_refit_fails_and_says_so(tmp_path, small, capsys, monkeypatch):
-    monkeypatch.setenv("RESHARDCTL_TEST_CORRUPT", "rank=3,step=2")  # test-only hook: flips a received byte
+def test_a_corrupted_refit_fails_and_says_so(tmp_path, small, capsys):
     out = tmp_path / "bad"
-    code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "2", "--out", str(out)])
+    code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "2", "--out", str(out),
+                 "--inject", "corrupt:rank=3:step=2"])
     assert code == 1
     def no_nan(x):
         raise AssertionError(f"summary.json is not strict JSON: {x}")
@@ -69,8 +69,33 @@ def test_a_corrupted_refit_fails_and_says_so(tmp_path, small, capsys, monkeypatc
     summary = json.loads((out / "summary.json").read_text(), parse_constant=no_nan)
     s = summary["transports"]["reshard"]
     assert not summary["ok"] and not s["verified"]
-    assert any(f["rank"] == 3 and f["error"] == "VerificationError" for f in s["failures"])
-    assert "not committed" in capsys.readouterr().err
+    assert s["failures"][0]["rank"] == 3 and s["failures"][0]["error"] == "VerificationError"
+    assert summary["root_cause"]["rank"] == 3 and summary["knock_on_failures"] == 3
+    assert summary["drills"][0]["drill"] == "corrupt rank 3 in phase transfer at step 2"
+    io = capsys.readouterr()
+    assert "not committed" in io.err and "Traceback" not in io.err
+    assert io.out.index("root cause: rank 3") < io.out.index("then 3 knock-on failure(s)")
+
+
+def test_a_killed_rank_is_in_the_summary_and_printed_first(tmp_path, small, capsys):
+    out = tmp_path / "dead"
+    code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "2", "--out", str(out),
+                 "--timeout-s", "5", "--inject", "kill:rank=2:phase=transfer:step=2"])
+    assert code == 1
+    summary = json.loads((out / "summary.json").read_text())
+    first = summary["transports"]["reshard"]["failures"][0]
+    assert (first["rank"], first["error"], first["root_cause"]) == (2, "RankLost", True)
+    assert summary["detection_s"] is not None and summary["detection_s"] <= 5 + 10
+    assert "root cause: rank 2 (infer 0" in capsys.readouterr().out
+
+
+def test_retry_with_fallback_from_the_cli(tmp_path, small, capsys):
+    out = tmp_path / "retry"
+    code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "2", "--out", str(out),
+                 "--inject", "corrupt:rank=3:step=2", "--retries", "1", "--on-failure", "fallback", "--json"])
+    assert code == 0
+    s = json.loads(capsys.readouterr().out)["transports"]["reshard"]
+    assert s["verified"] and [a["transport"] for a in s["attempts"]] == ["reshard", "gather_broadcast"]
 
 
 def test_run_rejects_bad_layouts_before_starting_anything(tmp_path, small, capsys):

@@ -18,6 +18,7 @@ import torch
 from reshardctl.errors import TransferError, VerificationError
 from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import read_events
 from reshardctl.runtime.weights import synthetic_region
 
@@ -43,7 +44,7 @@ def assert_inference_weights(run_dir: Path, plan, step: int) -> None:
 
 
 def opts(tmp_path, **kw) -> RunOptions:
-    base = dict(run_dir=str(tmp_path), timeout_s=TIMEOUT, dump_weights=True)
+    base = dict(run_dir=str(tmp_path), timeout_s=TIMEOUT, dump_weights=True, device="cpu")
     base.update(kw)
     return RunOptions(**base)
 
@@ -113,11 +114,11 @@ def test_dead_peer_fails_within_the_timeout(tmp_path):
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
     with pytest.raises(TransferError) as info:
-        run_local(plan, opts(tmp_path, iterations=3, timeout_s=5.0, faults="die:rank=1,step=2"))
+        run_local(plan, opts(tmp_path, iterations=3, timeout_s=5.0, faults="exit:rank=1:phase=start:step=2:code=17"))
     assert not isinstance(info.value, VerificationError)
-    assert "rank 1: exited with code 17" in str(info.value)
-    # not a hang: every survivor reported its own failure; none was stopped by the launcher's deadline
-    assert "did not finish within" not in str(info.value)
+    assert "root cause: rank 1 (train 1" in str(info.value) and "exited with code 17" in str(info.value)
+    # not a hang: every survivor reported its own failure; none was stopped by the launcher
+    assert "stopped by the launcher" not in str(info.value)
     reports = info.value.reports
     assert sorted(r.global_rank for r in reports) == [0, 2, 3] and not any(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 1)
@@ -134,12 +135,15 @@ def test_module_entry_with_torchrun_style_env(tmp_path):
                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "reshardctl.runtime.worker", "--plan", str(tmp_path / "plan.pkl"),
-             "--run-dir", str(tmp_path), "--device", "cpu", "--timeout-s", "15", "--dump-weights"],
+             "--run-dir", str(tmp_path), "--device", "cpu", "--timeout-s", "15", "--dump-weights",
+             "--inject", "slow:rank=1:factor=2"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outs
     assert_inference_weights(tmp_path, plan, 1)
     assert (tmp_path / "reports" / "rank-3.json").is_file()
+    assert oct((tmp_path / "reports" / "rank-3.json").stat().st_mode & 0o777) == "0o600"
+    assert any(e["phase"] == "drill" for e in read_events(tmp_path / "events" / "rank-1.jsonl"))
 
 
 # ---- zero copy, sessions, bucket root memory -----------------------------------------------------------
@@ -211,7 +215,7 @@ def test_bucket_root_gathers_straight_into_the_bucket(tmp_path, overlap):
     reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, direct_min_bytes=0, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
-    bucket = plan.bucket_bytes + 8  # one tensor + its checksum
+    bucket = plan.bucket_bytes + SUM_BYTES  # one tensor + its checksum
     in_flight = 2 if overlap else 1
     # the root holds the bucket(s) in flight and nothing else: no gather message buffers
     assert reports[0].peak_staging_bytes <= in_flight * bucket

@@ -30,6 +30,10 @@ LAUNCHER = typer.Option(None, "--launcher", help="local | slurm (default: the pr
 SLURM_MODE = typer.Option(None, "--slurm-mode", help="hetjob | two-jobs (default: the profile's slurm.mode, else hetjob).")
 DRY_RUN = typer.Option(False, "--dry-run", help="Slurm: print the job scripts and the sbatch argv; submit nothing, write nothing.")
 DETACH = typer.Option(False, "--detach", help="Slurm: submit, print the job ids and the run directory, return (see `reshardctl collect`).")
+INJECT = typer.Option(None, "--inject", help="A fault drill, repeatable: kill:rank=5:phase=transfer, hang:rank=2:phase=verify, corrupt:rank=6, slow:rank=1:factor=4, exit:rank=3:phase=commit (docs/runbook-faults.md).")
+RETRIES = typer.Option(0, "--retries", min=0, help="Retry a failed refit N times on freshly built process groups, after every rank settled.")
+ON_FAILURE = typer.Option("abort", "--on-failure", help="abort | fallback (retries use gather-and-broadcast, decided before the first attempt).")
+TIMEOUT = typer.Option(None, "--timeout-s", min=0.1, help="Bound on every blocking call (default: the profile's refit.timeout_s).")
 
 
 def _s(x) -> str:
@@ -46,7 +50,8 @@ def _b(n) -> str:
 
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
              infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
-             launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False):
+             launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False, inject=None, retries=0,
+             on_failure="abort", timeout_s=None):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,
@@ -69,16 +74,18 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                         f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
                         f"this machine's, not the site's; `reshardctl plan` predicts the site")
     show = not as_json and not output.quiet()
-    with Progress(TextColumn("{task.fields[state]}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} rank commits"),
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
-        task = prog.add_task("refit", total=None, state="refits")
+        task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
         res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out,
-                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(),
-                          progress=lambda done, total: prog.update(task, completed=done, total=total),
+                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
+                          retries=retries, on_failure=on_failure, timeout_s=timeout_s,
+                          progress=lambda done, total, what: prog.update(task, completed=done, total=total,
+                                                                         **({"description": what}
+                                                                            if launcher == "local" else {})),
                           launcher=launcher, slurm_mode=slurm_mode, detach=detach,
                           on_slurm_state=lambda states, sides: prog.update(
-                              task, state=slurm_state_line(states, sides)))
+                              task, description=slurm_state_line(states, sides)))
     if res.summary is None:  # detached
         run = res.slurm
         info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
@@ -172,9 +179,27 @@ def render(summary: dict) -> None:
         con.print(f"slurm ({sl.get('mode')}): job(s) {ids}: {states or 'no final state'}"
                   + (f"; {times}" if times else ""), markup=False, highlight=False)
     con.print(f"run directory: {summary['run_dir']}", markup=False, highlight=False)
+    if summary.get("interrupted"):
+        con.print("interrupted: the ranks were stopped", markup=False)
+    root = summary.get("root_cause")
+    if root:
+        where = ", ".join(str(x) for x in (f"{root.get('side')} {root.get('side_rank')}", root.get("host"),
+                          root.get("phase") and f"phase {root['phase']}", root.get("step") and f"step {root['step']}")
+                          if x)
+        con.print(f"root cause: rank {root['rank']} ({where}): {root['error']}: {root['message']}", markup=False)
+        n = summary.get("knock_on_failures", 0)
+        if n:
+            det = summary.get("detection_s")
+            con.print(f"then {n} knock-on failure(s) on the other ranks"
+                      + (f", the last detected {det:.2f} s after the fault (timeout {summary['timeout_s']:g} s)"
+                         if det is not None else ""), markup=False)
+        return
     for name, s in trs.items():
         for f in s["failures"][:5]:
             con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
+                      markup=False)
+        for a in s.get("attempts", [])[:10]:
+            con.print(f"{name}: step {a['step']} attempt {a['attempt']} ({a['transport']}): {a['outcome']}",
                       markup=False)
 
 
@@ -188,7 +213,8 @@ def run_cmd(
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
-    detach: bool = DETACH,
+    detach: bool = DETACH, inject: Optional[list[str]] = INJECT,
+    retries: int = RETRIES, on_failure: str = ON_FAILURE, timeout_s: Optional[float] = TIMEOUT,
 ) -> None:
     """Run the refit for real (processes here, or Slurm jobs): every byte verified."""
     from reshardctl.site import load_profile
@@ -200,7 +226,7 @@ def run_cmd(
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
              full_check=full_check, as_json=as_json, launcher=launcher, slurm_mode=slurm_mode, dry_run=dry_run,
-             detach=detach, mtp=mtp)
+             detach=detach, mtp=mtp, inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s)
 
 
 def bench_cmd(

@@ -1,27 +1,43 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
 ``run_local_session(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``), spawns
-``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port,
-runs every plan in order in the same processes and process group (``worker.run_session``), waits for
-every rank's reports with a deadline (a rank that dies or hangs is noticed, the survivors are stopped),
-and returns ``{plan name: reports in rank order}``, or raises ``TransferError`` naming the failing ranks.
-``run_local(plan, options)`` is the one-plan, no-warmup case.
+``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+a fresh random run token, runs every plan in order in the same processes (``worker.run_session``) and
+returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
+cause first.
+
+Bounded, fast failure: a rank that exits without a report is known at once; from the first failure on,
+the survivors have ``timeout_s`` plus a grace to report (they stop within the timeout, refit.py); a
+rank still silent once the others have gone quiet for ``QUIET_S`` is killed (a hung rank). Processes are killed before they are joined; none is left
+behind. Ranks never outlive the launcher: each watches its parent (``PR_SET_PDEATHSIG`` and a
+polling thread) and exits within a second of its death; ``stop`` (an Event) ends a run early.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue as _queue
+import secrets
+import signal
 import socket
+import sys
+import threading
 import time
+from dataclasses import replace
 from typing import Mapping
 
 import torch
 import torch.multiprocessing as mp
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
+from reshardctl.launch.failures import failure_line, order_failures
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
+from reshardctl.runtime.events import read_events
+
+GRACE_S = 5.0  # after the first failure: survivors report within timeout_s + this, or are killed
+QUIET_S = 2.0  # ... and once no rank has reported for this long, the silent ones are killed (hung)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -33,7 +49,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def choose_local_backend(world: int, device: str) -> str:
-    if device == "cpu":
+    """gloo for ``--device cpu`` (or ``RESHARDCTL_FORCE_CPU=1``); NCCL where every rank has its own GPU."""
+    if device == "cpu" or os.environ.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false"):
+        if device == "cuda":
+            raise LaunchError("--device cuda but RESHARDCTL_FORCE_CPU is set")
         return "gloo"
     ok = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if device == "cuda" and not ok:
@@ -42,25 +61,58 @@ def choose_local_backend(world: int, device: str) -> str:
     return "nccl" if ok else "gloo"
 
 
-def _child(env: RankEnv, plans, options: RunOptions, warmup: int, threads: int, q) -> None:
+def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
+    """This process dies with its parent: SIGKILL on the parent's death (Linux), and a daemon thread
+    that exits the process when the parent is gone (reparented) in case the signal is not available."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def poll() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(period_s)
+
+    threading.Thread(target=poll, name="reshardctl-parent-watch", daemon=True).start()
+
+
+def _child(env: RankEnv, plans, options: RunOptions, warmup: int, threads: int, q, fallback, parent: int) -> None:
+    watch_parent(parent)
     torch.set_num_threads(threads)
     from reshardctl.runtime.worker import run_session
 
     try:
-        reports = run_session(env, plans, options, warmup=warmup)
+        reports = run_session(env, plans, options, warmup=warmup, fallback=fallback)
     except BaseException as exc:  # noqa: BLE001 - run_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
                                  error_type=type(exc).__name__, error_message=str(exc)) for n in plans}
     q.put((env.global_rank, reports))
+    q.close()
+    q.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if env.global_rank == 0:  # it hosts the run's store: the others may still need it to learn a failure
+        while True:  # until the launcher kills it, after the last report (or it dies with the launcher)
+            time.sleep(1)
+    os._exit(0)  # no teardown: after a failure, a dead peer's pending ops could hold it up
 
 
 class LocalRunError(TransferError):
-    """A local run failed; ``reports`` holds what the ranks that finished returned."""
+    """A local run failed; ``reports`` holds what the ranks that finished returned; ``failures`` every
+    failure record, root cause first (``lost`` ranks: no report)."""
 
     def __init__(self, message: str, reports: list[RankReport], *, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.reports = reports
         self.session: dict[str, list[RankReport]] = {}
+        self.failures: list[dict] = []
+        self.interrupted = False
+        self.stopped_after_s: float | None = None  # from the first failure the launcher knew to the last process killed
 
 
 class LocalVerificationError(LocalRunError, VerificationError):
@@ -68,19 +120,42 @@ class LocalVerificationError(LocalRunError, VerificationError):
 
 
 def run_local(plan, options: RunOptions, *, deadline_s: float | None = None, host: str = "127.0.0.1",
-              backend: str | None = None) -> list[RankReport]:
+              backend: str | None = None, fallback=None) -> list[RankReport]:
     """Spawn every rank on this machine; return their reports (rank order) or raise ``TransferError``."""
     return run_local_session({"plan": plan}, options, warmup=0, deadline_s=deadline_s, host=host,
-                             backend=backend)["plan"]
+                             backend=backend, fallback=fallback)["plan"]
+
+
+def _last_event(run_dir: str | None, rank: int) -> dict:
+    """The rank's drill event if it has one, else its last event (where a rank without a report was)."""
+    if not run_dir:
+        return {}
+    try:
+        ev = read_events(os.path.join(run_dir, "events", f"rank-{rank}.jsonl"))
+    except (OSError, ValueError):
+        return {}
+    drill = [e for e in ev if e.get("phase") == "drill"]
+    return drill[-1] if drill else (ev[-1] if ev else {})
+
+
+def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | None) -> dict:
+    side, side_rank = ("train", rank) if rank < world_t else ("infer", rank - world_t)
+    last = _last_event(run_dir, rank)
+    phase = last.get("at") or last.get("phase")
+    return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank, "phase": phase,
+            "step": last.get("step"), "round": last.get("round", last.get("bucket")), "peers": None,
+            "at": at, "knock_on": False, "error": "RankLost", "message": why,
+            "drill": last.get("drill")}
 
 
 def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmup: int = 1,
                       deadline_s: float | None = None, host: str = "127.0.0.1",
-                      backend: str | None = None) -> dict[str, list[RankReport]]:
+                      backend: str | None = None, fallback=None,
+                      stop: threading.Event | None = None) -> dict[str, list[RankReport]]:
     """One spawn, one rendezvous, one process group for several plans of the same worlds, run in order
     (``warmup`` untimed + ``options.iterations`` timed refits each, then the raw baseline when asked).
     Returns ``{name: reports in rank order}`` or raises ``LocalRunError`` (its ``reports``: the first
-    failing plan's, ``session``: all of them)."""
+    failing plan's, ``session``: all of them, ``failures``: root cause first)."""
     if not plans:
         raise LaunchError("run_local_session needs at least one plan")
     statics = {n: StaticPlan.freeze(p) for n, p in plans.items()}
@@ -98,58 +173,109 @@ def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmu
     backend = backend or choose_local_backend(world, options.device)
     threads = max(1, (os.cpu_count() or 1) // world)
     port = free_port(host)
-    if deadline_s is None:
-        deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2)
+    options = replace(options, token=options.token or secrets.token_hex(16))
+    fb = StaticPlan.freeze(fallback) if fallback is not None else None
+    if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
+        deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = []
-    for r in range(world):
-        env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
-        p = ctx.Process(target=_child, args=(env, statics, options, warmup, threads, q), name=f"reshardctl-rank-{r}")
-        p.start()
-        procs.append(p)
+    # ranks log c10d errors through their reports, not as C++ warnings with stack traces on stderr
+    saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = saved or "ERROR"
+    try:
+        for r in range(world):
+            env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
+            p = ctx.Process(target=_child, args=(env, statics, options, warmup, threads, q, fb, os.getpid()),
+                            name=f"reshardctl-rank-{r}")
+            p.start()
+            procs.append(p)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     reports: dict[int, dict[str, RankReport]] = {}
-    lost: dict[int, str] = {}
+    lost: dict[int, dict] = {}
     end = time.monotonic() + deadline_s
+    first_failure: float | None = None
+    interrupted = False
+
+    last_change = time.monotonic()
+    quiet = QUIET_S + (options.timeout_s if options.retries else 0.0)  # survivors may first try to settle
+
+    def failed_now() -> None:
+        nonlocal first_failure, end
+        if first_failure is None:
+            first_failure = time.monotonic()
+            end = min(end, first_failure + options.timeout_s * (1 + options.retries) + GRACE_S)
+
     try:
         while len(reports) + len(lost) < world:
+            if stop is not None and stop.is_set():
+                interrupted = True
+                break
             try:
-                rank, rep = q.get(timeout=0.2)
+                rank, rep = q.get(timeout=0.1)
                 reports[rank] = rep
+                last_change = time.monotonic()
+                if not all(x.ok for x in rep.values()):
+                    failed_now()
                 continue
             except _queue.Empty:
                 pass
             for r, p in enumerate(procs):
                 if r not in reports and r not in lost and p.exitcode is not None:
-                    # it may have reported just before exiting: give the queue a moment
-                    try:
-                        rank, rep = q.get(timeout=1.0)
+                    try:  # it may have reported just before exiting
+                        rank, rep = q.get(timeout=0.5)
                         reports[rank] = rep
+                        last_change = time.monotonic()
+                        if not all(x.ok for x in rep.values()):
+                            failed_now()
+                        continue
                     except _queue.Empty:
-                        lost[r] = f"exited with code {p.exitcode} without a report"
+                        pass
+                    code = p.exitcode
+                    why = (f"killed by signal {-code}" if code < 0 else f"exited with code {code}") + " without a report"
+                    lost[r] = _lost_record(r, first.train_world, why, time.time(), options.run_dir)
+                    last_change = time.monotonic()
+                    failed_now()
+            if first_failure is not None and time.monotonic() > last_change + quiet:
+                end = min(end, time.monotonic())  # the outcome is known and the others have gone quiet
             if time.monotonic() > end:
-                for r, p in enumerate(procs):
+                for r in range(world):
                     if r not in reports and r not in lost:
-                        lost[r] = f"did not finish within {deadline_s:.0f} s"
+                        why = (f"stopped by the launcher: still silent {quiet:g} s after the last report, "
+                               f"{time.monotonic() - first_failure:.1f} s after the first failure (hung?)" if first_failure is not None
+                               else f"stopped by the launcher: did not finish within {deadline_s:.0f} s")
+                        lost[r] = _lost_record(r, first.train_world, why, time.time(), options.run_dir)
                 break
     finally:
-        for p in procs:
-            p.join(timeout=10)
+        for p in procs:  # kill before join: nothing outlives the run
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        for p in procs:
+            p.join(timeout=5)
         q.close()
+    stopped_after = None if first_failure is None else time.monotonic() - first_failure
     session = {n: [reports[r][n] for r in sorted(reports)] for n in names}
+    if interrupted:
+        err = LocalRunError(f"local run interrupted: {len(reports)} of {world} ranks had reported; the others "
+                            f"were stopped", session.get(names[0], []))
+        err.session, err.interrupted = session, True
+        err.failures = order_failures([], session.get(names[0], []))
+        raise err
     for n in names:
         ordered = session[n]
         failed = [r for r in ordered if not r.ok]
         if failed or lost:
-            lines = [f"rank {r}: {why}" for r, why in sorted(lost.items())]
-            lines += [f"rank {r.global_rank} ({r.side} {r.side_rank}): {r.error_type}: {r.error_message}" for r in failed]
-            only_verify = not lost and all(r.error_type == "VerificationError" for r in failed)
+            failures = order_failures(list(lost.values()), ordered)
+            knock = len(failures) - 1
             where = f" (plan {n!r})" if len(names) > 1 else ""
-            msg = f"local run failed{where} on {len(lost) + len(failed)} of {world} ranks:\n  " + "\n  ".join(lines)
+            lines = [failure_line(f) for f in failures]
+            msg = (f"local run failed{where}: root cause: {lines[0]}"
+                   + (f"\n  then {knock} knock-on failure(s):\n  " + "\n  ".join(lines[1:]) if knock else ""))
+            only_verify = not lost and all(r.error_type == "VerificationError" for r in failed)
             err = (LocalVerificationError if only_verify else LocalRunError)(msg, ordered)
-            err.session = session
+            err.session, err.failures = session, failures
+            err.stopped_after_s = stopped_after
             raise err
     return session

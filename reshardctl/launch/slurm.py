@@ -26,6 +26,7 @@ from typing import Callable, Mapping
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.launch import slurm_cli
+from reshardctl.launch.failures import order_failures
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
@@ -64,16 +65,18 @@ class SlurmRun:
             raise LaunchError(f"{path}: unreadable ({exc})") from None
 
 
-def session_bytes(plans: Mapping[str, object], options, warmup: int) -> bytes:
-    """The content of ``session.pkl``: what every rank loads. The planner's own plans travel (each rank
-    derives its own steps from them), never every rank's steps written out."""
-    return pickle.dumps({"plans": dict(plans), "options": options, "warmup": warmup}, protocol=pickle.HIGHEST_PROTOCOL)
+def session_bytes(plans: Mapping[str, object], options, warmup: int, fallback=None) -> bytes:
+    """The content of ``session.pkl``: what every rank loads (the run token is in ``options``). The
+    planner's own plans travel (each rank derives its own steps from them), never every rank's steps
+    written out; ``fallback``: the gather-and-broadcast plan of ``--on-failure fallback``."""
+    return pickle.dumps({"plans": dict(plans), "options": options, "warmup": warmup, "fallback": fallback},
+                        protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: int) -> Path:
+def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: int, fallback=None) -> Path:
     path = run_dir / SESSION_FILE
     with atomic_open(path, binary=True, mode=0o600) as fh:
-        fh.write(session_bytes(plans, options, warmup))
+        fh.write(session_bytes(plans, options, warmup, fallback))
     return path
 
 
@@ -260,6 +263,21 @@ def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str,
         by_rank[r] = {n: rank_report_from_dict(d) for n, d in data.items()}
     session = {n: [by_rank[r][n] for r in sorted(by_rank) if n in by_rank[r]] for n in names}
     return session, lost
+
+
+def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, str]) -> list[dict]:
+    """Failure records, root cause first (``launch/failures.py``): ranks without a report, then the
+    failing transport's ranks that failed on their own, then the knock-on failures."""
+    world_t = next((r.global_rank - r.side_rank for rs in session.values() for r in rs if r.side == "infer"), None)
+    recs = []
+    for rank, why in sorted(lost.items()):
+        side = None if world_t is None else ("train" if rank < world_t else "infer")
+        recs.append({"rank": rank, "side": side, "side_rank": None if world_t is None else
+                     (rank if rank < world_t else rank - world_t), "host": None, "phase": None, "step": None,
+                     "round": None, "peers": None, "at": 0.0, "knock_on": False, "error": "RankLost",
+                     "message": why})
+    failing = next((rs for rs in session.values() if any(not r.ok for r in rs)), [])
+    return order_failures(recs, failing) if (recs or failing) else []
 
 
 def slurm_record(run: SlurmRun, w: Watch | None, run_dir: Path) -> dict:

@@ -6,32 +6,41 @@ runs/<UTC time>-<label>/
   plan-<t>.npz       the plan of each transport (reshardctl/plan/serialize.py)
   plan.json          the plan report (predicted times, lower bound, bytes)
   events/rank-N.jsonl one JSON line per phase per rank (written by the ranks)
+  run.json           who started it (user, uid, host, pid), when, and its state (running, finished,
+                     failed, interrupted)
   summary.json       per transport: refit seconds (median/p90), bytes, GB/s, verified, failures
 ```
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
-summary that says what failed.
+summary that says what failed. The directory is private to the user (0700, files 0600). A run whose
+launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
+reads it as ``interrupted``.
 """
 
 from __future__ import annotations
 
+import getpass
+import json
 import os
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from reshardctl.atomic_write import write_json_atomic
+from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 
 DEFAULT_BASE = "runs"
 
 
 def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
-    """``out`` if given (created; must be empty or absent), else ``runs/<UTC time>-<label>[-k]``."""
+    """``out`` if given (created; must be empty or absent), else ``runs/<UTC time>-<label>[-k]``; private
+    to the user (0700)."""
     if out is not None:
         path = Path(out)
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)
         except OSError as exc:
             from reshardctl.errors import OutputError
 
@@ -43,7 +52,8 @@ def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
     for k in range(1000):
         path = base / (f"{stamp}-{label}" + (f"-{k}" if k else ""))
         try:
-            path.mkdir()
+            path.mkdir(mode=0o700)
+            path.chmod(0o700)
             return path
         except FileExistsError:
             continue
@@ -51,14 +61,52 @@ def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """Atomic JSON write (mode 0o644 whatever the umask)."""
-    return write_json_atomic(path, data, mode=0o644, indent=2, default=str)
+    """Atomic JSON write, private to the user (0600)."""
+    return write_json_atomic(path, data, mode=0o600, indent=2, default=str)
 
 
 def write_command(path: Path, argv: list[str] | None = None) -> Path:
     argv = list(sys.argv if argv is None else argv)
     if argv:
         argv[0] = Path(argv[0]).name
-    target = path / "command.txt"
-    target.write_text(shlex.join(argv) + "\n")
-    return target
+    return write_text_atomic(path / "command.txt", shlex.join(argv) + "\n", mode=0o600)
+
+
+def started_by() -> dict:
+    """Who started this run: user name, uid, host, pid."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return {"user": user, "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def mark_run(path: Path, state: str, who: dict, started: float) -> Path:
+    """``run.json``: who started the run, when, and where it stands."""
+    return write_json(path / "run.json", {"state": state, "started_by": who, "started_at": started,
+                                          "updated_at": time.time()})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_state(path: str | os.PathLike) -> str:
+    """``finished``, ``failed``, ``interrupted`` or ``running`` (a live launcher on this host);
+    ``unknown`` for a directory without ``run.json``. A ``running`` mark whose launcher is gone (killed
+    before it could write its summary) reads as ``interrupted``."""
+    try:
+        rec = json.loads((Path(path) / "run.json").read_text())
+    except (OSError, ValueError):
+        return "unknown"
+    state = rec.get("state", "unknown")
+    who = rec.get("started_by", {})
+    if state == "running" and who.get("host") == socket.gethostname() and not _alive(int(who.get("pid", 0))):
+        return "interrupted"
+    return state

@@ -12,10 +12,12 @@ a detached Slurm run is summarised later by ``collect_session(run_dir)`` exactly
 from __future__ import annotations
 
 import json
+import secrets
+import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +28,7 @@ from reshardctl.plan.model import Plan
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
 from reshardctl.plan.serialize import save_plan
-from reshardctl.runs.rundir import new_run_dir, write_command, write_json
+from reshardctl.runs.rundir import mark_run, new_run_dir, run_state, started_by, write_command, write_json
 from reshardctl.runs.summary import speedups, summarize_transport
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
@@ -81,7 +83,8 @@ def commits_by_side(events_dir: Path) -> dict[str, int]:
 
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
-                    run_dir: Path, command: str) -> dict:
+                    run_dir: Path, command: str, timeout_s: float | None = None, retries: int = 0,
+                    on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None) -> dict:
     """Everything ``summary.json`` needs besides the ranks' reports (``session.json``)."""
     lb = lower_bound(next(iter(plans.values())), inp.links)
     needed = infer_needed_bytes(inp.model, inp.infer)
@@ -89,11 +92,16 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "format": "reshardctl-session/1",
         "run_dir": str(run_dir),
         "command": command,
+        "started_by": who,
         "inputs": inputs_json(inp),
         "iterations": iterations,
         "warmup": warmup,
         "launcher": launcher,
         "world": inp.topology.world,
+        "timeout_s": inp.site.refit.timeout_s if timeout_s is None else timeout_s,
+        "retries": retries,
+        "on_failure": on_failure,
+        "memory_estimate_bytes": memory_bytes,
         "transports": {
             t: {"bytes_needed": needed, "predicted_s": predict(p, inp.links).predicted_s, "lower_bound_s": lb.seconds,
                 "bucket_bytes": p.bucket_bytes, "fingerprint": p.fingerprint}
@@ -103,21 +111,42 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
 
 
 def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None, wall_s: float,
+                  failures: list[dict] | None = None, interrupted: bool = False, run_dir: Path | None = None,
                   extra: dict | None = None) -> dict:
-    """``summary.json`` from the session context and the ranks' reports (``{transport: [RankReport]}``)."""
+    """``summary.json`` from the session context and the ranks' reports (``{transport: [RankReport]}``):
+    root cause first, knock-on failures counted (``failures``, from the launcher)."""
+    failures = failures or []
     summaries = {
         t: summarize_transport(t, (reports or {}).get(t, []), **c) for t, c in ctx["transports"].items()
     }
+    timeout = ctx.get("timeout_s")
+    fs = failure_summary(failures, run_dir, timeout) if (failures and run_dir is not None) else None
+    if failures or interrupted:
+        t = _failed_transport(reports, list(ctx["transports"]))
+        if t is not None:
+            if fs:
+                summaries[t]["failures"] = fs["failures"]
+            summaries[t]["verified"] = False
     summary = {
         "run_dir": ctx["run_dir"],
         "command": ctx["command"],
+        "started_by": ctx.get("started_by"),
         "inputs": ctx["inputs"],
         "launcher": ctx.get("launcher", "local"),
         "iterations": ctx["iterations"],
         "warmup": ctx["warmup"],
         "wall_s": wall_s,
         "ok": error is None,
+        "interrupted": interrupted,
         "error": None if error is None else str(error),
+        "root_cause": fs["root_cause"] if fs else None,
+        "knock_on_failures": fs["knock_on_failures"] if fs else 0,
+        "detection_s": fs["detection_s"] if fs else None,
+        "drills": fs["drills"] if fs else [],
+        "timeout_s": timeout,
+        "retries": ctx.get("retries", 0),
+        "on_failure": ctx.get("on_failure", "abort"),
+        "memory_estimate_bytes": ctx.get("memory_estimate_bytes"),
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
     }
@@ -125,32 +154,149 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
     return summary
 
 
-def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int, out: str | None,
-             checkpoint: str | None, argv: list[str] | None, launcher: str):
+def _failed_transport(reports, names) -> str | None:
+    for t in names:
+        if any(not r.ok for r in (reports or {}).get(t, [])):
+            return t
+    return next(iter(names), None)
+
+
+def _events_of(run_dir: Path) -> list[dict]:
+    from reshardctl.runtime.events import read_events
+
+    out = []
+    for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
+        try:
+            out += read_events(f)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _set_up_done(events_dir: Path) -> int:
+    """Ranks whose weights are materialised (set-up progress)."""
+    n = 0
+    for f in events_dir.glob("rank-*.jsonl"):
+        try:
+            n += '"phase":"materialise"' in f.read_text()
+        except OSError:
+            pass
+    return n
+
+
+def failure_summary(failures: list[dict], run_dir: Path, timeout_s: float) -> dict:
+    """Root cause first, knock-on failures counted, and detection times measured from the drill (or the
+    root cause's own time) to each survivor's failure record."""
+    drills = [e for e in _events_of(run_dir) if e.get("phase") == "drill"]
+    t0 = min((e["start"] for e in drills), default=None)
+    if t0 is None and failures and failures[0].get("at"):
+        t0 = failures[0]["at"]
+    rows = []
+    for k, f in enumerate(failures):
+        row = {key: f.get(key) for key in ("rank", "host", "side", "side_rank", "phase", "step", "round", "peers",
+                                           "error", "message")}
+        row["root_cause"] = k == 0
+        row["knock_on"] = k > 0
+        if t0 is not None and f.get("at") and f.get("error") != "RankLost":
+            row["detected_after_s"] = round(f["at"] - t0, 3)
+        rows.append(row)
+    detected = [r["detected_after_s"] for r in rows if "detected_after_s" in r]
+    return {
+        "root_cause": rows[0] if rows else None,
+        "knock_on_failures": max(0, len(rows) - 1),
+        "failures": rows,
+        "drills": [{"rank": e.get("rank"), "drill": e.get("drill"), "at": e.get("start")} for e in drills],
+        "detection_s": max(detected) if detected else None,
+        "timeout_s": timeout_s,
+    }
+
+
+class _Signals:
+    """SIGTERM/SIGINT/SIGHUP set ``stop`` (the launcher then kills the ranks and the session writes an
+    interrupted summary); restored on exit. Only in the main thread (signals cannot be set elsewhere)."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.old = stop, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                self.old[sig] = signal.signal(sig, lambda *_: self.stop.set())
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+
+
+@dataclass
+class _Prepared:
+    plans: dict[str, Plan]
+    fallback: Plan | None
+    run_dir: Path
+    ctx: dict
+    options: object  # RunOptions
+    who: dict
+    started: float
+
+
+def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int, baseline: bool,
+             out: str | None, checkpoint: str | None, full_check: bool, argv: list[str] | None, launcher: str,
+             inject: list[str] | None, retries: int, on_failure: str, timeout_s: float | None) -> _Prepared:
+    """Every check that can refuse the run (exit 2, nothing started), then the run directory."""
+    from reshardctl.runtime.contract import RunOptions
+    from reshardctl.runtime.drills import check_ranks, parse_faults
+
     if iterations < 1 or warmup < 0:
         raise InputError(f"--iters must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")
+    if retries < 0:
+        raise InputError(f"--retries must be >= 0 (got {retries})")
+    if on_failure not in ("abort", "fallback"):
+        raise InputError(f"--on-failure {on_failure!r}: use abort or fallback")
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    faults = ";".join(inject or []) or None
+    check_ranks(parse_faults(faults), inp.topology.world)
     plans = plan_transports(inp, transports, launcher)
+    fallback = None
+    if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
+        fallback = plans.get("gather_broadcast") or plan_transports(inp, ["gather_broadcast"], launcher)["gather_broadcast"]
     if checkpoint is not None:
         from reshardctl.runtime.weights import check_checkpoint
 
         check_checkpoint(inp.model, checkpoint)
+    memory = None
+    if launcher == "local":  # the ranks run here: they must fit in this machine's memory
+        from reshardctl.launch.local import choose_local_backend
+        from reshardctl.runs.memory_check import check_memory
+
+        memory = check_memory(plans, gpus=choose_local_backend(inp.topology.world, "auto") == "nccl")["total"]
     run_dir = new_run_dir(out, "bench" if len(transports) > 1 else transports[0])
     if launcher == "slurm":
         run_dir = run_dir.resolve()  # every node must find it
+    who, started = started_by(), time.time()
+    mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
     write_command(run_dir, argv)
     lb = lower_bound(next(iter(plans.values())), inp.links)
     plan_rows = {}
     for t, p in plans.items():
         save_plan(p, run_dir / f"plan-{t}.npz")
+        (run_dir / f"plan-{t}.npz").chmod(0o600)
         plan_rows[t] = transport_report(p, inp.links, lb)
     write_json(run_dir / "plan.json", {"inputs": inputs_json(inp), "lower_bound_s": lb.seconds,
                                        "lower_bound_reason": lb.reason, "transports": plan_rows})
+    site = inp.site
+    timeout = timeout_s if timeout_s is not None else site.refit.timeout_s
+    options = RunOptions(
+        run_dir=str(run_dir), iterations=iterations, timeout_s=timeout,
+        rendezvous_timeout_s=site.refit.rendezvous_timeout_s, checkpoint=checkpoint, full_check=full_check,
+        baseline=baseline, faults=faults, retries=retries, on_failure=on_failure,
+    )
     ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
-                          command=(run_dir / "command.txt").read_text().strip())
+                          command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
+                          retries=retries, on_failure=on_failure, who=who, memory_bytes=memory)
     write_json(run_dir / SESSION_JSON, ctx)
-    return plans, run_dir, ctx
+    return _Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
 
 def run_session(
@@ -164,39 +310,37 @@ def run_session(
     checkpoint: str | None = None,
     full_check: bool = False,
     argv: list[str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    inject: list[str] | None = None,
+    retries: int = 0,
+    on_failure: str = "abort",
+    timeout_s: float | None = None,
+    stop: threading.Event | None = None,
     launcher: str = "local",
     slurm_mode: str | None = None,
     detach: bool = False,
-    on_slurm_state: Callable[[dict], None] | None = None,
+    on_slurm_state: Callable[[dict, dict], None] | None = None,
 ) -> SessionResult:
-    """Plan, launch, summarise. Never raises for a failed refit: the result carries the error (and
-    summary.json says what failed); raises ``InputError`` for bad inputs before anything starts, and
-    ``LaunchError`` when Slurm refuses the jobs. ``detach`` (Slurm only): return once submitted."""
-    from reshardctl.runtime.contract import RunOptions
-
+    """Plan, check, launch, summarise. Never raises for a failed refit: the result carries the error (and
+    summary.json says what failed, root cause first); raises ``InputError`` for bad inputs (including a
+    local run that cannot fit in memory and a bad ``--inject``) before anything starts, and ``LaunchError``
+    when Slurm refuses the jobs. ``detach`` (Slurm only): return once submitted."""
     if detach and launcher != "slurm":
         raise InputError("--detach needs the Slurm launcher (--launcher slurm, or launcher: slurm in the profile)")
-    plans, run_dir, ctx = _prepare(inp, transports, iterations=iterations, warmup=warmup, out=out,
-                                   checkpoint=checkpoint, argv=argv, launcher=launcher)
-    site = inp.site
-    options = RunOptions(
-        run_dir=str(run_dir), iterations=iterations, timeout_s=site.refit.timeout_s,
-        rendezvous_timeout_s=site.refit.rendezvous_timeout_s, checkpoint=checkpoint, full_check=full_check,
-        baseline=baseline,
-    )
-    total = len(plans) * (warmup + iterations) * inp.topology.world
+    pre = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
+                   checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher, inject=inject,
+                   retries=retries, on_failure=on_failure, timeout_s=timeout_s)
     if launcher == "slurm":
-        return _run_slurm(inp, plans, run_dir, ctx, options, warmup, slurm_mode=slurm_mode, detach=detach,
-                          progress=progress, total=total, on_state=on_slurm_state)
-    return _run_local(plans, run_dir, ctx, options, warmup, progress=progress, total=total)
+        return _run_slurm(inp, pre, warmup, slurm_mode=slurm_mode, detach=detach, progress=progress,
+                          on_state=on_slurm_state)
+    return _run_local(inp, pre, warmup, progress=progress, stop=stop)
 
 
 def slurm_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: str, iterations: int = 5,
                 warmup: int = 1, slurm_mode: str | None = None) -> dict[str, str | bytes]:
     """What `reshardctl plan --out DIR` adds for submitting by hand: ``slurm/<scripts>``, ``session.pkl``
-    (the ranks' plans and options) and ``session.json`` (for `reshardctl collect DIR --job ID`), all for
-    ``run_dir`` (absolute) as the run directory."""
+    (the ranks' plans and options, with a fresh run token) and ``session.json`` (for `reshardctl collect
+    DIR --job ID`), all for ``run_dir`` (absolute) as the run directory."""
     from reshardctl.launch.slurm import session_bytes
     from reshardctl.launch.slurm_request import SESSION_FILE, build_request
     from reshardctl.runtime.contract import RunOptions
@@ -205,7 +349,7 @@ def slurm_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: 
     req = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label, python=sys.executable)
     site = inp.site
     options = RunOptions(run_dir=str(run_dir), iterations=iterations, timeout_s=site.refit.timeout_s,
-                         rendezvous_timeout_s=site.refit.rendezvous_timeout_s)
+                         rendezvous_timeout_s=site.refit.rendezvous_timeout_s, token=secrets.token_hex(16))
     ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher="slurm", run_dir=run_dir,
                           command=command)
     files: dict[str, str | bytes] = {f"slurm/{n}": t for n, t in req.materialize().items()}
@@ -214,79 +358,104 @@ def slurm_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: 
     return files
 
 
-def _run_local(plans, run_dir: Path, ctx: dict, options, warmup: int, *, progress, total: int) -> SessionResult:
+def _run_local(inp: Inputs, pre: _Prepared, warmup: int, *, progress, stop) -> SessionResult:
     from reshardctl.launch.local import LocalRunError, run_local_session
 
+    plans, run_dir = pre.plans, pre.run_dir
     result: dict = {}
     error: list[BaseException] = []
+    stop = stop or threading.Event()
 
     def target() -> None:
         try:
-            result["reports"] = run_local_session(plans, options, warmup=warmup)
+            result["reports"] = run_local_session(plans, pre.options, warmup=warmup, fallback=pre.fallback,
+                                                  stop=stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             error.append(exc)
 
     t0 = time.perf_counter()
     th = threading.Thread(target=target, name="reshardctl-session", daemon=True)
-    th.start()
-    while th.is_alive():
-        th.join(timeout=0.25)
-        if progress is not None:
-            progress(min(total, _count_commits(run_dir / "events")), total)
+    world = inp.topology.world
+    with _Signals(stop):
+        th.start()
+        total = len(plans) * (warmup + pre.options.iterations) * world
+        while th.is_alive():
+            th.join(timeout=0.25)
+            if progress is not None:
+                ready = _set_up_done(run_dir / "events")
+                if ready < world:
+                    progress(ready, world, "set-up: ranks with weights ready")
+                else:
+                    progress(min(total, _count_commits(run_dir / "events")), total, "refits: rank commits")
     wall = time.perf_counter() - t0
     reports = result.get("reports")
     err: ReshardError | None = None
+    failures: list[dict] = []
+    stopped_after = None
+    interrupted = stop.is_set()
     if error:
         exc = error[0]
         if isinstance(exc, LocalRunError):
             err = exc
             reports = exc.session or {next(iter(plans)): exc.reports}
+            failures = exc.failures
+            stopped_after = exc.stopped_after_s
+            interrupted = interrupted or exc.interrupted
         elif isinstance(exc, ReshardError):
             err = exc
         else:
             err = TransferError(f"local session failed: {type(exc).__name__}: {exc}")
-    summary = build_summary(ctx, reports, error=err, wall_s=wall)
+    if interrupted and err is None:
+        err = TransferError("interrupted")
+    summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
+                            run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
     write_json(run_dir / "summary.json", summary)
+    mark_run(run_dir, "interrupted" if interrupted else ("finished" if err is None else "failed"), pre.who,
+             pre.started)
     return SessionResult(run_dir, summary, err, plans)
 
 
-def _run_slurm(inp: Inputs, plans, run_dir: Path, ctx: dict, options, warmup: int, *, slurm_mode, detach: bool,
-               progress, total: int, on_state) -> SessionResult:
+def _run_slurm(inp: Inputs, pre: _Prepared, warmup: int, *, slurm_mode, detach: bool, progress,
+               on_state) -> SessionResult:
     from reshardctl.launch import slurm
     from reshardctl.launch.slurm_request import build_request
     from reshardctl.runs.index import record_run
 
+    plans, run_dir = pre.plans, pre.run_dir
     label = "bench" if len(plans) > 1 else next(iter(plans))
     request = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label,
                             python=sys.executable)
-    slurm.write_session(run_dir, plans, options, warmup)
+    # the run's token travels in the private session file (never on a command line or in the script)
+    options = replace(pre.options, token=secrets.token_hex(16))
+    slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
     t0 = time.perf_counter()
     run = slurm.submit(request)
+    mark_run(run_dir, "submitted", pre.who, pre.started)
     record_run({"run_dir": str(run_dir), "site": inp.site.name, "mode": run.mode, "job_ids": run.job_ids,
                 "submitted_at": run.submitted_at, "detached": detach})
     if detach:
         return SessionResult(run_dir, None, None, plans, slurm=run)
+    total = len(plans) * (warmup + options.iterations) * inp.topology.world
 
     def update(states: dict) -> None:
         if on_state is not None:
             on_state(states, commits_by_side(run_dir / "events"))
         if progress is not None:
-            progress(min(total, _count_commits(run_dir / "events")), total)
+            progress(min(total, _count_commits(run_dir / "events")), total, "refits: rank commits")
 
     try:
         w = slurm.watch(run, update)
     except KeyboardInterrupt:  # watch() cancelled the jobs already
         w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0), None, time.time(), interrupted=True)
-        summary, err = _slurm_summary(ctx, run, w, run_dir, time.perf_counter() - t0)
-        write_json(run_dir / "summary.json", summary)
+        _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
         raise Interrupted(f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}; "
                           f"run directory {run_dir} (summary.json says so)") from None
-    summary, err = _slurm_summary(ctx, run, w, run_dir, time.perf_counter() - t0)
-    write_json(run_dir / "summary.json", summary)
+    summary, err = _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
     return SessionResult(run_dir, summary, err, plans, slurm=run)
 
 
-def _slurm_summary(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict, ReshardError | None]:
+def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict, ReshardError | None]:
+    """Read the ranks' reports, build and write ``summary.json``, mark the run; (summary, error)."""
     from reshardctl.launch import slurm
 
     names = list(ctx["transports"])
@@ -296,10 +465,14 @@ def _slurm_summary(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dic
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
-    summary = build_summary(ctx, session, error=err, wall_s=wall_s,
-                            extra={"slurm": slurm.slurm_record(run, w, run_dir)})
+    failures = slurm.failure_records(session, lost)
+    summary = build_summary(ctx, session, error=err, wall_s=wall_s, failures=failures, interrupted=w.interrupted,
+                            run_dir=run_dir, extra={"slurm": slurm.slurm_record(run, w, run_dir)})
     if lost:
         summary["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
+    write_json(run_dir / "summary.json", summary)
+    mark_run(run_dir, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
+             ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at)
     return summary, err
 
 
@@ -332,7 +505,17 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
             raise LaunchError(f"{run_dir}: the run has not ended (Slurm job {states})",
                               hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
         w = slurm.Watch(slurm.final_states(run.ids), None, time.time())
-    summary, err = _slurm_summary(ctx, run, w, run_dir, time.perf_counter() - t0)
+    summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0)
     summary["collected"] = True
     write_json(run_dir / "summary.json", summary)
     return SessionResult(run_dir, summary, err, {}, slurm=run)
+
+
+def load_summary(run_dir: str | Path) -> dict:
+    """summary.json; for a run whose launcher was killed before writing it, a summary that says the run
+    was interrupted (``run.json`` still says running, its launcher is gone)."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file() and run_state(run_dir) == "interrupted":
+        return {"run_dir": str(run_dir), "ok": False, "interrupted": True,
+                "error": "interrupted: the launcher was killed before it wrote summary.json"}
+    return json.loads(path.read_text())

@@ -2,58 +2,79 @@
 
 A mixin of ``Executor`` (it uses the executor's ``out_sums``/``in_sums``/``out_count``/``in_count``,
 ``device``, ``rank`` and stream helpers): every sender's checksums of one refit travel as ONE int64
-message per peer (sizes from the plan), then every receiver compares them with its own, in one host
-sync. A rank whose transfer failed still takes part (zeros), so no peer waits for it.
+message per peer (``WORDS`` per region, sizes from the plan), then every receiver compares them with
+its own (taken where the bytes finally landed), in one host sync. A rank whose transfer failed publishes the failure instead (groups.py), so no peer waits for it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
-from reshardctl.runtime.checksum import checksum
+from reshardctl.runtime.checksum import WORDS, checksum, segment_checksums
+from reshardctl.runtime.groups import Abandoned, wait_works
 
 TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 
 
+@dataclass(frozen=True)
+class Later:
+    """A region's bytes at ``buf[off:off+n]`` (a packed or scratch copy), summed with the rest of its buffer."""
+
+    buf: torch.Tensor
+    off: int
+    n: int
+
+
 class ChecksumExchange:
     def _post_sums(self, outgoing: list) -> None:
-        """Keep the checksums (or the zero-copy views to sum later) of what was just posted, per peer."""
+        """Keep the checksums of what was just posted, per peer, in plan order: copies in packed or
+        scratch buffers (``_Later``) are summed now, one pass per buffer, while the transfer is in flight;
+        zero-copy views of the weights are summed in the verify phase (on a GPU: now, on the side stream)."""
         with self._side():
+            by_buf: dict[int, list] = {}
+            for _, sources in outgoing:
+                for k, x in enumerate(sources):
+                    if isinstance(x, Later):
+                        by_buf.setdefault(id(x.buf), []).append((sources, k, x))
+            for items in by_buf.values():
+                sums = segment_checksums(items[0][2].buf, [x.off for _, _, x in items], [x.n for _, _, x in items])
+                for i, (sources, k, _) in enumerate(items):
+                    sources[k] = sums[i]
             for peer, sources in outgoing:
-                # packed scratch bytes ((view,)) now, while the transfer is in flight; on a GPU all of them
-                sources = [checksum(x[0]) if isinstance(x, tuple)
-                           else (checksum(x) if self.early_sums and x.dim() else x) for x in sources]
+                sources = [checksum(x) if self.early_sums and x.dtype == torch.uint8 else x for x in sources]
                 self.out_sums.setdefault(peer, []).extend(sources)
 
-    def exchange_checksums(self, failed: bool = False) -> None:
+    def exchange_checksums(self) -> None:
         """Verify phase: every sender's checksums of this refit to its receivers, one int64 message per
-        peer (sizes from the plan). A rank whose transfer ``failed`` still takes part (zeros), so that no
-        peer waits for it beyond a dead connection."""
+        peer (``WORDS`` per region, sizes from the plan), on the gloo control group (CPU tensors),
+        every wait bounded (a dead, silent or failed peer ends it within the timeout)."""
         ops, self._got = [], {}
+        ctrl = self.groups.ctrl
         with self._side():
             for peer, n in sorted(self.out_count.items()):
                 items = self.out_sums.get(peer, [])
-                if failed or len(items) != n:
-                    v = torch.zeros(n, dtype=torch.int64, device=self.device)
-                else:
-                    v = torch.stack([x if x.dim() == 0 else checksum(x) for x in items])
-                ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS))
+                if len(items) != n:
+                    raise TransferError(f"rank {self.rank}: {len(items)} checksums for rank {peer}, the plan says {n}")
+                v = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x in items]).cpu()
+                ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
                 self._got[("out", peer)] = v
             for peer, n in sorted(self.in_count.items()):
-                v = torch.empty(n, dtype=torch.int64, device=self.device)
-                ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS))
+                v = torch.empty(n, WORDS, dtype=torch.int64)
+                ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS, group=ctrl))
                 self._got[peer] = v
         if not ops:
             return
-        self._before_post()
         try:
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-        except RuntimeError as exc:
+            wait_works(dist.batch_isend_irecv(ops), self.groups, self.groups.timeout.total_seconds(),
+                       f"rank {self.rank}: checksum exchange")
+        except Abandoned:
+            raise
+        except (RuntimeError, TransferError) as exc:
             raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
-        self._after_wait()
 
     def _check(self, mismatch: torch.Tensor, what: list[str]) -> None:
         self.checks.append((mismatch, what))
@@ -64,12 +85,12 @@ class ChecksumExchange:
         with self._side():
             for peer, items in sorted(self.in_sums.items()):
                 want = self._got.get(peer)
-                if want is None or want.numel() != len(items):
+                if want is None or want.shape[0] != len(items):
                     self._check(torch.ones(1, dtype=torch.bool), [f"checksums from rank {peer}: "
-                                f"{len(items)} regions arrived, {0 if want is None else want.numel()} checksums"])
+                                f"{len(items)} regions arrived, {0 if want is None else want.shape[0]} checksums"])
                     continue
-                got = torch.stack([x if not is_view else checksum(x) for x, is_view, _ in items])
-                self._check(got != want, [w for _, _, w in items])
+                got = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x, _ in items])
+                self._check((got.cpu() != want).any(1), [w for _, w in items])
             self.in_sums = {}
         self._settle()
         out = []

@@ -1,14 +1,22 @@
-"""Verify, vote, commit: inference ranks switch to the new weights only when EVERY rank verified.
+"""Two-phase commit on the control plane: inference ranks switch to the new weights only when EVERY
+rank verified AND every rank learned that decision.
 
-1. Each rank reaches a local verdict: ``OK`` (no error, every received checksum matched, every
-   destination box written exactly once, the optional whole-model check passed), ``BAD_DATA`` or
-   ``FAILED`` (the transfer raised).
-2. One all-reduce (MIN) over all ranks of a vector holding each rank's verdict in its own slot: every
-   rank learns every rank's verdict.
-3. All OK: inference ranks swap staged <-> current (a pointer swap; the old weights become the next
-   refit's staging). Otherwise nothing changes and every rank raises ``VerificationError`` (bad data
-   somewhere) or ``TransferError`` (a rank failed); a vote that cannot complete (a dead peer) raises
-   ``TransferError`` within the group timeout.
+1. **Prepare (vote)**: each rank's verdict, ``OK`` (no error, every received checksum matched, every
+   destination box written exactly once, every local copy equal, the optional whole-model check
+   passed), ``BAD_DATA`` or ``FAILED``, in its own slot of one MIN all-reduce on the gloo control group:
+   every rank learns every verdict. Anything but all-OK: nothing changes, every rank raises
+   ``VerificationError`` (bad data) or ``TransferError``.
+2. **Learn (ack)**: all OK, a second all-reduce says "I know the decision" from every rank. Only a rank
+   whose ack completed commits (swaps staged <-> current, a pointer swap; the previous weights stay in
+   the staged copy until the next refit's bytes arrive). A rank whose ack failed cannot know whether the
+   others commit: it keeps its previous weights and raises ``TransferError`` saying so.
+3. **Agreement** (``agree``): at the common start of the next refit, and once at the end of a session,
+   every rank's committed step is gathered; ranks ahead of the others (their ack completed where
+   another's did not) roll back to the previous weights they still hold, so all inference ranks serve
+   the same step; a disagreement that cannot be repaired is an error.
+
+Every wait is bounded (``groups.wait_works``): a dead, silent or failed rank ends the vote or the ack
+within the timeout on every rank.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
-from reshardctl.runtime.groups import Groups
+from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.pack import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
 
@@ -38,19 +46,42 @@ def full_check(staged: LocalWeights, source: WeightSource, step: int, limit: int
     return problems
 
 
-def vote(groups: Groups, code: int) -> list[int]:
-    """Every rank's verdict, gathered by one MIN all-reduce (bounded by the group timeout)."""
-    env = groups.env
-    v = torch.full((env.world_size,), OK, dtype=torch.int64, device=groups.device)
-    v[env.global_rank] = code
+def _all_reduce(groups: Groups, v: torch.Tensor, op, what: str) -> torch.Tensor:
+    """One bounded all-reduce on the control group (CPU tensor)."""
     try:
-        dist.all_reduce(v, op=dist.ReduceOp.MIN)
-    except RuntimeError as exc:
-        raise TransferError(f"rank {env.global_rank}: the commit vote failed (a rank is gone?): {exc}") from exc
-    return [int(x) for x in v.cpu().tolist()]
+        wait_works([dist.all_reduce(v, op=op, group=groups.ctrl, async_op=True)], groups,
+                   groups.timeout.total_seconds(), what)
+    except Abandoned:
+        raise
+    except (RuntimeError, TransferError) as exc:
+        raise TransferError(f"{what} failed: {exc}") from exc
+    return v
 
 
-def decide(codes: list[int], groups: Groups, train_world: int, step: int, mine: list[str],
+def vote(groups: Groups, code: int) -> list[int]:
+    """Phase 1: every rank's verdict, gathered by one MIN all-reduce."""
+    env = groups.env
+    v = torch.full((env.world_size,), OK, dtype=torch.int64)
+    v[env.global_rank] = code
+    _all_reduce(groups, v, dist.ReduceOp.MIN, f"rank {env.global_rank}: the commit vote")
+    return [int(x) for x in v.tolist()]
+
+
+def learn(groups: Groups, step: int) -> None:
+    """Phase 2: every rank knows the decision (raises ``TransferError`` when that cannot be confirmed)."""
+    env = groups.env
+    v = torch.ones(1, dtype=torch.int64)
+    try:
+        _all_reduce(groups, v, dist.ReduceOp.SUM, f"rank {env.global_rank}: the commit acknowledgement")
+    except TransferError as exc:
+        raise TransferError(f"refit of step {step}: this rank cannot confirm that every rank learned the "
+                            f"decision, so it keeps its previous weights: {exc}") from exc
+    if int(v.item()) != env.world_size:
+        raise TransferError(f"refit of step {step}: acknowledgement {int(v.item())} of {env.world_size}: "
+                            f"previous weights kept")
+
+
+def decide(codes: list[int], train_world: int, step: int, mine: list[str],
            local_error: BaseException | None) -> None:
     """Raise unless every rank voted OK."""
     bad = [(r, c) for r, c in enumerate(codes) if c != OK]
@@ -67,3 +98,24 @@ def decide(codes: list[int], groups: Groups, train_world: int, step: int, mine: 
         msg += "; here: " + "; ".join(mine[:5])
     cls = TransferError if any(c == FAILED for _, c in bad) else VerificationError
     raise cls(msg)
+
+
+def gather_steps(groups: Groups, extra: int, mine: int | None) -> tuple[list[int], list[int | None]]:
+    """One SUM all-reduce of a [2, world] vector: per rank ``extra`` (a readiness flag) and its
+    committed step (None = none yet). Returns both rows."""
+    env = groups.env
+    v = torch.zeros(2, env.world_size, dtype=torch.int64)
+    v[0, env.global_rank] = extra
+    v[1, env.global_rank] = 0 if mine is None else mine + 1
+    _all_reduce(groups, v, dist.ReduceOp.SUM, f"rank {env.global_rank}: the common start")
+    return [int(x) for x in v[0].tolist()], [None if x == 0 else int(x) - 1 for x in v[1].tolist()]
+
+
+def agree(steps: list[int | None], train_world: int) -> tuple[int | None, list[int]]:
+    """The inference ranks' common committed step (the lowest) and the ranks ahead of it."""
+    infer = [(r, s) for r, s in enumerate(steps) if r >= train_world]
+    known = [s for _, s in infer if s is not None]
+    if not known:
+        return None, []
+    low = None if len(known) < len(infer) else min(known)  # a rank with nothing committed is the lowest
+    return low, [r for r, s in infer if s is not None and (low is None or s > low)]

@@ -108,7 +108,10 @@ class RunOptions:
     direct_min_bytes: int = 64 << 10  # contiguous regions at least this big travel zero-copy (own message)
     dump_weights: bool = False  # inference ranks torch.save their current weights at the end
     baseline: bool = False  # after the refits, time raw send/recv (and broadcasts) of the same byte volumes
-    faults: str | None = None  # test-only fault spec (see faults.py); RESHARDCTL_TEST_* env vars too
+    faults: str | None = None  # fault drills (drills.py), worker layer only
+    retries: int = 0  # failed refits retried after every rank settled, on freshly built groups
+    on_failure: str = "abort"  # "abort" | "fallback": retries use the session's fallback plan (gather-and-broadcast)
+    token: str | None = None  # the run's token (else RESHARDCTL_RUN_TOKEN): ranks without it are refused
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,11 @@ class RankReport:
     # the raw transfer of the same per-pair byte volumes (best of 3): seconds, p2p_s, broadcast_s,
     # bytes_sent, bytes_received (this rank's point-to-point bytes), broadcast_bytes, peers
     baseline: Mapping[str, float] = field(default_factory=dict)
+    host: str = ""
+    # when not ok: rank, host, side, phase, step, round, step_kind, peers, at (unix), knock_on
+    failure: Mapping | None = None
+    committed_step: int | None = None  # the training step this rank's inference weights hold at the end
+    attempts: tuple = ()  # one dict per attempt of a refit that failed at least once (retries)
 
     def raise_for_status(self) -> None:
         if not self.ok:

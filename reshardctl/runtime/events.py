@@ -11,6 +11,7 @@ transfer posted in one place and waited in another) go through ``record``.
 from __future__ import annotations
 
 import json
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +28,9 @@ class EventLog:
         if self.path is None:
             return
         if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # private to the user
+            self._fh = open(fd, "a", buffering=1, encoding="utf-8")
         self._fh.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
 
     def record(self, phase: str, start: float, duration_s: float, error: BaseException | None = None,
@@ -55,6 +57,11 @@ class EventLog:
             self.record(name, start, time.perf_counter() - t0, error=exc, **fields, **extra)
             raise
         self.record(name, start, time.perf_counter() - t0, **fields, **extra)
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         if self._fh is not None:

@@ -13,9 +13,12 @@ peer are posted in the same (plan-derived) order on both sides; every size comes
 the messages of every (round, pair) are computed, and cross-checked with the peers' steps, when the
 executor is built (a gloo size mismatch aborts the process instead of raising).
 
-Checksums are off the data path: messages carry payload only; senders and receivers checksum every
-region where it is cheapest (see ``checksum_exchange.py``, which exchanges and compares them in the
-verify phase, before the commit vote).
+Checksums are off the data path: messages carry payload only. Senders sum every region in their
+weights where it is contiguous there, else in its packed copy (one pass per message); receivers sum
+every region where it finally lies (read back from the staged weights or the bucket), and local copies
+(a bucket root's own pieces, bucket -> staged weights) are compared byte for byte. The sums travel and
+are compared in the verify phase, on the control plane, before the vote (``checksum_exchange.py``;
+coverage table in docs/checksums.md).
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from reshardctl.layout.placement import box_numel
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.checksum_exchange import ChecksumExchange
+from reshardctl.runtime.message_io import MessageIO
 from reshardctl.runtime.events import EventLog
-from reshardctl.runtime.faults import Faults
-from reshardctl.runtime.groups import Groups
+from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.pack import (
     DIRECT_MIN_BYTES,
@@ -47,20 +50,11 @@ from reshardctl.runtime.pack import (
     box_bytes_in,
     bucket_layout,
     bucket_tensor_view,
+    item_checksums,
+    trailer_view,
     wire_of,
     write_trailer,
 )
-
-
-@dataclass
-class _Recv:
-    """One peer's incoming messages of one step: where every region lands, and the sender's checksums."""
-
-    peer: int
-    regions: tuple
-    wire: Wire
-    packed: torch.Tensor | None  # the packed message buffer
-    lands: list  # per direct region: (view, in_target)
 
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -95,9 +89,11 @@ class _Pending:
     keep: list = field(default_factory=list)  # small tensors (checksum vectors) alive until the wait
 
 
-class Executor(ChecksumExchange):
-    def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, faults: Faults, *,
+class Executor(MessageIO, ChecksumExchange):
+    def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, *, tap=None,
                  overlap: bool = True, direct_min: int = DIRECT_MIN_BYTES):
+        """``tap(step, buf, nbytes)``: called with the first bytes that landed from each peer before they
+        are checked (the worker's fault drills use it to corrupt them); None in the API."""
         self.plan = plan
         self.model = plan.model
         self.env = groups.env
@@ -105,7 +101,7 @@ class Executor(ChecksumExchange):
         self.groups = groups
         self.events = events
         self.pool = pool
-        self.faults = faults
+        self.tap = tap
         self.overlap = overlap
         self.steps = plan.steps_for(self.rank)
         self.is_infer = self.env.side == "infer"
@@ -115,7 +111,7 @@ class Executor(ChecksumExchange):
         self.checks: list[tuple[torch.Tensor, list[str]]] = []
         # this refit's checksums, per peer, in plan order: a 0-d tensor, or a contiguous view still to sum
         self.out_sums: dict[int, list[torch.Tensor]] = {}
-        self.in_sums: dict[int, list[tuple[torch.Tensor, bool, str]]] = {}  # (sum or view, is_view, what)
+        self.in_sums: dict[int, list[tuple[torch.Tensor, str]]] = {}  # (int64 sum, or uint8 view to sum; what)
         self.out_count: dict[int, int] = {}  # from the plan: regions per peer per refit
         self.in_count: dict[int, int] = {}
         self.early_sums = self.device.type == "cuda"  # zero-copy sources summed right after posting
@@ -183,90 +179,6 @@ class Executor(ChecksumExchange):
         except TransferError as exc:
             raise TransferError(f"rank {self.rank}: plan messages: {exc.message}") from exc
 
-    def _send_ops(self, peer: int, regions, w: Wire, local: LocalWeights, tag: int, p: _Pending):
-        """Ops sending ``regions`` to ``peer`` (packed message first, then the direct regions), and the
-        contiguous bytes of every region (for its checksum, computed after posting)."""
-        ops, sources = [], [None] * len(regions)
-        if w.packed:
-            buf = self._buffer(w.packed_size, p)
-            for j, off in zip(w.packed, w.layout.offsets):
-                r = regions[j]
-                seg = buf[off : off + r.nbytes]
-                local.read_into(r.tensor, r.box, seg)
-                # summed off the packing path: from the weights in the verify phase when the region is
-                # contiguous there, else from the packed bytes right after posting (the buffer goes
-                # back to the pool after the wait)
-                sources[j] = local.span_view(r.tensor, w.src[j], r.nbytes) if w.src[j] is not None else (seg,)
-            ops.append(dist.P2POp(dist.isend, buf, peer, tag=tag))
-            p.wire += w.packed_size
-        for j in w.direct:
-            r = regions[j]
-            if w.src[j] is not None:
-                v = local.span_view(r.tensor, w.src[j], r.nbytes)  # zero copy
-                sources[j] = v
-            else:
-                v = self._buffer(r.nbytes, p)
-                local.read_into(r.tensor, r.box, v)
-                sources[j] = checksum(v)
-            assert v.numel() == r.nbytes
-            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag))
-            p.wire += r.nbytes
-        return ops, sources
-
-    def _recv_ops(self, peer: int, regions, w: Wire, target, tag: int, p: _Pending):
-        ops = []
-        packed = None
-        if w.packed:
-            packed = self._buffer(w.packed_size, p)
-            ops.append(dist.P2POp(dist.irecv, packed, peer, tag=tag))
-            p.wire += w.packed_size
-        lands = []
-        for j in w.direct:
-            r = regions[j]
-            if w.dst[j] is not None:
-                v, inside = target.span_view(r.tensor, w.dst[j], r.nbytes), True  # zero copy
-            else:
-                v, inside = self._buffer(r.nbytes, p), False
-            assert v.numel() == r.nbytes
-            lands.append((v, inside))
-            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag))
-            p.wire += r.nbytes
-        return ops, _Recv(peer, regions, w, packed, lands)
-
-    def _land(self, rv: _Recv, target, what: str, *, defer: bool) -> None:
-        """Check and place what arrived from one peer: packed regions are checksummed in the buffer and
-        copied; direct regions in a scratch buffer likewise; direct regions already in ``target`` are
-        checksummed now or (``defer``) in the verify phase."""
-        regions, w = rv.regions, rv.wire
-        names = [f"{what} from rank {rv.peer}: {self.model.tensors[x.tensor].name} {x.box}" for x in regions]
-        got: list = [None] * len(regions)
-        # the test-only corruption hook hits the first region that landed (zero-copy ones first)
-        hit = next(((v, v.numel()) for v, _ in rv.lands), None)
-        if hit is None and w.packed:
-            hit = (rv.packed, w.layout.offsets[0] + regions[w.packed[0]].nbytes)
-        if hit is not None:
-            self.faults.maybe_corrupt(self.step_no, hit[0], hit[1])
-        if w.packed:
-            for j, off in zip(w.packed, w.layout.offsets):
-                r = regions[j]
-                seg = rv.packed[off : off + r.nbytes]
-                target.write_from(r.tensor, r.box, seg)
-                if defer and w.dst[j] is not None:  # summed in the verify phase, where it landed
-                    got[j] = (target.span_view(r.tensor, w.dst[j], r.nbytes), True, names[j])
-                else:
-                    got[j] = (checksum(seg), False, names[j])
-        for j, (v, inside) in zip(w.direct, rv.lands):
-            r = regions[j]
-            if inside:
-                target.mark_written(r.tensor, w.dst[j][0], r.box)
-            if inside and defer:
-                got[j] = (v, True, names[j])  # summed in the verify phase, where it lies
-            else:
-                got[j] = (checksum(v), False, names[j])
-                if not inside:
-                    target.write_from(r.tensor, r.box, v)
-        self.in_sums.setdefault(rv.peer, []).extend(got)
-
     def _buffer(self, n: int, pending: _Pending) -> torch.Tensor:
         block = self.pool.acquire(n)
         pending.blocks.append(block)
@@ -281,13 +193,16 @@ class Executor(ChecksumExchange):
         p.blocks.clear()
 
     def _wait(self, p: _Pending) -> None:
+        what = f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers}"
         try:
-            for w in p.works:
-                w.wait()
-        except RuntimeError as exc:
-            raise TransferError(
-                f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers} failed: {exc}"
-            ) from exc
+            wait_works(p.works, self.groups, self.groups.timeout.total_seconds(), what)
+        except Abandoned as exc:
+            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise
+        except (RuntimeError, TransferError) as exc:
+            err = TransferError(f"{what} failed: {exc}")
+            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise err from exc
         self._after_wait()
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -464,7 +379,10 @@ class Executor(ChecksumExchange):
                         continue
                     for r in g.regions:
                         full = bucket_tensor_view(self.model, r.tensor, lay, pos[r.tensor], bucket)
-                        self.src.read_into(r.tensor, r.box, box_bytes_in(full, r.box, self.model.tensors[r.tensor].itemsize))
+                        dst = box_bytes_in(full, r.box, self.model.tensors[r.tensor].itemsize)
+                        self.src.read_into(r.tensor, r.box, dst)
+                        self._copy_check(self.src, r.tensor, r.box, dst,
+                                         f"bucket {b.index}: own {self.model.tensors[r.tensor].name} {r.box} copy")
                         written[pos[r.tensor]] += box_numel(r.box)
             self._wait(gp)
             with self._side():
@@ -479,7 +397,7 @@ class Executor(ChecksumExchange):
                 ]
                 if short:
                     raise TransferError(f"bucket {b.index}: the gather does not cover the bucket: " + "; ".join(short[:5]))
-                write_trailer(bucket, lay, [checksum(bucket[o : o + n]) for o, n in zip(lay.offsets, lay.sizes)])
+                write_trailer(bucket, lay, item_checksums(lay, bucket))
             self._settle()
             for blk in p.blocks[1:]:  # gather messages are done; keep only the bucket
                 self.pool.release(blk)
@@ -495,17 +413,20 @@ class Executor(ChecksumExchange):
         if p.bucket is not None and self.is_infer:
             b, lay, buf = p.bucket
             with self.events.phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
-                self.faults.maybe_corrupt(self.step_no, buf, lay.payload and lay.offsets[0] + lay.sizes[0])
+                if self.tap is not None and lay.payload:
+                    self.tap(self.step_no, buf, lay.offsets[0] + lay.sizes[0])
                 held = [k for k, t in enumerate(b.tensors) if self.dst.get(t)]
                 if held:
-                    got = torch.stack([checksum(buf[lay.offsets[k] : lay.offsets[k] + lay.sizes[k]]) for k in held])
-                    want = buf[lay.trailer : lay.size].view(torch.int64)[torch.tensor(held, device=buf.device)]
-                    self._check(got != want, [f"bucket {b.index}: {self.model.tensors[b.tensors[k]].name}" for k in held])
+                    got = item_checksums(lay, buf, held)
+                    want = trailer_view(lay, buf)[torch.tensor(held, device=buf.device)]
+                    self._check((got != want).any(1), [f"bucket {b.index}: {self.model.tensors[b.tensors[k]].name}" for k in held])
                 for k in held:
                     t_idx = b.tensors[k]
                     t = self.model.tensors[t_idx]
                     full = bucket_tensor_view(self.model, t_idx, lay, k, buf)
                     for box in self.dst[t_idx]:
-                        self.staged.write_from(t_idx, box, box_bytes_in(full, box, t.itemsize))
+                        ref = box_bytes_in(full, box, t.itemsize)
+                        self.staged.write_from(t_idx, box, ref)
+                        self._copy_check(self.staged, t_idx, box, ref, f"bucket {b.index}: {t.name} {box} copy")
                         stats.bytes_received += box_numel(box) * t.itemsize
         self._release(p)

@@ -1,16 +1,29 @@
-"""Rendezvous and process groups, every blocking call bounded.
+"""Rendezvous and process groups: a gloo control plane apart from the data plane, every call bounded.
 
-* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``; the others
-  connect as clients within the rendezvous timeout.
-* The world group: gloo on CPU tensors, or NCCL on ``cuda:<local_rank>`` (``torch.cuda.set_device``
-  first, eager communicator init via ``device_id``), ``timeout=`` bounding every operation.
-* One sub-group per distinct broadcast group of the plan (of every plan of a session, all created up
-  front), created by ALL ranks in the same (sorted) order, since ``new_group`` is collective; cached by
-  member tuple.
+* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``; the others connect
+  as clients within the rendezvous timeout. Every run has a random token (``RESHARDCTL_RUN_TOKEN`` or
+  ``RunOptions.token``): rank 0 publishes its SHA-256 digest; a process whose token differs (a stale
+  rank, another run on the same port) is refused there (``LaunchError``) and never touches the run's
+  keys, which live under a prefix derived from the token (``PrefixStore``).
+* The data plane: the default group (gloo on CPU tensors, or NCCL on ``cuda:<local_rank>`` with
+  ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: a timed-out or failed communicator is aborted, the process is
+  not killed, so the rank still reports and votes), plus one sub-group per distinct broadcast group of
+  the session's plans, created by ALL ranks in the same (sorted) order since ``new_group`` is collective.
+* The control plane: one gloo group over every rank, with the run's timeout: the common start, the
+  checksum exchange, the vote and the decision (refit.py). Every wait is bounded (``wait_works``): gloo
+  raises on a dead or silent peer within the timeout, NCCL works are polled against a CPU-side deadline,
+  and a rank stops waiting as soon as another rank published a failure of the attempt in the store.
+* Attempts: ``rebuild`` tears every group down and builds fresh ones under a new store prefix
+  (``attempt-<k>``), after every rank settled (``settle``), so nothing left posted by a failed attempt
+  can match the next one's messages.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -21,13 +34,41 @@ from reshardctl.errors import LaunchError, TransferError
 from reshardctl.plan.schedule import BroadcastBucket
 from reshardctl.runtime.env import RankEnv
 
+TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
+_DIGEST_KEY = "reshardctl/run-digest"
+
 
 @dataclass
 class Groups:
     env: RankEnv
     device: torch.device
     timeout: timedelta
+    ctrl: object = None  # gloo group over every rank (control plane)
+    data: object = None  # the data plane group (the default group here; the API's own group there)
     broadcast: dict[tuple[int, ...], object] = field(default_factory=dict)  # members -> group (members only)
+    attempt: int = 0
+    store: object = None  # this attempt's store: failures are published there (None: not published)
+
+    def publish_failure(self, record: str) -> None:
+        """Tell every rank that this attempt failed (first writer wins); best effort (rank 0's store may
+        be gone with rank 0)."""
+        if self.store is None:
+            return
+        try:
+            self.store.compare_set("failed", "", record)
+        except Exception:  # noqa: BLE001 - the store went with rank 0: the peers see the dead rank anyway
+            pass
+
+    def failure(self) -> str | None:
+        """The failure another rank published for this attempt, if any."""
+        if self.store is None:
+            return None
+        try:
+            if self.store.check(["failed"]):
+                return self.store.get("failed").decode()
+        except Exception as exc:  # noqa: BLE001 - the store is unreachable: rank 0 is gone
+            return f"the run's store is unreachable (rank 0 gone?): {exc}"
+        return None
 
     def group_for(self, members: tuple[int, ...]):
         if self.env.global_rank not in members:
@@ -35,17 +76,36 @@ class Groups:
         return self.broadcast[tuple(sorted(members))]
 
 
-def rendezvous(env: RankEnv, timeout_s: float) -> dist.TCPStore:
+def token_digest(token: str | None) -> str:
+    return hashlib.sha256((token or "").encode()).hexdigest()
+
+
+def rendezvous(env: RankEnv, timeout_s: float, token: str | None = None):
+    """Connect to (or host) the run's store and check the run token; returns the run's own store
+    (prefixed by the token's digest)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    digest = token_digest(token)
     try:
-        return dist.TCPStore(
+        store = dist.TCPStore(
             env.master_addr, env.master_port, env.world_size, is_master=env.global_rank == 0,
             timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
         )
+        if env.global_rank == 0:
+            store.set(_DIGEST_KEY, digest)
+        else:
+            got = store.get(_DIGEST_KEY).decode()
+            if got != digest:
+                raise LaunchError(
+                    f"rank {env.global_rank}: refused at rendezvous {env.master_addr}:{env.master_port}: this "
+                    f"process's run token does not match the run's",
+                    hint="a stale rank of an earlier run, or another run on the same port; each run has its own token",
+                )
     except (RuntimeError, OSError) as exc:
         raise LaunchError(
             f"rank {env.global_rank}: rendezvous at {env.master_addr}:{env.master_port} failed: {exc}",
             hint="is rank 0 running and the port free and reachable?",
         ) from exc
+    return dist.PrefixStore(f"run-{digest[:16]}/", store)
 
 
 def broadcast_groups(plan) -> list[tuple[int, ...]]:
@@ -60,44 +120,150 @@ def broadcast_groups(plan) -> list[tuple[int, ...]]:
     return sorted(found)
 
 
-def init_groups(env: RankEnv, plan, store: dist.Store, timeout_s: float) -> Groups:
-    """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
+def _device(env: RankEnv) -> torch.device:
     if env.backend == "nccl":
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+        return device
+    return torch.device("cpu")
+
+
+def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -> Groups:
+    """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
+    device = _device(env)
     timeout = timedelta(seconds=timeout_s)
+    if env.backend == "nccl":
+        # abort the communicator on a timeout or error instead of killing the process (torch's default)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     try:
         kwargs = {"device_id": device} if env.backend == "nccl" else {}
-        dist.init_process_group(env.backend, store=store, rank=env.global_rank, world_size=env.world_size,
-                                timeout=timeout, **kwargs)
+        dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+                                rank=env.global_rank, world_size=env.world_size, timeout=timeout, **kwargs)
     except RuntimeError as exc:
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
-    return attach_groups(env, plan, device, timeout_s)
+    groups = attach_groups(env, plan, device, timeout_s)
+    groups.attempt = attempt
+    groups.store = dist.PrefixStore(f"attempt-{attempt}/ctl/", store)
+    return groups
 
 
-def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float) -> Groups:
-    """On an initialised default group (ours, or an RL framework's): create the plan's broadcast
-    sub-groups (collective: every rank calls this in the same order) and check every rank is there."""
+def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *, own_data: bool = False) -> Groups:
+    """On an initialised default group (ours, or an RL framework's): the control group, the data group
+    (the default group, or with ``own_data`` a fresh one, which the API rebuilds after a failure) and the
+    plan's broadcast sub-groups (collective: every rank calls this in the same order); then a check that
+    every rank is there."""
     timeout = timedelta(seconds=timeout_s)
     try:
         groups = Groups(env, device, timeout)
+        ranks = list(range(env.world_size))
+        groups.ctrl = dist.new_group(ranks, timeout=timeout, backend="gloo")
+        groups.data = dist.new_group(ranks, timeout=timeout, backend=env.backend) if own_data else dist.group.WORLD
         for members in broadcast_groups(plan):
             if len(members) == env.world_size:
-                pg = dist.group.WORLD
+                pg = groups.data
             else:
                 pg = dist.new_group(list(members), timeout=timeout, backend=env.backend)
             if env.global_rank in members:
                 groups.broadcast[members] = pg
-        # Every rank connected (and NCCL communicators up) before the first refit.
-        probe = torch.ones(1, device=device)
-        dist.all_reduce(probe)
+        probe = torch.ones(1)
+        dist.all_reduce(probe, group=groups.ctrl)
         if int(probe.item()) != env.world_size:
             raise TransferError(f"group check: all-reduce gave {probe.item()}, expected {env.world_size}")
+        if env.backend == "nccl":  # NCCL communicators up before the first refit, within the deadline
+            p = torch.ones(1, device=device)
+            wait_works([dist.all_reduce(p, group=groups.data, async_op=True)], groups, timeout_s, "group check")
         return groups
     except RuntimeError as exc:
         raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+
+
+class Abandoned(TransferError):
+    """This rank stopped waiting because another rank published a failure of the same attempt first
+    (a knock-on failure: the root cause is elsewhere)."""
+
+
+def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> None:
+    """Wait for posted ops, bounded: complete (or raise: a dead peer, a backend timeout) within
+    ``timeout_s``, and stop at once when another rank published a failure of this attempt
+    (``Abandoned``). gloo works are waited in a helper thread (their ``wait`` blocks, bounded by the
+    group timeout) while this thread watches the store; NCCL works, whose ``wait`` only orders the
+    stream, are polled (``is_completed``) against the same CPU-side deadline, past which the NCCL
+    communicators are aborted (the process lives on to report)."""
+    works = list(works)
+    if not works:
+        return
+    cuda = groups is not None and groups.device.type == "cuda"
+    if (groups is None or groups.store is None) and not cuda:
+        for w in works:
+            w.wait()
+        return
+    done, err = threading.Event(), []
+    if not cuda:
+        def run() -> None:
+            try:
+                for w in works:
+                    w.wait()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                err.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="reshardctl-wait", daemon=True).start()
+    end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
+    nap, next_check = 1e-4, time.monotonic() + 0.05
+    while True:
+        if cuda:
+            if all(w.is_completed() for w in works):
+                for w in works:
+                    w.wait()
+                return
+            time.sleep(nap)
+            nap = min(nap * 2, 0.005)
+        elif done.wait(0.05):
+            break
+        now = time.monotonic()
+        if groups.store is not None and now >= next_check:
+            next_check = now + 0.1
+            rec = groups.failure()
+            if rec is not None:
+                raise Abandoned(f"{what}: stopped waiting: {rec}")
+        if now > end:
+            if cuda:
+                abort_data_plane()
+            raise TransferError(f"{what}: not complete within {timeout_s:g} s")
+    if err:
+        raise err[0]
+
+
+def abort_data_plane() -> None:
+    """Abort every NCCL communicator of this process (torch's private abort; best effort)."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        try:
+            abort()
+        except Exception:  # noqa: BLE001 - best effort: the process must go on to report
+            pass
+
+
+def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
+    """Every rank says it has left attempt ``attempt``; wait (bounded) until all did. Returns the ranks
+    that did not arrive (empty: all settled, a rebuild is safe)."""
+    key = f"settled/{attempt}"
+    store.set(f"{key}/{env.global_rank}", "1")
+    end = time.monotonic() + timeout_s
+    missing = list(range(env.world_size))
+    while time.monotonic() < end:
+        missing = [r for r in missing if not store.check([f"{key}/{r}"])]
+        if not missing:
+            return []
+        time.sleep(0.05)
+    return missing
+
+
+def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
+    """Fresh groups for the next attempt (every rank calls it after ``settle``)."""
+    shutdown()
+    return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
 
 
 def shutdown() -> None:

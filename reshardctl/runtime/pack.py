@@ -2,8 +2,8 @@
 
 Message layout (computed from the plan alone, identically on both sides):
 every region starts at an 8-byte aligned offset (row-major bytes of its box), then an 8-byte aligned
-trailer with one int64 checksum per region. Bucket layout (gather-and-broadcast): every full tensor
-at an 8-byte aligned offset, then one int64 checksum per tensor.
+trailer with one checksum (``SUM_BYTES``, checksum.py) per region. Bucket layout (gather-and-broadcast):
+every full tensor at an 8-byte aligned offset, then one checksum per tensor.
 
 Copies go through uint8 views of the local box tensors, so any dtype, any alignment and any box
 works; torch turns them into row-wise memcpy.
@@ -18,7 +18,7 @@ on every message and its size without talking.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import Box, box_numel, box_shape, full_box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import Region
-from reshardctl.runtime.checksum import checksum
+from reshardctl.runtime.checksum import SUM_BYTES, WORDS, segment_checksums
 
 
 def align8(n: int) -> int:
@@ -65,7 +65,7 @@ def _byte_shape(box: Box, itemsize: int) -> tuple[int, ...]:
 class Layout:
     offsets: tuple[int, ...]  # start of every item
     sizes: tuple[int, ...]  # bytes of every item
-    trailer: int  # offset of the int64 checksums (one per item)
+    trailer: int  # offset of the checksums (SUM_BYTES per item)
     size: int  # total message bytes
 
     @property
@@ -78,7 +78,7 @@ def layout_of(sizes: Sequence[int]) -> Layout:
     for n in sizes:
         offsets.append(off)
         off = align8(off + n)
-    return Layout(tuple(offsets), tuple(sizes), off, off + 8 * len(sizes))
+    return Layout(tuple(offsets), tuple(sizes), off, off + SUM_BYTES * len(sizes))
 
 
 def message_layout(model: ModelSpec, regions: Sequence[Region]) -> Layout:
@@ -231,6 +231,19 @@ class LocalWeights:
             byte_view(self.data[index][k])[_byte_slices(inter, lb, isz)].copy_(view[_byte_slices(inter, nb, isz)])
             self.coverage.setdefault((index, k), []).append(inter)
 
+    def differs(self, index: int, box: Box, other: torch.Tensor) -> torch.Tensor:
+        """A 1-element bool tensor: does ``tensor[index][box]`` differ from ``other`` (flat segment or
+        shaped byte view) anywhere? Compared piece by piece in place (no copy; no host sync)."""
+        isz = self.model.tensors[index].itemsize
+        nb = _norm(box)
+        view = self._shaped(index, box, other)
+        out = torch.zeros(1, dtype=torch.bool, device=other.device)
+        for k, inter in self.pieces(index, box):
+            lb = _norm(self.boxes[index][k])
+            mine = byte_view(self.data[index][k])[_byte_slices(inter, lb, isz)]
+            out |= (mine != view[_byte_slices(inter, nb, isz)]).any()
+        return out
+
     def span_view(self, index: int, span: Span, nbytes: int) -> torch.Tensor:
         """The flat uint8 view of ``nbytes`` at ``span`` (box number, byte offset) of a local tensor."""
         k, off = span
@@ -313,30 +326,37 @@ class BufferPool:
 
 def pack_message(regions: Sequence[Region], layout: Layout, local: LocalWeights, buf: torch.Tensor) -> None:
     """Regions into ``buf[:layout.size]`` plus their checksums in the trailer."""
-    sums = []
     for r, off in zip(regions, layout.offsets):
-        seg = buf[off : off + r.nbytes]
-        local.read_into(r.tensor, r.box, seg)
-        sums.append(checksum(seg))
-    _write_trailer(buf, layout, sums)
+        local.read_into(r.tensor, r.box, buf[off : off + r.nbytes])
+    _write_trailer(buf, layout, item_checksums(layout, buf))
 
 
-def _write_trailer(buf: torch.Tensor, layout: Layout, sums: list[torch.Tensor]) -> None:
-    if sums:
+def item_checksums(layout: Layout, buf: torch.Tensor, items=None) -> torch.Tensor:
+    """Checksums [len, WORDS] of the layout's items (all, or those numbered in ``items``), one pass."""
+    ks = range(len(layout.sizes)) if items is None else items
+    return segment_checksums(buf, [layout.offsets[k] for k in ks], [layout.sizes[k] for k in ks])
+
+
+def trailer_view(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
+    """The trailer as int64 [items, WORDS]."""
+    return buf[layout.trailer : layout.size].view(torch.int64).view(-1, WORDS)
+
+
+def _write_trailer(buf: torch.Tensor, layout: Layout, sums) -> None:
+    if len(sums):
         gaps = buf[: layout.trailer]
         # zero the alignment padding so the wire bytes are deterministic
         for off, n, nxt in zip(layout.offsets, layout.sizes, layout.offsets[1:] + (layout.trailer,)):
             if off + n < nxt:
                 gaps[off + n : nxt].zero_()
-        buf[layout.trailer : layout.size].view(torch.int64).copy_(torch.stack(sums))
+        trailer_view(layout, buf).copy_(sums if isinstance(sums, torch.Tensor) else torch.stack(list(sums)))
 
 
 def verify_message(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
     """Per-item bool tensor: True where the item's checksum does not match the trailer (no host sync)."""
     if not layout.sizes:
         return torch.zeros(0, dtype=torch.bool, device=buf.device)
-    got = torch.stack([checksum(buf[o : o + n]) for o, n in zip(layout.offsets, layout.sizes)])
-    return got != buf[layout.trailer : layout.size].view(torch.int64)
+    return (item_checksums(layout, buf) != trailer_view(layout, buf)).any(1)
 
 
 def unpack_message(regions: Sequence[Region], layout: Layout, buf: torch.Tensor, local: LocalWeights) -> None:
@@ -357,8 +377,8 @@ def box_bytes_in(full_view: torch.Tensor, box: Box, itemsize: int) -> torch.Tens
     return full_view[_byte_slices(nb, tuple((0, 0) for _ in nb), itemsize)]
 
 
-def write_trailer(buf: torch.Tensor, layout: Layout, sums: Iterable[torch.Tensor]) -> None:
-    _write_trailer(buf, layout, list(sums))
+def write_trailer(buf: torch.Tensor, layout: Layout, sums) -> None:
+    _write_trailer(buf, layout, sums)
 
 
 class BucketTarget:
@@ -376,6 +396,12 @@ class BucketTarget:
         full = bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf)
         dst = box_bytes_in(full, box, t.itemsize)
         dst.copy_(seg.view(dst.shape))
+
+    def read_into(self, index: int, box, dst: torch.Tensor) -> None:
+        t = self.model.tensors[index]
+        full = bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf)
+        src = box_bytes_in(full, box, t.itemsize)
+        dst.view(src.shape).copy_(src)
 
     def mark_written(self, index: int, k: int, box) -> None:
         pass

@@ -1,0 +1,135 @@
+"""Fault drills: faults injected on purpose into a ``reshardctl run`` (launcher/worker layer only; the
+API never loads this module), so a runbook can show how a failure looks and how fast it is detected.
+
+Spec (``--inject``, repeatable; ``RunOptions.faults`` joins them with ``;``)::
+
+    kill:rank=5:phase=transfer     SIGKILL of the rank when the phase starts (a crashed process)
+    exit:rank=3:phase=commit       the rank exits with code 3 when the phase starts (a rank that quits)
+    hang:rank=2:phase=verify       the rank sleeps (default 24 h) when the phase starts (alive, silent)
+    corrupt:rank=6                 one byte flipped in the first bytes that land on the rank
+    slow:rank=1:factor=4           the rank's transfer phase lasts ``factor`` times as long
+
+Keys: ``rank`` (global, required), ``phase`` (``start``, ``transfer``, ``verify``, ``commit``; defaults:
+kill/exit/hang ``transfer``/``commit``/``verify`` as above), ``step`` (the refit's training step;
+default: the first refit that reaches the phase), ``factor`` (slow), ``seconds`` (hang), ``code`` (exit).
+``key=value`` pairs may be separated by ``:`` or ``,``. Every drill fires once (a retry runs clean),
+and writes a ``drill`` event (with its unix time) before it acts: detection times are measured from it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from reshardctl.errors import InputError
+
+KINDS = ("kill", "exit", "hang", "corrupt", "slow")
+PHASES = ("start", "transfer", "verify", "commit")
+_DEFAULT_PHASE = {"kill": "transfer", "exit": "commit", "hang": "verify", "corrupt": "transfer", "slow": "transfer"}
+_KEYS = {"rank", "phase", "step", "factor", "seconds", "code"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    phase: str
+    step: int | None = None
+    factor: float = 4.0
+    seconds: float = 86400.0
+    code: int = 3
+
+    def describe(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
+        extra = f" x{self.factor:g}" if self.kind == "slow" else ""
+        return f"{self.kind}{extra} rank {self.rank} in phase {self.phase}{at}"
+
+
+def parse_one(spec: str) -> Fault:
+    """One drill spec; ``InputError`` (exit 2) naming the spec and what is wrong."""
+    kind, _, body = spec.strip().partition(":")
+    if kind not in KINDS:
+        raise InputError(f"--inject {spec!r}: unknown drill {kind!r}; use one of {', '.join(KINDS)}")
+    kv: dict[str, str] = {}
+    for part in body.replace(",", ":").split(":"):
+        if not part.strip():
+            continue
+        k, eq, v = part.partition("=")
+        if not eq or k.strip() not in _KEYS:
+            raise InputError(f"--inject {spec!r}: {part!r} is not one of {', '.join(sorted(_KEYS))} = value")
+        kv[k.strip()] = v.strip()
+    if "rank" not in kv:
+        raise InputError(f"--inject {spec!r}: rank=<global rank> is required")
+    phase = kv.get("phase", _DEFAULT_PHASE[kind])
+    if phase not in PHASES:
+        raise InputError(f"--inject {spec!r}: phase {phase!r} is not one of {', '.join(PHASES)}")
+    try:
+        f = Fault(kind, int(kv["rank"]), phase, int(kv["step"]) if "step" in kv else None,
+                  float(kv.get("factor", 4.0)), float(kv.get("seconds", 86400.0)), int(kv.get("code", 3)))
+    except ValueError:
+        raise InputError(f"--inject {spec!r}: rank, step and code are integers, factor and seconds numbers") from None
+    if f.kind == "slow" and f.factor < 1:
+        raise InputError(f"--inject {spec!r}: factor {f.factor} must be >= 1")
+    return f
+
+
+def parse_faults(spec: str | None) -> tuple[Fault, ...]:
+    return tuple(parse_one(s) for s in (spec or "").split(";") if s.strip())
+
+
+def check_ranks(faults: tuple[Fault, ...], world: int) -> None:
+    bad = [f for f in faults if not 0 <= f.rank < world]
+    if bad:
+        raise InputError(f"--inject: rank {bad[0].rank} is outside the run's {world} ranks (0..{world - 1})")
+
+
+class Drills:
+    """This rank's drills. ``at(phase, step)`` is called by the worker when a phase starts; ``corrupt``
+    is the executor's tap on landed bytes; ``slow_factor(step)`` stretches the transfer phase."""
+
+    def __init__(self, faults: tuple[Fault, ...], rank: int, events=None):
+        self.mine = [f for f in faults if f.rank == rank]
+        self.events = events
+        self._done: set[Fault] = set()
+
+    def _fire(self, f: Fault, step: int, phase: str) -> bool:
+        if f in self._done or (f.step is not None and f.step != step) or f.phase != phase:
+            return False
+        self._done.add(f)
+        if self.events is not None:
+            self.events.record("drill", time.time(), 0.0, kind=f.kind, drill=f.describe(), step=step, at=phase)
+            self.events.flush()
+        return True
+
+    def at(self, phase: str, step: int) -> None:
+        for f in self.mine:
+            if f.kind in ("kill", "exit", "hang") and self._fire(f, step, phase):
+                sys.stderr.flush()
+                if f.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if f.kind == "exit":
+                    os._exit(f.code)
+                time.sleep(f.seconds)
+
+    def slow_factor(self, step: int) -> float:
+        for f in self.mine:
+            if f.kind == "slow" and self._fire(f, step, "transfer"):
+                return f.factor
+        return 1.0
+
+    def corrupt(self, step: int, buf, nbytes: int) -> bool:
+        """Flip a byte of ``buf[:nbytes]`` (once); True when it did."""
+        if nbytes <= 0:
+            return False
+        for f in self.mine:
+            if f.kind == "corrupt" and f not in self._done and (f.step is None or f.step == step):
+                self._done.add(f)
+                if self.events is not None:
+                    self.events.record("drill", time.time(), 0.0, kind=f.kind, drill=f.describe(), step=step)
+                    self.events.flush()
+                buf[nbytes // 2] ^= 0x5A
+                return True
+        return False

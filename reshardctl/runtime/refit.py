@@ -1,0 +1,192 @@
+"""One refit of one rank: common start (readiness + agreement) -> execute -> verify -> vote -> learn ->
+commit. Shared by the worker (``reshardctl run``) and the API; fault drills come in only through the
+optional ``drills`` object, which only the worker passes.
+
+Every failure ends here as a raised ``TransferError``/``VerificationError`` carrying a ``record`` (rank,
+host, side, phase, step, round/bucket, peers, unix time, knock_on) for the report; a rank that fails
+publishes it in the run's store first, so every other rank stops waiting at once (groups.py) instead of
+running into its own timeouts one call after another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import time
+
+from reshardctl.errors import TransferError
+from reshardctl.runtime import commit as _commit
+from reshardctl.runtime.contract import IterationReport, RunOptions
+from reshardctl.runtime.env import RankEnv
+from reshardctl.runtime.events import EventLog
+from reshardctl.runtime.executor import Executor
+from reshardctl.runtime.groups import Abandoned, Groups
+from reshardctl.runtime.pack import LocalWeights
+from reshardctl.runtime.weights import SyntheticWeights, restep_
+
+HOST = socket.gethostname()
+
+
+@dataclasses.dataclass
+class State:
+    """One rank's weights across refits."""
+
+    src: LocalWeights | None = None
+    current: LocalWeights | None = None
+    staged: LocalWeights | None = None
+    src_step: int | None = None
+    committed_step: int | None = None
+    previous_step: int | None = None  # the step the staged copy still holds after a commit
+    previous_valid: bool = False  # staged holds exactly ``previous_step`` (no byte of a later refit yet)
+
+
+def advance_source(plan, st: State, source, step: int) -> None:
+    if isinstance(source, SyntheticWeights) and st.src_step is not None and st.src_step != step:
+        for i, ts in st.src.data.items():
+            for t in ts:
+                restep_(plan.model.tensors[i], t, st.src_step, step)
+    st.src_step = step
+
+
+def failure_record(env: RankEnv, phase: str, step: int, exc: BaseException) -> dict:
+    where = getattr(exc, "where", None) or {}
+    return {
+        "rank": env.global_rank, "host": HOST, "side": env.side, "side_rank": env.side_rank, "phase": phase,
+        "step": step, "round": where.get("index"), "step_kind": where.get("kind"), "peers": where.get("peers"),
+        "at": time.time(), "knock_on": isinstance(exc, Abandoned) or bool(getattr(exc, "knock_on", False)),
+    }
+
+
+_GLOO_SOURCE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ")
+_GLOO_ADVICE = re.compile(r"\s*This is typically caused by .*$", re.S)
+
+
+def tidy(message: str) -> str:
+    """A backend message without its source location and boilerplate advice."""
+    return _GLOO_ADVICE.sub("", _GLOO_SOURCE.sub("", message)).strip()
+
+
+def _fail(groups: Groups, env: RankEnv, phase: str, step: int, exc: BaseException) -> BaseException:
+    """Attach the failure record, publish it (unless it is itself a knock-on) and return the error."""
+    rec = failure_record(env, phase, step, exc)
+    if not isinstance(exc, TransferError):
+        exc = TransferError(f"rank {env.global_rank}: {type(exc).__name__}: {exc}")
+    text = tidy(exc.message)
+    if text != exc.message:
+        where = getattr(exc, "where", None)
+        exc = type(exc)(text, hint=exc.hint)
+        exc.where = where
+    exc.record = rec
+    if not rec["knock_on"]:
+        groups.publish_failure(f"rank {env.global_rank} ({env.side} {env.side_rank}, {HOST}) failed in "
+                               f"{phase} of step {step}: {exc}")
+    return exc
+
+
+def common_start(groups: Groups, st: State, train_world: int, step: int, not_ready: str | None,
+                 events: EventLog) -> None:
+    """Readiness vote and agreement on the committed step, in one control-plane all-reduce. A rank ahead
+    of the others (its commit acknowledgement completed where another's did not) rolls back to the
+    previous weights it still holds."""
+    env = groups.env
+    ready, steps = _commit.gather_steps(groups, 0 if not_ready else 1, st.committed_step)
+    missing = [r for r, x in enumerate(ready) if x == 0]
+    if missing:
+        here = f"; here: {not_ready}" if not_ready else ""
+        err = TransferError(f"refit of step {step} not started (nothing moved, nothing committed): "
+                            f"rank(s) {missing} not ready{here}")
+        err.knock_on = not_ready is None
+        raise err
+    low, ahead = _commit.agree(steps, train_world)
+    if env.global_rank in ahead:
+        if not (st.previous_valid and st.previous_step == low and st.current is not None):
+            raise TransferError(f"inference ranks disagree on the committed step ({steps[train_world:]}) and "
+                                f"rank {env.global_rank} no longer holds step {low}")
+        with events.phase("rollback", step=step, committed=st.committed_step, to=low):
+            st.current.swap_data(st.staged)
+            st.committed_step, st.previous_valid = low, False
+
+
+def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: RunOptions, events: EventLog,
+               step: int, not_ready: str | None = None, drills=None) -> IterationReport:
+    """One refit of this rank. Raises ``VerificationError``/``TransferError`` (with ``.record``) unless
+    every rank voted OK and this rank learned that every rank knows it; then this rank committed."""
+    env = groups.env
+    phase = "start"
+    try:
+        common_start(groups, st, plan.train_world, step, not_ready, events)
+    except TransferError as exc:
+        raise _fail(groups, env, phase, step, exc) from None
+    if drills is not None:
+        drills.at("start", step)
+    phase = "transfer"
+    if drills is not None:
+        drills.at("transfer", step)
+    t0 = time.perf_counter()
+    local_error: BaseException | None = None
+    stats = None
+    if st.staged is not None:
+        st.staged.reset_coverage()
+        st.previous_valid = False  # bytes of this refit may land in the staged copy from now on
+    try:
+        stats = ex.run(step, st.src, st.staged)
+        if drills is not None:
+            factor = drills.slow_factor(step)
+            if factor > 1:
+                time.sleep((factor - 1) * (time.perf_counter() - t0))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes this rank's record
+        local_error = _fail(groups, env, phase, step, exc)
+    transfer_s = time.perf_counter() - t0
+    if local_error is not None:
+        raise local_error
+    phase = "verify"
+    if drills is not None:
+        drills.at("verify", step)
+    t1 = time.perf_counter()
+    full_s = 0.0
+    with events.phase("verify", step=step) as ph:
+        problems: list[str] = []
+        try:
+            ex.exchange_checksums()
+            problems = ex.checksum_failures()
+            if st.staged is not None:
+                problems += st.staged.coverage_problems()
+                if options.full_check and not problems:
+                    tf = time.perf_counter()
+                    with events.phase("verify/full", step=step):
+                        problems += _commit.full_check(st.staged, source, step)
+                    full_s = time.perf_counter() - tf
+            code = _commit.BAD_DATA if problems else _commit.OK
+            ph["verdict"] = code
+            if problems:
+                ph["problems"] = problems[:5]
+            codes = _commit.vote(groups, code)
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(groups, env, phase, step, exc) from None
+    verify_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    phase = "commit"
+    with events.phase("commit", step=step) as ph:
+        try:
+            _commit.decide(codes, plan.train_world, step, problems, None)
+        except TransferError as exc:
+            exc.record = failure_record(env, "verify" if problems else phase, step, exc)
+            exc.record["knock_on"] = not problems
+            raise
+        if drills is not None:
+            drills.at("commit", step)
+        try:
+            _commit.learn(groups, step)
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(groups, env, phase, step, exc) from None
+        if st.current is not None:
+            st.current.swap_data(st.staged)
+            st.previous_step, st.previous_valid = st.committed_step, True
+        st.committed_step = step
+        ph["committed"] = True
+    return IterationReport(
+        step=step, committed=True, transfer_s=transfer_s, verify_s=verify_s,
+        commit_s=time.perf_counter() - t2, full_check_s=full_s,
+        bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received, wire_bytes=stats.wire_bytes,
+    )

@@ -1,0 +1,235 @@
+"""The checksum's guarantees (reshardctl/runtime/checksum.py, docs/checksums.md), as properties.
+
+Every test here would fail if a stated guarantee were false: any change of <= 5 16-bit limbs (so any
+<= 2-bit flip), any swap of two different blocks of <= 4 limbs, and no miss among the structured
+corruption families (sign flips at every position pattern, high-bit flips, swapped words and regions,
+zeroed tails, NaN payloads) for fp32, bf16, fp16, fp8 and int dtypes. Many corrupted variants are
+checked in one ``segment_checksums`` call (one segment per variant)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reshardctl.runtime.checksum import P, SUM_BYTES, WORDS, checksum, segment_checksums
+
+
+def _buf(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+def missed(orig: torch.Tensor, variants: list[torch.Tensor]) -> tuple[int, int]:
+    """(variants that really differ from ``orig``, how many of them the checksum does not see)."""
+    variants = [v for v in variants if not torch.equal(v, orig)]
+    if not variants:
+        return 0, 0
+    n = orig.numel()
+    stride = (n + 7) & ~7
+    big = torch.zeros(stride * len(variants), dtype=torch.uint8)
+    for k, v in enumerate(variants):
+        big[k * stride : k * stride + n] = v
+    got = segment_checksums(big, [k * stride for k in range(len(variants))], [n] * len(variants))
+    ref = checksum(orig)
+    return len(variants), int((got == ref).all(1).sum())
+
+
+# ---- the value itself --------------------------------------------------------------------------------
+def test_shape_and_range():
+    c = checksum(_buf(1000))
+    assert c.shape == (WORDS,) and c.dtype == torch.int64 and SUM_BYTES == 8 * WORDS
+    lo, hi = c & P, c >> 31
+    assert bool(((lo < P) & (hi < P) & (c >= 0)).all())
+
+
+def test_same_value_whatever_the_address_the_segmentation_or_the_row_length():
+    b = _buf(200_001, seed=3)
+    ref = checksum(b)
+    big = torch.zeros(200_100, dtype=torch.uint8)
+    big[7:7 + b.numel()] = b
+    assert torch.equal(checksum(big[7:7 + b.numel()]), ref)  # unaligned view
+    # among many tiny segments (a short row length is chosen) and alone: the same value
+    buf = torch.zeros(210_000, dtype=torch.uint8)
+    buf[0:200_001] = b
+    for k in range(100):
+        buf[200_008 + 16 * k : 200_008 + 16 * k + 9] = b[:9]
+    sums = segment_checksums(buf, [0] + [200_008 + 16 * k for k in range(100)], [200_001] + [9] * 100)
+    assert torch.equal(sums[0], ref)
+    assert all(torch.equal(s, checksum(b[:9])) for s in sums[1:])
+
+
+def test_pinned_values():
+    """A fixed input's checksum, pinned: the CPU and CUDA implementations must both give these
+    (tests/test_gpu.py compares CUDA against the same numbers)."""
+    assert checksum(torch.arange(256, dtype=torch.uint8).repeat(37)).tolist() == PINNED_ARANGE
+    assert checksum(torch.zeros(0, dtype=torch.uint8)).tolist() == PINNED_EMPTY
+
+
+PINNED_ARANGE = [334558024509229485, 2189123542882095866, 1777280601704745681, 977252820845401301]
+PINNED_EMPTY = [0, 0, 0, 0]
+
+
+def test_length_is_mixed_in():
+    assert not torch.equal(checksum(torch.zeros(100, dtype=torch.uint8)), checksum(torch.zeros(101, dtype=torch.uint8)))
+    assert not torch.equal(checksum(torch.zeros(0, dtype=torch.uint8)), checksum(torch.zeros(2, dtype=torch.uint8)))
+
+
+# ---- guarantee 1: any change of <= 5 limbs ------------------------------------------------------------
+def test_every_pair_of_bit_flips_in_a_buffer_is_caught():
+    b = _buf(16, seed=1)
+    variants = []
+    for i, j in itertools.combinations(range(128), 2):
+        v = b.clone()
+        v[i // 8] ^= 1 << (i % 8)
+        v[j // 8] ^= 1 << (j % 8)
+        variants.append(v)
+    for i in range(128):
+        v = b.clone()
+        v[i // 8] ^= 1 << (i % 8)
+        variants.append(v)
+    checked, miss = missed(b, variants)
+    assert checked == 128 * 127 // 2 + 128 and miss == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(min_size=1, max_size=5000),
+       changes=st.lists(st.tuples(st.integers(0, 10 ** 7), st.integers(1, 0xFFFF)), min_size=1, max_size=5))
+def test_any_change_of_at_most_five_limbs_is_caught(data, changes):
+    b = torch.tensor(list(data), dtype=torch.uint8)
+    n = b.numel()
+    limbs = (n + 1) // 2
+    v = b.clone()
+    for pos, x in changes:
+        k = pos % limbs
+        v[2 * k] ^= x & 0xFF
+        if 2 * k + 1 < n:
+            v[2 * k + 1] ^= x >> 8
+    if torch.equal(v, b):
+        return
+    assert not torch.equal(checksum(v), checksum(b))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(min_size=2, max_size=4000), bits=st.lists(st.integers(0, 10 ** 7), min_size=1, max_size=2))
+def test_any_one_or_two_bit_flips_are_caught(data, bits):
+    b = torch.tensor(list(data), dtype=torch.uint8)
+    v = b.clone()
+    for x in bits:
+        x %= 8 * b.numel()
+        v[x // 8] ^= 1 << (x % 8)
+    if not torch.equal(v, b):
+        assert not torch.equal(checksum(v), checksum(b))
+
+
+# ---- guarantee 2: swaps of two different blocks of <= 4 limbs --------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=16, max_size=4000), a=st.integers(0, 10 ** 7), b=st.integers(0, 10 ** 7),
+       limbs=st.integers(1, 4))
+def test_any_swap_of_two_different_words_is_caught(data, a, b, limbs):
+    t = torch.tensor(list(data), dtype=torch.uint8)
+    ln = 2 * limbs
+    slots = (t.numel() - ln) // 2 + 1
+    i, j = sorted((2 * (a % slots), 2 * (b % slots)))
+    if j < i + ln:
+        return
+    if torch.equal(t[i:i + ln], t[j:j + ln]):
+        return
+    s = t.clone()
+    s[i:i + ln], s[j:j + ln] = t[j:j + ln].clone(), t[i:i + ln].clone()
+    assert not torch.equal(checksum(s), checksum(t))
+
+
+def test_word_swaps_that_defeat_moment_sums_are_caught():
+    """y = c * (-1, 3, -3, 1) zeroes three moments of a 4-limb difference: the fourth catches it."""
+    t = torch.zeros(64, dtype=torch.int16)
+    t[4:8] = torch.tensor([-1, 3, -3, 1]) * 5
+    u = t.view(torch.uint8)
+    s = u.clone()
+    s[8:16], s[40:48] = u[40:48].clone(), u[8:16].clone()
+    assert not torch.equal(checksum(s), checksum(u))
+
+
+# ---- the structured families, per dtype ---------------------------------------------------------------
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int8, torch.int32, torch.int64]
+
+
+def _values(dtype, n: int, kind: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    if kind == "random":
+        x = torch.randn(n, generator=g) * 3
+    elif kind == "constant":
+        x = torch.full((n,), 0.5)
+    else:  # "ramp": equal sums in many blocks
+        x = torch.arange(n, dtype=torch.float32) % 4
+    if dtype.is_floating_point:
+        return x.to(dtype)
+    return (x * 10).round().to(dtype)
+
+
+def _families(t: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    n, isz = t.numel(), t.element_size()
+    raw = t.view(torch.uint8).reshape(n, isz)
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("sign", "high_bit", "swap_word", "swap_region",
+                                                        "zero_tail", "nan_payload")}
+    top = isz - 1  # byte holding the sign bit (little endian)
+
+    def var(f):
+        r = raw.clone()
+        f(r)
+        return r.reshape(-1)
+
+    patterns = [list(p) for p in itertools.combinations(range(n), 2)]
+    patterns += [list(range(s, n, k)) for k in (2, 3, 4, 8) for s in range(k)] + [list(range(n))]
+    for p in patterns:
+        def flip(r, p=p):
+            r[p, top] ^= 0x80
+        out["sign"].append(var(flip))
+    for i, j in itertools.combinations(range(n), 2):
+        for bit in (7, 6):
+            def hb(r, i=i, j=j, bit=bit):
+                r[i, top] ^= 1 << bit
+                r[j, top] ^= 1 << bit
+            out["high_bit"].append(var(hb))
+        def sw(r, i=i, j=j):
+            r[[i, j]] = r[[j, i]].clone()
+        out["swap_word"].append(var(sw))
+    for ln in (2, 3, 5, 8):
+        for i in range(0, n - 2 * ln + 1):
+            for j in range(i + ln, n - ln + 1):
+                def swr(r, i=i, j=j, ln=ln):
+                    a, b = r[i:i + ln].clone(), r[j:j + ln].clone()
+                    r[i:i + ln], r[j:j + ln] = b, a
+                out["swap_region"].append(var(swr))
+    for k in range(1, n + 1):
+        def zt(r, k=k):
+            r[n - k:] = 0
+        out["zero_tail"].append(var(zt))
+    if t.dtype.is_floating_point:
+        nan = torch.tensor([float("nan")], dtype=torch.float32).to(t.dtype).view(torch.uint8)
+        for i in range(n):
+            for payload in range(1, 4):
+                def nanp(r, i=i, payload=payload):
+                    r[i] = nan
+                    r[i, 0] ^= payload  # a NaN with another payload (or still NaN: fp8 has one NaN)
+                out["nan_payload"].append(var(nanp))
+                def nan2(r, i=i):
+                    r[i] = nan
+                out["nan_payload"].append(var(nan2))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("kind", ["random", "constant", "ramp"])
+def test_structured_corruptions_are_all_caught(dtype, kind):
+    t = _values(dtype, 24, kind)
+    orig = t.view(torch.uint8).reshape(-1)
+    total = 0
+    for family, variants in _families(t).items():
+        checked, miss = missed(orig, variants)
+        assert miss == 0, (family, dtype, kind, checked)
+        total += checked
+    assert total > 500
