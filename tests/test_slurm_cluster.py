@@ -236,3 +236,19 @@ def test_a_failing_slurm_command_names_the_command_its_code_and_stderr(cluster):
         slurm_cli.run(["scontrol", "show", "job", "987654321"])
     assert e.value.argv == ["scontrol", "show", "job", "987654321"] and e.value.returncode == 1
     assert "Invalid job id" in e.value.stderr and "`scontrol show job 987654321` failed (exit code 1)" in str(e.value)
+
+
+def test_a_fault_drill_through_slurm_names_the_root_cause(cluster, tmp_path, model, capsys):
+    """`--inject` reaches the ranks through the session file; the killed rank is the root cause, the
+    survivors' failures are counted as knock-on, and they stop within the run's bound (timeout + 5 s)."""
+    out = tmp_path / "drill"
+    code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2", "--timeout-s", "10",
+                 "--inject", "kill:rank=3:phase=transfer", "--out", str(out)])
+    assert code == 1
+    err = capsys.readouterr().err
+    s = _summary(out)
+    assert s["root_cause"]["rank"] == 3 and s["root_cause"]["error"] == "RankLost"
+    assert s["knock_on_failures"] == 3 and s["drills"] and s["drills"][0]["rank"] == 3
+    assert s["detection_s"] is not None and s["detection_s"] <= 10 + 5
+    assert "root cause: rank 3: left no report" in err
+    assert not s["transports"]["reshard"]["verified"]

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.launch import slurm_cli
-from reshardctl.launch.failures import order_failures
+from reshardctl.launch.failures import failure_line, order_failures
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
@@ -355,13 +355,17 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
         lines.append(f"Slurm job {j}: no accounting record (sacct)")
     if w.cancelled_peer:
         lines.append(f"cancelled the other job ({w.cancelled_peer}) when this one ended")
-    for r in failed:
-        lines.append(f"rank {r.global_rank} ({r.side} {r.side_rank}): {r.error_type}: {r.error_message}")
+    # the ranks: those that left no report first (identical causes grouped), then those that failed on
+    # their own, then the knock-on failures (launch/failures.py's order)
     by_why: dict[str, list[int]] = {}
     for r, why in sorted(lost.items()):
         by_why.setdefault(why, []).append(r)
-    for why, ranks in by_why.items():
-        lines.append(f"{_ranks_text(ranks)}: {why}")
+    ranks = [f"{_ranks_text(rs)}: {why}" for why, rs in by_why.items()]
+    ranks += [failure_line(f) for f in order_failures([], failed)]
+    if ranks:
+        lines.append(f"root cause: {ranks[0]}")
+        if len(ranks) > 1:
+            lines.append(f"then {len(ranks) - 1} knock-on failure(s):\n    " + "\n    ".join(ranks[1:]))
     if not lines:
         return None
     batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
