@@ -51,6 +51,7 @@ from reshardctl.commands import model as _model  # noqa: E402
 from reshardctl.commands.plan import plan_cmd as _plan_cmd  # noqa: E402
 from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
 from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
+from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_layout.app, name="layout")
@@ -58,6 +59,7 @@ app.add_typer(_model.app, name="model")
 app.command("plan")(_plan_cmd)
 app.command("run")(_run_cmd)
 app.command("bench")(_bench_cmd)
+app.command("calibrate")(_calibrate_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,6 +140,7 @@ def run_session(
         summaries[t] = summarize_transport(
             t, (reports or {}).get(t, []), bytes_needed=needed, predicted_s=pred.predicted_s,
             lower_bound_s=lb.seconds, bucket_bytes=p.bucket_bytes, fingerprint=p.fingerprint,
+            predicted_breakdown_s=pred.breakdown,
         )
     summary = {
         "run_dir": str(run_dir),
@@ -150,6 +151,7 @@ def run_session(
         "wall_s": wall,
         "ok": err is None,
         "error": None if err is None else str(err),
+        "cost_figures": inp.links.source,
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
     }
