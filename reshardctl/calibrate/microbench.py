@@ -9,7 +9,8 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 * all pairs at once: rank ``i`` -> rank ``per_node + i`` for every ``i``: aggregate bytes/s of a node's links;
 * grouped messages: 1 and ``MANY`` small messages in one ``batch_isend_irecv``: launch and per-message cost;
 * broadcast from rank 0 over (0, second node's ranks): delivered bytes/s;
-* pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``.
+* pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
+  both again on every rank at once (ranks that share a machine's cores and memory).
 """
 
 from __future__ import annotations
@@ -94,7 +95,25 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
         res["copy"] = _copy_rate(device, reps)
         res["checksum"] = _checksum_rate(device, reps)
     _sync()
+    # every rank at once: what ranks sharing a machine (cores, memory) get together
+    copy, _ = _copy_fn(device)
+    res["copy_all"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(copy, reps)}
+    summ = _checksum_fn(device)
+    res["checksum_all"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(summ, reps)}
     return res
+
+
+def _together(fn, reps: int) -> float:
+    """Median seconds from a common start until the last rank has run ``fn`` once."""
+    out = []
+    fn()
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
 
 
 def _wait(device: torch.device) -> None:
@@ -102,7 +121,7 @@ def _wait(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _copy_rate(device: torch.device, reps: int) -> dict:
+def _copy_fn(device: torch.device):
     """A column block (half the columns) of a row-major matrix into a contiguous buffer: the strided
     copy a packed message or an unpack does."""
     rows = 4096
@@ -112,6 +131,18 @@ def _copy_rate(device: torch.device, reps: int) -> dict:
     def fn() -> None:
         dst.copy_(src[:, : BIG // rows])
         _wait(device)
+    return fn, (src, dst)
+
+
+def _checksum_fn(device: torch.device):
+    from reshardctl.runtime.checksum import checksum
+
+    buf = torch.randint(0, 255, (BIG,), dtype=torch.uint8, device=device)
+    return lambda: checksum(buf).item()
+
+
+def _copy_rate(device: torch.device, reps: int) -> dict:
+    fn, _ = _copy_fn(device)
     out = []
     fn()
     for _ in range(reps):
@@ -122,13 +153,11 @@ def _copy_rate(device: torch.device, reps: int) -> dict:
 
 
 def _checksum_rate(device: torch.device, reps: int) -> dict:
-    from reshardctl.runtime.checksum import checksum
-
-    buf = torch.randint(0, 255, (BIG,), dtype=torch.uint8, device=device)
+    fn = _checksum_fn(device)
     out = []
-    checksum(buf)
+    fn()
     for _ in range(reps):
         t0 = time.perf_counter()
-        checksum(buf).item()
+        fn()
         out.append(time.perf_counter() - t0)
     return {"bytes": BIG, "seconds": statistics.median(out)}

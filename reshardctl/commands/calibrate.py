@@ -21,7 +21,9 @@ LABELS = {
     "cross_node_bytes_per_s": ("p2p across nodes", "bw"), "cross_node_latency_s": ("latency across nodes", "s"),
     "node_aggregate_bytes_per_s": ("all pairs at once", "bw"), "launch_s": ("grouped operation launch", "s"),
     "per_message_s": ("per message in a group", "s"), "broadcast_bytes_per_s": ("broadcast (delivered)", "bw"),
-    "copy_bytes_per_s": ("pack/unpack copy", "bw"), "checksum_bytes_per_s": ("checksum", "bw"),
+    "copy_bytes_per_s": ("pack/unpack copy, one rank", "bw"), "checksum_bytes_per_s": ("checksum, one rank", "bw"),
+    "copy_aggregate_bytes_per_s": ("copy, all ranks at once", "bw"),
+    "checksum_aggregate_bytes_per_s": ("checksum, all ranks at once", "bw"),
 }
 
 

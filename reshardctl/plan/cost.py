@@ -53,6 +53,8 @@ class Links:
     host: float | None = None  # cpu_only: the loopback's aggregate rate (every byte is a copy through it)
     broadcast: float | None = None  # cpu_only: bytes a broadcast delivers per second (all receivers together)
     cores: int = 0  # cpu_only: cores every rank shares (0: not cpu_only)
+    copy_all: float | None = None  # cpu_only: copy rate of all ranks together (they share cores and memory)
+    checksum_all: float | None = None  # cpu_only: checksum rate of all ranks together
     msg_concurrency: int = 1  # messages of one rank in flight at once
     nics_per_node: int = 1
     peak_nvlink: float | None = None  # nominal figures for the lower bound (None: the achievable ones)
@@ -86,8 +88,9 @@ class Links:
             peak_node_nic=lk.node_nic_bytes_per_s, msg_concurrency=1 if site.cpu_only else NCCL_OPS_PER_CHANNEL,
         )
         if site.cpu_only:
+            n = max(1, cores or 1)
             kw.update(host=lk.node_nic_bytes_per_s, peak_host=lk.node_nic_bytes_per_s,
-                      broadcast=lk.node_nic_bytes_per_s, cores=max(1, cores or 1))
+                      broadcast=lk.node_nic_bytes_per_s, cores=n, copy_all=kw["copy"] * n, checksum_all=kw["checksum"] * n)
         if measured is None:
             return cls(**kw)
         m = measured.figures
@@ -103,7 +106,8 @@ class Links:
         if site.cpu_only:
             agg = m["node_aggregate_bytes_per_s"]
             kw.update(host=agg, peak_host=agg, broadcast=m["broadcast_bytes_per_s"], cores=max(1, measured.cores),
-                      nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"])
+                      nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
+                      copy_all=m["copy_aggregate_bytes_per_s"], checksum_all=m["checksum_aggregate_bytes_per_s"])
         return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
 
 
@@ -119,12 +123,12 @@ class Prediction:
     breakdown: dict = field(default_factory=dict)  # term -> seconds on the critical path (sums to predicted_s)
 
 
-def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, links: Links) -> np.ndarray:
-    """Seconds of a CPU-side term: the busiest rank's bytes at ``rate``; on cpu_only sites at least all
-    ranks' bytes over the shared cores."""
+def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
+    """Seconds of a copy or checksum term: the busiest rank's bytes at one rank's ``rate``; on cpu_only
+    sites at least all ranks' bytes at the rate they reach ``together`` (sharing cores and memory)."""
     t = per_rank_max / rate
-    if links.cores:
-        t = np.maximum(t, total / (rate * links.cores))
+    if together:
+        t = np.maximum(t, total / together)
     return t
 
 
@@ -158,10 +162,10 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
     if links.cores:
         busy = np.maximum(busy, msgs.sum(axis=1) / 2 / links.cores)  # each message is posted on both ends
     latency = np.where(msgs.max(axis=1) > 0, links.launch + busy * per_msg, 0.0)
-    pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links) + \
-        _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links)
+    pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links.copy_all) + \
+        _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links.copy_all)
     moved = rounds[:, NIC_SEND] + rounds[:, NVL_SEND] + rounds[:, NIC_RECV] + rounds[:, NVL_RECV]
-    cksum = _shared(moved.max(axis=1), moved.sum(axis=1), links.checksum, links)
+    cksum = _shared(moved.max(axis=1), moved.sum(axis=1), links.checksum, links.checksum_all)
     return wire, latency, pack, cksum, busiest
 
 
@@ -177,9 +181,11 @@ def _bucket_terms(bs: BucketStats, links: Links):
     per_msg = max(links.nic_latency, links.nvlink_latency)
     g_msgs = np.ceil(bs.root_msgs / links.msg_concurrency)
     g_lat = np.where(bs.root_msgs > 0, links.launch + g_msgs * per_msg, 0.0)
-    g_pack = _shared(np.maximum(bs.root_copy, bs.pack_send_max), bs.root_copy + bs.pack_send_total, links.copy, links)
+    g_pack = _shared(np.maximum(bs.root_copy, bs.pack_send_max), bs.root_copy + bs.pack_send_total, links.copy,
+                     links.copy_all)
     # the root checksums the bucket (its trailer) and every gathered piece; senders their pieces
-    g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + 2 * bs.gather_send_total, links.checksum, links)
+    g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + 2 * bs.gather_send_total, links.checksum,
+                   links.checksum_all)
     gather = np.stack([g_wire, g_lat, g_pack, g_ck, z])
     recv = np.asarray([r.receivers for r in bs.rings], dtype=np.float64)[bs.ring_of] if B else z
     if links.broadcast:  # cpu_only: the measured delivered rate (every receiver's copy through the host)
@@ -197,8 +203,8 @@ def _bucket_terms(bs: BucketStats, links: Links):
     if links.cores:
         hop_lat = np.maximum(hop_lat, links.launch + recv * per_msg)
     bcast = np.stack([b_wire, hop_lat, z, z, z])
-    u_pack = _shared(bs.held_slice_max, bs.held_slice_total, links.copy, links)
-    u_ck = _shared(bs.held_full_max, bs.held_full_total, links.checksum, links)
+    u_pack = _shared(bs.held_slice_max, bs.held_slice_total, links.copy, links.copy_all)
+    u_ck = _shared(bs.held_full_max, bs.held_full_total, links.checksum, links.checksum_all)
     unpack = np.stack([z, z, u_pack, u_ck, z])
     return gather, bcast, unpack
 

@@ -50,6 +50,12 @@ class Inputs:
     layers: int | None
     compare: list[Candidate] = field(default_factory=list)
 
+    @property
+    def broadcast_span(self) -> str:
+        """GPU sites: broadcast groups span the stage's trainer GPUs (rings over every NIC of the source
+        nodes); cpu_only sites: root + inference ranks (every extra member is one more host copy)."""
+        return "root" if self.site.cpu_only else "stage"
+
 
 def nic_per_gpu(site) -> float:
     lk = site.links

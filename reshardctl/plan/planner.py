@@ -25,8 +25,10 @@ def build_plan(
     transport: str = "reshard",
     bucket_bytes: int = 256 << 20,
     relay: bool = False,
+    broadcast_span: str = "root",
 ) -> Plan:
-    """Compute the transfer plan for one transport. Deterministic: same inputs, same fingerprint."""
+    """Compute the transfer plan for one transport. Deterministic: same inputs, same fingerprint.
+    ``broadcast_span``: the broadcast groups of gather-and-broadcast buckets (``broadcast.SPANS``)."""
     if transport not in TRANSPORTS:
         raise PlanError(f"unknown transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     if bucket_bytes <= 0:
@@ -56,7 +58,8 @@ def build_plan(
         units, rounds, _ = schedule_rounds(units, topology.world, bucket_bytes)
     if transport in ("gather_broadcast", "hybrid"):
         select = None if transport == "gather_broadcast" else (lambda t: t.role not in HYBRID_RESHARD_ROLES)
-        buckets = build_buckets(model, train, topology, bucket_bytes, first_index=len(rounds), select=select)
+        buckets = build_buckets(model, train, topology, bucket_bytes, first_index=len(rounds), select=select,
+                                span=broadcast_span)
     plan = Plan(
         transport=transport,
         model=model,

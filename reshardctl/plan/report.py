@@ -79,7 +79,7 @@ def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
     plans: dict[str, Plan] = {}
     for tname in order:
         plans[tname] = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=tname,
-                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
     first = plans[order[0]]
     lb = lower_bound(first, inp.links)
     reports = {t: transport_report(p, inp.links, lb) for t, p in plans.items()}
@@ -111,7 +111,7 @@ def compare(inp: Inputs, transport: str) -> list[dict]:
     rows = []
     for c in inp.compare:
         p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
-                       bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
         pred = predict(p, inp.links)
         lb = lower_bound(p, inp.links)
         rows.append({
@@ -146,4 +146,5 @@ def inputs_json(inp: Inputs) -> dict:
         "relay": inp.relay,
         "relay_mode": inp.relay_mode,
         "relay_reason": inp.relay_reason,
+        "broadcast_span": inp.broadcast_span,
     }

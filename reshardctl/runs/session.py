@@ -49,7 +49,7 @@ def plan_transports(inp: Inputs, transports: list[str]) -> dict[str, Plan]:
         )
     return {
         t: build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=t, bucket_bytes=inp.bucket_bytes,
-                      relay=inp.relay)
+                      relay=inp.relay, broadcast_span=inp.broadcast_span)
         for t in transports
     }
 
