@@ -117,7 +117,7 @@ class Prediction:
     predicted_s: float
     bytes_moved: int  # bytes on the wire (relayed and broadcast bytes counted per hop/receiver)
     busiest_rank: int
-    busiest_link: str  # "nic_send" | "nic_recv" | "nvlink_send" | "nvlink_recv" | "node_nic_send" | ...
+    busiest_link: str  # of the step with the longest wire time: "nic_send" | ... | "broadcast" | "gather"
     busiest_link_bytes: int
     num_steps: int  # rounds + buckets
     breakdown: dict = field(default_factory=dict)  # term -> seconds on the critical path (sums to predicted_s)
@@ -164,9 +164,15 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
     latency = np.where(msgs.max(axis=1) > 0, links.launch + busy * per_msg, 0.0)
     pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links.copy_all) + \
         _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links.copy_all)
-    moved = rounds[:, NIC_SEND] + rounds[:, NVL_SEND] + rounds[:, NIC_RECV] + rounds[:, NVL_RECV]
-    cksum = _shared(moved.max(axis=1), moved.sum(axis=1), links.checksum, links.checksum_all)
+    sent = rounds[:, NIC_SEND] + rounds[:, NVL_SEND]
+    cksum = _shared(sent.max(axis=1), sent.sum(axis=1), links.checksum, links.checksum_all)
     return wire, latency, pack, cksum, busiest
+
+
+def _verify_checksums(stats: PlanStats, links: Links) -> float:
+    """Receivers checksum what landed in their weights in the verify phase, after the last round."""
+    got = stats.per_rank[NIC_RECV] + stats.per_rank[NVL_RECV]
+    return float(_shared(np.asarray([got.max()]), np.asarray([got.sum()]), links.checksum, links.checksum_all)[0])
 
 
 def _bucket_terms(bs: BucketStats, links: Links):
@@ -221,15 +227,14 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
     num_nodes = int(topo.node_of.max()) + 1
     overlap = not links.cores  # GPU sites: the executor overlaps copies with transfers
     total = np.zeros(len(TERMS))
-    busiest = (0, "none", 0.0)
+    busiest = (0, "none", 0.0, 0.0)  # rank, link, bytes, seconds of the slowest step's wire
     moved = 0
     if plan.rounds:
         stats = stats or p2p_stats(plan)
         moved += stats.bytes_total
         wire, lat, pack, ck, busy = _round_terms(stats.rounds, topo.node_of, num_nodes, links)
-        for rank, link, nb in busy:
-            if nb > busiest[2]:
-                busiest = (rank, link, nb)
+        r = int(wire.argmax())
+        busiest = (*busy[r], float(wire[r]))
         transfer = np.stack([wire, lat, np.zeros_like(wire), np.zeros_like(wire), np.zeros_like(wire)])
         copies = np.stack([np.zeros_like(wire), np.zeros_like(wire), pack, ck, np.zeros_like(wire)])
         if overlap:  # a round costs the larger of its transfer and its copies (packing the next one)
@@ -237,6 +242,7 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             total += np.where(pick, transfer, copies).sum(axis=1)
         else:
             total += transfer.sum(axis=1) + copies.sum(axis=1)
+        total[TERMS.index("checksum")] += _verify_checksums(stats, links)
     if plan.buckets:
         bs = bstats or bucket_stats(plan)
         moved += int(bs.link_bytes.sum())
@@ -249,10 +255,11 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             total += phases[pick, :, np.arange(B)].sum(axis=0) + gather[:, 0] + unpack[:, -1]
         else:
             total += gather.sum(axis=1) + bcast.sum(axis=1) + unpack.sum(axis=1)
-        k = int(bs.nbytes.argmax())
-        root = plan.buckets[k].root
-        if bs.nbytes[k] > busiest[2]:
-            busiest = (root, "broadcast", float(bs.nbytes[k]))
+        for phase, name in ((bcast, "broadcast"), (gather, "gather")):
+            k = int(phase[0].argmax())
+            if phase[0, k] > busiest[3]:
+                nb = bs.nbytes[k] if name == "broadcast" else bs.root_nic_recv[k] + bs.root_nvl_recv[k]
+                busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
     total[TERMS.index("sync")] += _sync(plan, links)
     breakdown = {t: float(v) for t, v in zip(TERMS, total)}
     return Prediction(plan.transport, float(total.sum()), int(moved), busiest[0], busiest[1], int(busiest[2]),
