@@ -82,6 +82,15 @@ def build_buckets(
             got = whole_cache[id(sp)] = tuple(sorted({r for r, h in sp.items() if tuple(h) == full}))
         return got
 
+    def whole_region(i: int) -> Region:
+        t = model.tensors[i]
+        box = full_boxes.get(t.shape)
+        if box is None:
+            box = full_boxes[t.shape] = full_box(t.shape)
+        return Region(i, box, t.nbytes)
+
+    full_boxes: dict[tuple[int, ...], tuple] = {}
+
     buckets: list[BroadcastBucket] = []
     index = first_index
     for stage in sorted(by_stage):
@@ -100,8 +109,7 @@ def build_buckets(
             gather: dict[int, list[Region]] = {}
             for i in tensors:
                 if root in whole_holders(i):
-                    t = model.tensors[i]
-                    gather.setdefault(root, []).append(Region(i, full_box(t.shape), t.nbytes))
+                    gather.setdefault(root, []).append(whole_region(i))
                     continue
                 for src, box, nb in gather_pieces(i, root):
                     gather.setdefault(src, []).append(Region(i, box, nb))

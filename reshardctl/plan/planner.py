@@ -114,6 +114,19 @@ def fingerprint(plan: Plan) -> str:
             h.update(np.ascontiguousarray(arr).tobytes())
     entries = [(r.index, r.stage, e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for r in plan.rounds for e in r.entries]
     h.update(np.asarray(entries, dtype=np.int64).tobytes())
-    for b in plan.buckets:
-        put(b)
+    h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]
+
+
+def _buckets_bytes(buckets) -> bytes:
+    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous)."""
+    flat: list[int] = [len(buckets)]
+    for b in buckets:
+        flat += (b.index, b.root, b.nbytes, len(b.group), *b.group, len(b.tensors), *b.tensors, len(b.gather))
+        for pr in b.gather:
+            flat += (pr.peer, len(pr.regions))
+            for r in pr.regions:
+                flat += (r.tensor, r.nbytes, len(r.box))
+                for lo, hi in r.box:
+                    flat += (lo, hi)
+    return np.asarray(flat, dtype=np.int64).tobytes()
