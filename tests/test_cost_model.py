@@ -163,7 +163,7 @@ def test_links_from_site_datasheet_and_calibration():
     figs = {k: 1e9 if k.endswith("bytes_per_s") else 1e-4 for k in
             ("intra_node_bytes_per_s", "intra_node_latency_s", "cross_node_bytes_per_s", "cross_node_latency_s",
              "node_aggregate_bytes_per_s", "launch_s", "per_message_s", "broadcast_bytes_per_s", "copy_bytes_per_s",
-             "checksum_bytes_per_s", "copy_aggregate_bytes_per_s", "checksum_aggregate_bytes_per_s")}
+             "checksum_bytes_per_s", "copy_side_bytes_per_s", "checksum_side_bytes_per_s")}
     m = parse_measured({"format": "reshardctl-calibration/1", "site": "local", "date": "2026-01-01T00:00:00Z",
                         "hosts": ["h"], "versions": {}, "ranks": 8, "cores": 2, "figures": figs}, "f.json", "local")
     cal = Links.from_site(local, m)

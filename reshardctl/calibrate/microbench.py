@@ -10,7 +10,8 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 * grouped messages: 1 and ``MANY`` small messages in one ``batch_isend_irecv``: launch and per-message cost;
 * broadcast from rank 0 over (0, second node's ranks): delivered bytes/s;
 * pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
-  both again on every rank at once (ranks that share a machine's cores and memory).
+  both again on one node's ranks at once (what a refit's senders, then its receivers, get together
+  when they share a machine's cores and memory).
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
         res["copy"] = _copy_rate(device, reps)
         res["checksum"] = _checksum_rate(device, reps)
     _sync()
-    # every rank at once: what ranks sharing a machine (cores, memory) get together
+    # one node's ranks at once (the other node idle): a refit's senders pack and checksum while its
+    # receivers wait, then the receivers unpack and checksum; ranks sharing cores get this much together
     copy, _ = _copy_fn(device)
-    res["copy_all"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(copy, reps)}
+    res["copy_side"] = {"ranks": per_node, "bytes": BIG * per_node,
+                        "seconds": _together(copy if rank < per_node else (lambda: None), reps)}
     summ = _checksum_fn(device)
-    res["checksum_all"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(summ, reps)}
+    res["checksum_side"] = {"ranks": per_node, "bytes": BIG * per_node,
+                            "seconds": _together(summ if rank < per_node else (lambda: None), reps)}
     return res
 
 

@@ -120,8 +120,8 @@ def figures(raw: dict) -> dict:
         "broadcast_bytes_per_s": bc["bytes"] * bc["receivers"] / bc["seconds"],
         "copy_bytes_per_s": raw["copy"]["bytes"] / raw["copy"]["seconds"],
         "checksum_bytes_per_s": raw["checksum"]["bytes"] / raw["checksum"]["seconds"],
-        "copy_aggregate_bytes_per_s": raw["copy_all"]["bytes"] / raw["copy_all"]["seconds"],
-        "checksum_aggregate_bytes_per_s": raw["checksum_all"]["bytes"] / raw["checksum_all"]["seconds"],
+        "copy_side_bytes_per_s": raw["copy_side"]["bytes"] / raw["copy_side"]["seconds"],
+        "checksum_side_bytes_per_s": raw["checksum_side"]["bytes"] / raw["checksum_side"]["seconds"],
     }
     assert set(out) == set(FIGURES)
     return out
@@ -140,6 +140,6 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
     return {
         "format": FORMAT, "site": site.name, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "hosts": raw["hosts"],
         "versions": versions, "ranks": raw["world"], "cores": cores, "figures": figures(raw),
-        "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_all",
-                                          "checksum_all")},
+        "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_side",
+                                          "checksum_side")},
     }

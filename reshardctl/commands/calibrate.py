@@ -22,8 +22,8 @@ LABELS = {
     "node_aggregate_bytes_per_s": ("all pairs at once", "bw"), "launch_s": ("grouped operation launch", "s"),
     "per_message_s": ("per message in a group", "s"), "broadcast_bytes_per_s": ("broadcast (delivered)", "bw"),
     "copy_bytes_per_s": ("pack/unpack copy, one rank", "bw"), "checksum_bytes_per_s": ("checksum, one rank", "bw"),
-    "copy_aggregate_bytes_per_s": ("copy, all ranks at once", "bw"),
-    "checksum_aggregate_bytes_per_s": ("checksum, all ranks at once", "bw"),
+    "copy_side_bytes_per_s": ("copy, one node's ranks at once", "bw"),
+    "checksum_side_bytes_per_s": ("checksum, one node's ranks at once", "bw"),
 }
 
 

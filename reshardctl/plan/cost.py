@@ -53,8 +53,8 @@ class Links:
     host: float | None = None  # cpu_only: the loopback's aggregate rate (every byte is a copy through it)
     broadcast: float | None = None  # cpu_only: bytes a broadcast delivers per second (all receivers together)
     cores: int = 0  # cpu_only: cores every rank shares (0: not cpu_only)
-    copy_all: float | None = None  # cpu_only: copy rate of all ranks together (they share cores and memory)
-    checksum_all: float | None = None  # cpu_only: checksum rate of all ranks together
+    copy_all: float | None = None  # cpu_only: copy rate of one side's ranks together (sharing cores, memory)
+    checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
     msg_concurrency: int = 1  # messages of one rank in flight at once
     nics_per_node: int = 1
     peak_nvlink: float | None = None  # nominal figures for the lower bound (None: the achievable ones)
@@ -107,7 +107,7 @@ class Links:
             agg = m["node_aggregate_bytes_per_s"]
             kw.update(host=agg, peak_host=agg, broadcast=m["broadcast_bytes_per_s"], cores=max(1, measured.cores),
                       nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
-                      copy_all=m["copy_aggregate_bytes_per_s"], checksum_all=m["checksum_aggregate_bytes_per_s"])
+                      copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"])
         return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
 
 
@@ -125,7 +125,8 @@ class Prediction:
 
 def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
     """Seconds of a copy or checksum term: the busiest rank's bytes at one rank's ``rate``; on cpu_only
-    sites at least all ranks' bytes at the rate they reach ``together`` (sharing cores and memory)."""
+    sites at least all working ranks' bytes at the rate one side's ranks reach ``together`` (sharing
+    cores and memory; in every such phase one side works: senders pack, receivers unpack)."""
     t = per_rank_max / rate
     if together:
         t = np.maximum(t, total / together)

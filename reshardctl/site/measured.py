@@ -28,7 +28,7 @@ FIGURES = (
     "cross_node_bytes_per_s", "cross_node_latency_s",
     "node_aggregate_bytes_per_s", "launch_s", "per_message_s",
     "broadcast_bytes_per_s", "copy_bytes_per_s", "checksum_bytes_per_s",
-    "copy_aggregate_bytes_per_s", "checksum_aggregate_bytes_per_s",
+    "copy_side_bytes_per_s", "checksum_side_bytes_per_s",
 )
 
 
