@@ -120,3 +120,17 @@ def test_calibrate_local_for_real(capsys, tmp_path):
     default_path("local").write_text(out_file.read_text())
     code, out, err = run(capsys, *PLAN)
     assert code == 0 and json.loads(out)["cost_figures"].startswith("calibration")
+
+
+def test_cost_figure_keys_of_the_profile_are_checked():
+    from reshardctl.site.parse import parse_profile
+
+    base = {"nodes": 2, "gpus_per_node": 4, "links": {"nvlink_gbytes_per_s": 450, "nic_gbits_per_s": 400}}
+    p = parse_profile(base, "p.yaml")
+    assert p.links.nvlink_efficiency == 0.84 and p.links.launch_us is None and p.measured is None
+    bad = {**base, "links": {**base["links"], "nic_efficiency": 1.5, "launch_us": -1, "mem_gbytes_per_s": 0}}
+    with pytest.raises(ProfileError) as e:
+        parse_profile(bad, "p.yaml")
+    msg = str(e.value)
+    assert "p.yaml" in msg and "links.nic_efficiency" in msg and "links.launch_us" in msg
+    assert "links.mem_gbytes_per_s" in msg
