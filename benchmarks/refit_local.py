@@ -4,10 +4,10 @@ For each case, ONE session of 8 processes (4 trainer + 4 inference, gloo on CPU)
 transport on the same processes, then a raw gloo send/recv of the same per-pair byte volume (the
 loopback ceiling). Prints medians and the ratios the issue asks for.
 
-First (unless ``--no-calibrate``) it calibrates the ``local`` site exactly as ``reshardctl calibrate
---site local`` does, into a private state directory, so every prediction printed uses this machine's
-figures measured minutes before the refits; it ends with predicted / measured median refit per case
-and transport.
+Before each case (unless ``--no-calibrate``) it calibrates the ``local`` site exactly as
+``reshardctl calibrate --site local`` does, into a private state directory, so every prediction
+printed uses this machine's figures measured right before the refits (the machine is shared: its load
+moves within minutes); it ends with predicted / measured median refit per case and transport.
 
     .venv/bin/python benchmarks/refit_local.py [--iters 7] [--bucket-mb 64] [--no-calibrate]
 """
@@ -36,22 +36,29 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--json", help="also write all summaries to this file")
     ap.add_argument("--no-calibrate", action="store_true", help="predict from the figures the site already has")
+    ap.add_argument("--reps", type=int, default=3, help="calibration repetitions per microbenchmark")
     args = ap.parse_args()
     rows = []
     state = tempfile.TemporaryDirectory()
-    if not args.no_calibrate:
+    os.environ["XDG_STATE_HOME"] = state.name
+
+    def calibrate() -> dict:
+        """`reshardctl calibrate --site local`, into the private state directory (where plan finds it)."""
         from reshardctl.atomic_write import write_json_atomic
         from reshardctl.calibrate.runner import calibration, measure
         from reshardctl.site import load_profile
         from reshardctl.site.measured import default_path
 
-        os.environ["XDG_STATE_HOME"] = state.name
         site = load_profile("local")
-        cal = calibration(site, measure(site))
+        cal = calibration(site, measure(site, reps=args.reps))
         default_path("local").parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(default_path("local"), cal, indent=2)
         print("calibration: " + ", ".join(f"{k} {v:.3g}" for k, v in cal["figures"].items()))
+        return cal
+
     for label, model, train, infer in CASES:
+        # the machine's load moves within minutes (it is shared): calibrate right before each case
+        cal = None if args.no_calibrate else calibrate()
         inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",
                       infer_style="vllm", train_layout=None, infer_layout=None, transport="all",
                       bucket_mb=args.bucket_mb, relay="auto")
@@ -62,7 +69,8 @@ def main() -> None:
             continue
         s = res.summary["transports"]
         r, g, h = s["reshard"], s["gather_broadcast"], s["hybrid"]
-        rows.append({"case": label, "model": model, "train": train, "infer": infer, "summary": res.summary})
+        rows.append({"case": label, "model": model, "train": train, "infer": infer, "summary": res.summary,
+                     "calibration": cal})
         print(f"\n{label}: {model} ({inp.model.num_bytes / 2**20:.0f} MiB), Megatron {train} -> vLLM {infer}, "
               f"bucket {inp.bucket_bytes / 2**20:.0f} MiB, {args.iters} refits each")
         for name, x in (("reshard", r), ("gather_broadcast", g), ("hybrid", h)):

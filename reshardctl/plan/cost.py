@@ -36,6 +36,7 @@ from reshardctl.plan.stats import (
 
 TERMS = ("wire", "latency", "pack", "checksum", "sync")
 NCCL_OPS_PER_CHANNEL = 8  # grouped p2p ops in flight per channel (NVIDIA/nccl #1028)
+NCCL_OPS_PER_GROUP = 2048  # calls per group; larger groups split into several kernels (nccl #1028, #1768)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Links:
     copy_all: float | None = None  # cpu_only: copy rate of one side's ranks together (sharing cores, memory)
     checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
     msg_concurrency: int = 1  # messages of one rank in flight at once
+    ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
     nics_per_node: int = 1
     peak_nvlink: float | None = None  # nominal figures for the lower bound (None: the achievable ones)
     peak_nic: float | None = None
@@ -86,6 +88,7 @@ class Links:
             checksum=(lk.checksum_gbytes_per_s * 1e9) if lk.checksum_gbytes_per_s else mem / 4,
             nics_per_node=lk.nics_per_node, peak_nvlink=lk.nvlink_bytes_per_s, peak_nic=lk.nic_bytes_per_s,
             peak_node_nic=lk.node_nic_bytes_per_s, msg_concurrency=1 if site.cpu_only else NCCL_OPS_PER_CHANNEL,
+            ops_per_launch=1 << 30 if site.cpu_only else NCCL_OPS_PER_GROUP,
         )
         if site.cpu_only:
             n = max(1, cores or 1)
@@ -162,7 +165,8 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
     busy = np.ceil(msgs.max(axis=1) / links.msg_concurrency)
     if links.cores:
         busy = np.maximum(busy, msgs.sum(axis=1) / 2 / links.cores)  # each message is posted on both ends
-    latency = np.where(msgs.max(axis=1) > 0, links.launch + busy * per_msg, 0.0)
+    launches = np.ceil(msgs.max(axis=1) / links.ops_per_launch)
+    latency = np.where(msgs.max(axis=1) > 0, links.launch * launches + busy * per_msg, 0.0)
     pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links.copy_all) + \
         _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links.copy_all)
     sent = rounds[:, NIC_SEND] + rounds[:, NVL_SEND]
