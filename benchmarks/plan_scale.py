@@ -5,14 +5,19 @@ how planning time grows with tensors x ranks, measured side by side in this one 
 
     .venv/bin/python benchmarks/plan_scale.py            # all cases
     .venv/bin/python benchmarks/plan_scale.py --quick    # the smallest case of each model
+    .venv/bin/python benchmarks/plan_scale.py --command  # also the whole `reshardctl plan --transport all`
+                                                         # command per case: wall time and peak memory
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 CASES = [
     # (model, trainer layout (Megatron), inference layout (vLLM))
@@ -62,9 +67,24 @@ print(json.dumps({
 """
 
 
+def whole_command(model: str, train: str, infer: str, extra: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `reshardctl plan --transport all` process, start to exit."""
+    exe = Path(sys.executable).parent / "reshardctl"
+    argv = [str(exe), "plan", "--site", "dgx-h100", "--model", model, "--train", train, "--infer", infer,
+            "--transport", "all", "--json", *extra]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {p.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--command", action="store_true", help="also time the whole `reshardctl plan` command")
     args = ap.parse_args()
     rows = []
     print(f"{'model':<16} {'trainer':<32} {'inference':<30} {'tensors':>7} {'ranks':>9} {'plan s':>7} "
@@ -82,6 +102,19 @@ def main() -> None:
         print(f"{model:<16} {tr:<32} {inf:<30} {r['tensors']:>7} {r['train']:>4}+{r['infer']:<4} {r['plan_s']:>7.2f} "
               f"{r['cost_s']:>12.2f} {r['rss_peak_mb']:>8.0f} {r['rss_peak_mb'] - r['rss_before_mb']:>6.0f} "
               f"{r['rounds']:>6} {r['transfers']:>10} {r['predicted_s']:>7.3f} {r['lower_bound_s']:>6.3f}")
+    if args.command:
+        print("\nwhole command: reshardctl plan --site dgx-h100 --transport all --json (goal for the DeepSeek-V3 "
+              "256+256 case: < 2 s, < 1 GiB)")
+        for i, (model, tr, inf) in enumerate(CASES):
+            if args.quick and i not in QUICK:
+                continue
+            wall, mib = whole_command(model, tr, inf)
+            print(f"  {model:<16} {tr:<32} {inf:<14} wall {wall:6.2f} s  peak {mib:6.0f} MiB")
+        model, tr, inf = CASES[6]
+        cands = ("tp=32,dp=8", "tp=16,dp=16", "tp=64,dp=4")
+        wall, mib = whole_command(model, tr, inf, tuple(x for c in cands for x in ("--compare-infer", c)))
+        print(f"  {model:<16} {tr:<32} --compare-infer {len(cands)} candidates: wall {wall:6.2f} s  peak {mib:6.0f} MiB "
+              f"(goal < 5 s)")
     if len(rows) > 1:
         base = min(rows, key=lambda r: r["tensors"] * (r["train"] + r["infer"]))
         print("\ngrowth vs the smallest case (tensors x ranks, planning time):")

@@ -51,7 +51,7 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transport, bucket_mb=bucket_mb, relay=relay)
     return build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
-                      bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+                      bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
 
 
 class Refitter:

@@ -51,6 +51,7 @@ from reshardctl.commands import model as _model  # noqa: E402
 from reshardctl.commands.plan import plan_cmd as _plan_cmd  # noqa: E402
 from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
 from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
+from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noqa: E402
 from reshardctl.commands import slurm as _slurm  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
@@ -62,6 +63,7 @@ app.command("bench")(_bench_cmd)
 app.command("jobs")(_slurm.jobs_cmd)
 app.command("cancel")(_slurm.cancel_cmd)
 app.command("collect")(_slurm.collect_cmd)
+app.command("calibrate")(_calibrate_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,13 @@ SMALL_LLAMA = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory, monkeypatch):
+    """Calibration files live in $XDG_STATE_HOME/reshardctl/: every test gets an empty one, so no
+    test reads (or writes) the user's calibrations."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture
 def small_llama(tmp_path) -> str:
     """Path of the small llama's config.json (its own directory)."""

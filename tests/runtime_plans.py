@@ -64,10 +64,13 @@ def p2p_plan(m: ModelSpec, src: dict, dst: dict, *, per_tensor_rounds: bool = Fa
                       {r: tuple(v) for r, v in steps.items()}, src, dst)
 
 
-def bucket_plan(m: ModelSpec, src: dict, dst: dict, buckets: list[list[int]], root: int = 0) -> StaticPlan:
+def bucket_plan(m: ModelSpec, src: dict, dst: dict, buckets: list[list[int]], root: int = 0,
+                span: str = "root") -> StaticPlan:
+    """``span="stage"``: every trainer rank is in the broadcast group (as on GPU sites)."""
     T, I = len(src), len(dst)
     steps: dict[int, list] = defaultdict(list)
-    group = (root,) + tuple(range(T, T + I))
+    trainers = tuple(r for r in range(T) if r != root) if span == "stage" else ()
+    group = (root,) + trainers + tuple(range(T, T + I))
     for k, tensors in enumerate(buckets):
         gather = []
         for s in range(T):

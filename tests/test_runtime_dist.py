@@ -87,6 +87,16 @@ def test_gather_broadcast_buckets(tmp_path):
     assert {"bucket/gather", "bucket/broadcast"} <= phases
 
 
+def test_gather_broadcast_group_spanning_every_trainer_rank(tmp_path):
+    """The strong baseline's group on GPU sites: non-root trainer ranks are members (they take part in
+    the broadcast and keep nothing); a root other than rank 0."""
+    m, src, dst = rows_cols_case()
+    plan = bucket_plan(m, src, dst, [[0, 1], [2, 3]], root=1, span="stage")
+    reports = run_local(plan, opts(tmp_path, iterations=2))
+    assert all(r.ok for r in reports)
+    assert_inference_weights(tmp_path, plan, 2)
+
+
 def test_corrupted_byte_fails_verification_and_nobody_commits(tmp_path):
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst)

@@ -90,6 +90,12 @@ def render(result: dict) -> None:
         )
     con.print(table)
     con.print(f"lower bound {_s(result['lower_bound_s'])}: {_human_reason(result['lower_bound_reason'])}", markup=False)
+    figs = result.get("cost_figures", "datasheet")
+    con.print(f"predicted from {figs} figures" + ("" if figs != "datasheet" else
+              f" (no calibration of site {inp['site']}: `reshardctl calibrate --site {inp['site']}` measures it)"),
+              markup=False)
+    for name, r in result["transports"].items():
+        con.print(f"  {name}: " + ", ".join(f"{k} {_s(v)}" for k, v in r["predicted_breakdown_s"].items()), markup=False)
     if len(result["transports"]) > 1:
         con.print(f"* = primary transport (fingerprint {result['fingerprint']})", markup=False)
     else:

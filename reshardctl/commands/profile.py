@@ -74,6 +74,7 @@ def _render(p: SiteProfile) -> None:
                   f"{p.links.nic_latency_us:g} us")
     links.add_row(f"NICs per node (x{p.links.nics_per_node})", _gb(p.links.node_nic_bytes_per_s), "")
     tree.add("[bold]links[/bold]").add(links)
+    _render_measured(tree, p)
 
     slurm = tree.add("[bold]slurm[/bold]")
     for key, value in d["slurm"].items():
@@ -96,6 +97,34 @@ def _render(p: SiteProfile) -> None:
     output.console().print(tree, markup=True)
 
 
+def measured_json(p: SiteProfile) -> dict | None:
+    """The site's calibration (``site/measured.py``) with its age, or None: datasheet figures."""
+    from reshardctl.site.measured import find_measured
+
+    m = find_measured(p)
+    if m is None:
+        return None
+    return {"path": m.path, "date": m.date, "age_s": m.age_s(), "hosts": list(m.hosts), "versions": m.versions,
+            "ranks": m.ranks, "cores": m.cores, "figures": m.figures}
+
+
+def _render_measured(tree, p: SiteProfile) -> None:
+    from rich.markup import escape
+
+    from reshardctl.commands.calibrate import figures_table
+    from reshardctl.site.measured import default_path, human_age
+
+    m = measured_json(p)
+    if m is None:
+        tree.add(f"[bold]measured[/bold]: none (predictions use the datasheet figures above; "
+                 f"`reshardctl calibrate --site {escape(p.name)}` writes {escape(str(default_path(p.name)))})")
+        return
+    node = tree.add(f"[bold]measured[/bold]: {escape(m['path'])}, {escape(m['date'])} "
+                    f"({human_age(m['age_s'])} old), hosts {escape(', '.join(m['hosts']))}, "
+                    f"torch {escape(str(m['versions'].get('torch')))}, {escape(str(m['versions'].get('backend')))}")
+    node.add(figures_table(m["figures"]))
+
+
 @app.command("show")
 def show(
     profile: Optional[str] = typer.Argument(
@@ -110,9 +139,18 @@ def show(
         _report(exc)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
-        output.print_json({**profile_to_dict(p), "derived": derived(p)})
+        try:
+            measured = measured_json(p)
+        except ProfileError as exc:
+            _report(exc)
+            raise typer.Exit(exc.exit_code) from None
+        output.print_json({**profile_to_dict(p), "derived": derived(p), "calibration": measured})
     else:
-        _render(p)
+        try:
+            _render(p)
+        except ProfileError as exc:
+            _report(exc)
+            raise typer.Exit(exc.exit_code) from None
 
 
 @app.command("validate")

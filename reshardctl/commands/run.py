@@ -157,7 +157,7 @@ def render(summary: dict) -> None:
     trs = summary["transports"]
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     cols = ["transport", "refit median", "p90", "transfer", "verify", "GB/s", "vs reshard", "raw ceiling",
-            "of ceiling", "predicted", "peak staging", "verified"]
+            "of ceiling", "predicted", "measured/pred.", "peak staging", "verified"]
     for c in cols:
         table.add_column(c, justify="left" if c == "transport" else "right", no_wrap=True)
     sp = summary.get("speedup_vs_reshard", {})
@@ -168,9 +168,19 @@ def render(summary: dict) -> None:
             escape(name), _s(s["refit_s"]["median"]), _s(s["refit_s"]["p90"]), _s(s["transfer_s"]["median"]),
             _s(s["verify_s"]["median"]), f"{s['effective_gbps']:.2f}",
             f"{sp[name]:.2f}x" if name in sp else "-", _s(raw), f"{100 * ratio:.0f}%" if ratio else "-",
-            _s(s["predicted_s"]), _b(s["peak_staging_bytes"]), "yes" if s["verified"] else "NO",
+            _s(s["predicted_s"]),
+            f"{s['measured_vs_predicted']:.2f}" if s.get("measured_vs_predicted") else "-",
+            _b(s["peak_staging_bytes"]), "yes" if s["verified"] else "NO",
         )
     con.print(table)
+    con.print(f"predicted from {summary.get('cost_figures', 'datasheet')} figures"
+              + ("" if "calibration" in summary.get("cost_figures", "") else
+                 " (no calibration: run `reshardctl calibrate` for this site's own figures)"), markup=False, highlight=False)
+    for name, s in trs.items():
+        br = s.get("predicted_breakdown_s") or {}
+        if br:
+            con.print(f"  {name} predicted: " + ", ".join(f"{k} {_s(v)}" for k, v in br.items()), markup=False,
+                      highlight=False)
     sl = summary.get("slurm")
     if sl:
         ids = ", ".join(sl.get("job_ids", {}).values())

@@ -1,11 +1,18 @@
-"""Gather-and-broadcast, the rollback baseline, as today's RL stacks do it.
+"""Gather-and-broadcast, the rollback baseline, in its strongest published form.
 
-Per trainer pipeline stage: the stage leader (its lowest trainer rank) gathers full tensors from the
-stage's shards, packs them into buckets and broadcasts each bucket to every inference rank, which
-keeps its own slice. Like the RL stacks' two alternating buffers, the pipeline holds two buckets at
-once (broadcasting one while gathering the next), so a bucket is at most HALF of ``bucket_bytes`` and
-the staging bound holds; a tensor larger than that goes alone (this transport needs a full-tensor
-temporary on the leader, one of its known costs).
+Per trainer pipeline stage, every tensor is broadcast from one *root*: a stage rank that holds the
+whole tensor when there is one (expert-parallel experts from their owner, replicated tensors spread
+over their holders: no gather), else the stage leader (its lowest trainer rank), which gathers the
+tensor's shards first. A root packs its tensors into buckets and broadcasts each to every inference
+rank, which keeps its own slice. Like the RL stacks' two alternating buffers, the pipeline holds two
+buckets at once (broadcasting one while gathering the next), so a bucket is at most HALF of
+``bucket_bytes`` and the staging bound holds; a tensor larger than that goes alone (this transport
+needs a full-tensor temporary on its root, one of its known costs).
+
+``span`` chooses the broadcast group: ``"stage"`` (GPU sites) puts every trainer rank of the stage in
+it, as NeMo RL's packed broadcast does, so NCCL builds its rings through every GPU, and every NIC, of
+the source nodes; ``"root"`` (cpu_only sites, where every member is one more copy through the host)
+holds the root and the inference ranks only.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from reshardctl.plan.routing import route
 from reshardctl.plan.schedule import BroadcastBucket, PeerRegions, Region
 from reshardctl.topology import Topology
 
+SPANS = ("root", "stage")
+
 
 def build_buckets(
     model: ModelSpec,
@@ -31,7 +40,10 @@ def build_buckets(
     *,
     first_index: int = 0,
     select: Callable[[TensorSpec], bool] | None = None,
+    span: str = "root",
 ) -> list[BroadcastBucket]:
+    if span not in SPANS:
+        raise ValueError(f"broadcast span {span!r}: expected one of {', '.join(SPANS)}")
     infer_group = tuple(range(topo.train_world, topo.world))
     by_stage: dict[int, list[int]] = {}
     for i, t in enumerate(model.tensors):
@@ -58,39 +70,74 @@ def build_buckets(
             ]
         return got
 
+    whole_cache: dict[int, tuple[int, ...]] = {}
+
+    def whole_holders(i: int) -> tuple[int, ...]:
+        """Trainer ranks holding tensor i whole (cached per placement)."""
+        sp = train.placement(i)
+        got = whole_cache.get(id(sp))
+        if got is None:
+            keep.append(sp)
+            full = (full_box(model.tensors[i].shape),)
+            got = whole_cache[id(sp)] = tuple(sorted({r for r, h in sp.items() if tuple(h) == full}))
+        return got
+
+    def whole_region(i: int) -> Region:
+        t = model.tensors[i]
+        box = full_boxes.get(t.shape)
+        if box is None:
+            box = full_boxes[t.shape] = full_box(t.shape)
+        return Region(i, box, t.nbytes)
+
+    full_boxes: dict[tuple[int, ...], tuple] = {}
+
     buckets: list[BroadcastBucket] = []
     index = first_index
     for stage in sorted(by_stage):
-        leader = min(train.stage_ranks(stage))
-        current: list[int] = []
-        size = 0
+        stage_ranks = tuple(sorted(train.stage_ranks(stage)))
+        leader = stage_ranks[0]
+        current: dict[int, list[int]] = {}  # root -> tensors of its open bucket
+        size: dict[int, int] = {}
+        spread = 0  # rotates replicated tensors over their holders
 
-        def flush() -> None:
-            nonlocal current, size, index
-            if not current:
+        def flush(root: int) -> None:
+            nonlocal index
+            tensors = current.pop(root, [])
+            nbytes = size.pop(root, 0)
+            if not tensors:
                 return
             gather: dict[int, list[Region]] = {}
-            for i in current:
-                for src, box, nb in gather_pieces(i, leader):
+            for i in tensors:
+                if root in whole_holders(i):
+                    gather.setdefault(root, []).append(whole_region(i))
+                    continue
+                for src, box, nb in gather_pieces(i, root):
                     gather.setdefault(src, []).append(Region(i, box, nb))
+            others = tuple(r for r in stage_ranks if r != root) if span == "stage" else ()
             buckets.append(
                 BroadcastBucket(
                     index=index,
-                    root=leader,
-                    group=(leader,) + infer_group,
-                    tensors=tuple(current),
+                    root=root,
+                    group=(root,) + others + infer_group,
+                    tensors=tuple(tensors),
                     gather=tuple(PeerRegions(p, tuple(r)) for p, r in sorted(gather.items())),
-                    nbytes=size,
+                    nbytes=nbytes,
                 )
             )
             index += 1
-            current, size = [], 0
 
         for i in by_stage[stage]:
+            holders = whole_holders(i)
+            if holders:
+                root = holders[spread % len(holders)] if len(holders) > 1 else holders[0]
+                spread += len(holders) > 1
+            else:
+                root = leader
             nb = model.tensors[i].nbytes
-            if current and size + nb > bucket_bytes // 2:
-                flush()
-            current.append(i)
-            size += nb
-        flush()
+            if current.get(root) and size[root] + nb > bucket_bytes // 2:
+                flush(root)
+            current.setdefault(root, []).append(i)
+            size[root] = size.get(root, 0) + nb
+        for root in sorted(current):
+            flush(root)
     return buckets

@@ -1,52 +1,117 @@
-"""Cost model: predicted refit seconds per transport, and the physical lower bound.
+"""Cost model v2: predicted refit seconds per transport, broken down by term (docs/cost-model.md).
 
-Every figure comes from the site profile's links (no fitted constants). Stated in docs/cost-model.md.
+Pure: the figures come in a ``Links`` built from the site profile's datasheet figures, or from a
+calibration file read by the input layer (``plan/inputs.py``). No fitted constants.
 
-Resources (per direction, send and receive counted separately):
-* NVLink of a GPU: ``nvlink_bytes_per_s`` (traffic inside a node or a multi-node NVLink domain);
-* the NIC of a GPU: ``nic_bytes_per_s`` (a GPU uses one rail);
-* the NICs of a node together: ``nics_per_node * nic_bytes_per_s`` (shared by its GPUs).
+A step (a p2p round, or a bucket's gather / broadcast / unpack) costs, per term:
 
-P2P rounds are synchronous: a round lasts as long as its most loaded resource
-(bytes / bandwidth) plus its per-message latency (messages of one rank taken one after another);
-the refit is the sum of its rounds. A broadcast bucket is a pipelined ring: bytes / the slowest
-hop bandwidth plus a latency per hop; gathering bucket k+1 overlaps broadcasting bucket k.
+* ``wire``: its most loaded resource's bytes over the achievable bandwidth (nominal x efficiency, or
+  measured): a GPU's NVLink or NIC per direction, a node's NICs together; a broadcast ring's slowest hop;
+  on ``cpu_only`` sites also every byte through the host's loopback;
+* ``latency``: one launch per grouped operation plus the busiest rank's messages x the per-message
+  latency (messages of a rank progress ``msg_concurrency`` at a time);
+* ``pack``: bytes copied into / out of packed buffers at the rank's copy rate (memory bandwidth / 2);
+* ``checksum``: bytes checksummed (every region on both sides) at the checksum rate;
+* ``sync``: the collectives that close a refit (the checksum exchange and the all-rank vote).
 
-Lower bound (transport-independent): the largest of
-* every inference GPU's bytes over its ingress (NVLink + NIC of that GPU);
-* every inference NVLink domain's distinct bytes over the NICs of its inference nodes (when no
-  trainer rank shares the domain);
-* the model's bytes over the trainer nodes' NICs (when no inference rank shares a trainer domain);
-* on ``cpu_only`` sites (every rank a process on one machine): all bytes the inference ranks hold over
-  the host's copy bandwidth (the profile's node NIC figure), which every step is also charged with.
+Rounds are synchronous: each lasts as long as its slowest rank. Where the executor overlaps (GPU
+sites: packing step k+1 and unpacking step k-1 while step k is on the wire) a step costs the larger of
+its transfer and its copies; on ``cpu_only`` sites every term runs on the same shared cores, so terms
+add up and a term's time is the larger of its busiest rank's work and all ranks' work over the cores.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from reshardctl.plan.bucket_stats import BucketStats, bucket_stats
+from reshardctl.plan.lower_bound import LowerBound, lower_bound  # noqa: F401  (re-exported)
 from reshardctl.plan.model import Plan
-from reshardctl.plan.stats import MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PlanStats, p2p_stats
+from reshardctl.plan.stats import (
+    DIRECT_MSGS, MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, p2p_stats,
+)
+
+TERMS = ("wire", "latency", "pack", "checksum", "sync")
+NCCL_OPS_PER_CHANNEL = 8  # grouped p2p ops in flight per channel (NVIDIA/nccl #1028)
+NCCL_OPS_PER_GROUP = 2048  # calls per group; larger groups split into several kernels (nccl #1028, #1768)
 
 
 @dataclass(frozen=True)
 class Links:
-    """Bandwidths in bytes/s per direction, latencies in seconds (from ``site.LinkSpec``)."""
+    """The cost model's figures: bandwidths in bytes/s per direction, times in seconds."""
 
-    nvlink: float
-    nic: float
-    node_nic: float
-    nvlink_latency: float
+    nvlink: float  # achievable NVLink bandwidth of a GPU (large messages)
+    nic: float  # achievable bandwidth of one NIC
+    node_nic: float  # all NICs of a node together
+    nvlink_latency: float  # per message
     nic_latency: float
-    host: float | None = None  # cpu_only sites: every byte is a copy through one shared memory system
+    launch: float = 0.0  # per grouped operation (one kernel / one gloo batch)
+    copy: float = math.inf  # pack/unpack copy rate of one rank
+    checksum: float = math.inf  # checksum rate of one rank
+    host: float | None = None  # cpu_only: the loopback's aggregate rate (every byte is a copy through it)
+    broadcast: float | None = None  # cpu_only: bytes a broadcast delivers per second (all receivers together)
+    cores: int = 0  # cpu_only: cores every rank shares (0: not cpu_only)
+    copy_all: float | None = None  # cpu_only: copy rate of one side's ranks together (sharing cores, memory)
+    checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
+    msg_concurrency: int = 1  # messages of one rank in flight at once
+    ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
+    nics_per_node: int = 1
+    peak_nvlink: float | None = None  # nominal figures for the lower bound (None: the achievable ones)
+    peak_nic: float | None = None
+    peak_node_nic: float | None = None
+    peak_host: float | None = None
+    source: str = "datasheet"  # "datasheet" or "calibration <file> (<date>)"
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        for k, v in (("peak_nvlink", self.nvlink), ("peak_nic", self.nic), ("peak_node_nic", self.node_nic),
+                     ("peak_host", self.host)):
+            if getattr(self, k) is None:
+                object.__setattr__(self, k, v)
 
     @classmethod
-    def from_site(cls, site) -> "Links":
+    def from_site(cls, site, measured=None, cores: int | None = None) -> "Links":
+        """Datasheet figures from the profile's ``links:``; a calibration (``site/measured.py``) replaces
+        every figure it measured. Pure: ``measured`` was read, and ``cores`` (cpu_only sites: this
+        machine's CPU count) found, by the caller."""
         lk = site.links
-        return cls(lk.nvlink_bytes_per_s, lk.nic_bytes_per_s, lk.node_nic_bytes_per_s, lk.nvlink_latency_us * 1e-6,
-                   lk.nic_latency_us * 1e-6, host=lk.node_nic_bytes_per_s if site.cpu_only else None)
+        mem = lk.mem_gbytes_per_s * 1e9
+        nvl_lat, nic_lat = lk.nvlink_latency_us * 1e-6, lk.nic_latency_us * 1e-6
+        kw = dict(
+            nvlink=lk.nvlink_bytes_per_s * lk.nvlink_efficiency, nic=lk.nic_bytes_per_s * lk.nic_efficiency,
+            node_nic=lk.node_nic_bytes_per_s * lk.nic_efficiency, nvlink_latency=nvl_lat, nic_latency=nic_lat,
+            launch=(lk.launch_us if lk.launch_us is not None else lk.nvlink_latency_us) * 1e-6,
+            copy=mem / 2,
+            checksum=(lk.checksum_gbytes_per_s * 1e9) if lk.checksum_gbytes_per_s else mem / 4,
+            nics_per_node=lk.nics_per_node, peak_nvlink=lk.nvlink_bytes_per_s, peak_nic=lk.nic_bytes_per_s,
+            peak_node_nic=lk.node_nic_bytes_per_s, msg_concurrency=1 if site.cpu_only else NCCL_OPS_PER_CHANNEL,
+            ops_per_launch=1 << 30 if site.cpu_only else NCCL_OPS_PER_GROUP,
+        )
+        if site.cpu_only:
+            n = max(1, cores or 1)
+            kw.update(host=lk.node_nic_bytes_per_s, peak_host=lk.node_nic_bytes_per_s,
+                      broadcast=lk.node_nic_bytes_per_s, cores=n, copy_all=kw["copy"] * n, checksum_all=kw["checksum"] * n)
+        if measured is None:
+            return cls(**kw)
+        m = measured.figures
+        kw.update(
+            nvlink=m["intra_node_bytes_per_s"], nic=m["cross_node_bytes_per_s"],
+            node_nic=max(m["node_aggregate_bytes_per_s"], m["cross_node_bytes_per_s"]),
+            nvlink_latency=m["intra_node_latency_s"], nic_latency=m["cross_node_latency_s"],
+            launch=m["launch_s"], copy=m["copy_bytes_per_s"], checksum=m["checksum_bytes_per_s"],
+        )
+        # a measured rate can beat a datasheet figure; the lower bound takes the higher of the two
+        kw.update(peak_nvlink=max(kw["peak_nvlink"], kw["nvlink"]), peak_nic=max(kw["peak_nic"], kw["nic"]),
+                  peak_node_nic=max(kw["peak_node_nic"], kw["node_nic"]))
+        if site.cpu_only:
+            agg = m["node_aggregate_bytes_per_s"]
+            kw.update(host=agg, peak_host=agg, broadcast=m["broadcast_bytes_per_s"], cores=max(1, measured.cores),
+                      nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
+                      copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"])
+        return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
 
 
 @dataclass(frozen=True)
@@ -55,183 +120,152 @@ class Prediction:
     predicted_s: float
     bytes_moved: int  # bytes on the wire (relayed and broadcast bytes counted per hop/receiver)
     busiest_rank: int
-    busiest_link: str  # "nic_send" | "nic_recv" | "nvlink_send" | "nvlink_recv" | "node_nic_send" | ...
+    busiest_link: str  # of the step with the longest wire time: "nic_send" | ... | "broadcast" | "gather"
     busiest_link_bytes: int
     num_steps: int  # rounds + buckets
+    breakdown: dict = field(default_factory=dict)  # term -> seconds on the critical path (sums to predicted_s)
 
 
-def _round_time(tr: np.ndarray, node_of: np.ndarray, num_nodes: int, links: Links) -> tuple[float, int, str, float]:
-    """Seconds of one step with traffic ``tr`` [K, world]; returns (time, rank, link, bytes)."""
-    cands = [
-        ("nic_send", tr[NIC_SEND], links.nic),
-        ("nic_recv", tr[NIC_RECV], links.nic),
-        ("nvlink_send", tr[NVL_SEND], links.nvlink),
-        ("nvlink_recv", tr[NVL_RECV], links.nvlink),
-    ]
-    best = (0.0, 0, "none", 0.0)
-    for name, vec, bw in cands:
-        r = int(np.argmax(vec))
-        t = vec[r] / bw
-        if t > best[0]:
-            best = (t, r, name, float(vec[r]))
-    for name, row in (("node_nic_send", NIC_SEND), ("node_nic_recv", NIC_RECV)):
-        per_node = np.bincount(node_of, weights=tr[row], minlength=num_nodes)
-        n = int(np.argmax(per_node))
-        t = per_node[n] / links.node_nic
-        if t > best[0]:
-            best = (t, int(np.nonzero(node_of == n)[0][0]), name, float(per_node[n]))
+def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
+    """Seconds of a copy or checksum term: the busiest rank's bytes at one rank's ``rate``; on cpu_only
+    sites at least all working ranks' bytes at the rate one side's ranks reach ``together`` (sharing
+    cores and memory; in every such phase one side works: senders pack, receivers unpack)."""
+    t = per_rank_max / rate
+    if together:
+        t = np.maximum(t, total / together)
+    return t
+
+
+def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links: Links):
+    """Per round [R] wire, latency, pack seconds and the busiest (rank, link, bytes) of each round."""
+    R = rounds.shape[0]
+    onehot = np.zeros((rounds.shape[2], num_nodes))
+    onehot[np.arange(rounds.shape[2]), node_of] = 1.0
+    cands = [("nic_send", rounds[:, NIC_SEND], links.nic), ("nic_recv", rounds[:, NIC_RECV], links.nic),
+             ("nvlink_send", rounds[:, NVL_SEND], links.nvlink), ("nvlink_recv", rounds[:, NVL_RECV], links.nvlink),
+             ("node_nic_send", rounds[:, NIC_SEND] @ onehot, links.node_nic),
+             ("node_nic_recv", rounds[:, NIC_RECV] @ onehot, links.node_nic)]
     if links.host:
-        total = float(tr[NIC_SEND].sum() + tr[NVL_SEND].sum())
-        t = total / links.host
-        if t > best[0]:
-            best = (t, int(np.argmax(tr[NIC_SEND] + tr[NVL_SEND])), "host_copy", total)
-    latency = tr[MSGS].max() * max(links.nic_latency, links.nvlink_latency) if tr[MSGS].any() else 0.0
-    return float(best[0] + latency), best[1], best[2], best[3]
+        total = (rounds[:, NIC_SEND] + rounds[:, NVL_SEND]).sum(axis=1, keepdims=True)
+        cands.append(("host_copy", total, links.host))
+    times = np.stack([v.max(axis=1) / bw for _, v, bw in cands])  # [C, R]
+    which = times.argmax(axis=0)
+    wire = times.max(axis=0)
+    busiest = []
+    for r in range(R):
+        name, v, _ = cands[which[r]]
+        j = int(v[r].argmax())
+        rank = j if name in ("nic_send", "nic_recv", "nvlink_send", "nvlink_recv") else \
+            (int(np.nonzero(node_of == j)[0][0]) if name.startswith("node") else
+             int((rounds[r, NIC_SEND] + rounds[r, NVL_SEND]).argmax()))
+        busiest.append((rank, name, float(v[r, j])))
+    msgs = rounds[:, MSGS] + rounds[:, DIRECT_MSGS]
+    per_msg = np.where(rounds[:, NIC_SEND].sum(axis=1) > 0, max(links.nic_latency, links.nvlink_latency),
+                       links.nvlink_latency)
+    busy = np.ceil(msgs.max(axis=1) / links.msg_concurrency)
+    if links.cores:
+        busy = np.maximum(busy, msgs.sum(axis=1) / 2 / links.cores)  # each message is posted on both ends
+    launches = np.ceil(msgs.max(axis=1) / links.ops_per_launch)
+    latency = np.where(msgs.max(axis=1) > 0, links.launch * launches + busy * per_msg, 0.0)
+    pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links.copy_all) + \
+        _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links.copy_all)
+    sent = rounds[:, NIC_SEND] + rounds[:, NVL_SEND]
+    cksum = _shared(sent.max(axis=1), sent.sum(axis=1), links.checksum, links.checksum_all)
+    return wire, latency, pack, cksum, busiest
 
 
-def _bucket_traffic(plan: Plan, bucket) -> tuple[np.ndarray, np.ndarray]:
-    """[K, world] traffic of a bucket's gather, and of its broadcast (one ring over root + receivers)."""
-    world = plan.world
-    dom = plan.topology.domain_of
-    g = np.zeros((5, world))
-    for pr in bucket.gather:
-        if pr.peer == bucket.root:
-            continue
-        nb = pr.nbytes
-        net = dom[pr.peer] != dom[bucket.root]
-        g[NIC_SEND if net else NVL_SEND, pr.peer] += nb
-        g[NIC_RECV if net else NVL_RECV, bucket.root] += nb
-        g[MSGS, pr.peer] += 1
-        g[MSGS, bucket.root] += 1
-    b = np.zeros((5, world))
-    ring = list(bucket.group)
-    for a, c in zip(ring, ring[1:]):  # ring order: root, then receivers in rank order
-        net = dom[a] != dom[c]
-        b[NIC_SEND if net else NVL_SEND, a] += bucket.nbytes
-        b[NIC_RECV if net else NVL_RECV, c] += bucket.nbytes
-        b[MSGS, a] = 1
-        b[MSGS, c] = 1
-    return g, b
+def _verify_checksums(stats: PlanStats, links: Links) -> float:
+    """Receivers checksum what landed in their weights in the verify phase, after the last round."""
+    got = stats.per_rank[NIC_RECV] + stats.per_rank[NVL_RECV]
+    return float(_shared(np.asarray([got.max()]), np.asarray([got.sum()]), links.checksum, links.checksum_all)[0])
 
 
-def predict(plan: Plan, links: Links, stats: PlanStats | None = None) -> Prediction:
+def _bucket_terms(bs: BucketStats, links: Links):
+    """Per bucket [B]: (gather, broadcast, unpack) phases, each a [5, B] array of the TERMS."""
+    B = bs.nbytes.size
+    z = np.zeros(B)
+    g_wire = np.max(np.stack([bs.root_nic_recv / links.nic, bs.root_nvl_recv / links.nvlink,
+                              bs.send_nic_max / links.nic, bs.send_nvl_max / links.nvlink,
+                              bs.node_send_max / links.node_nic, bs.root_nic_recv / links.node_nic]), axis=0)
+    if links.host:
+        g_wire = np.maximum(g_wire, bs.gather_send_total / links.host)
+    per_msg = max(links.nic_latency, links.nvlink_latency)
+    g_msgs = np.ceil(bs.root_msgs / links.msg_concurrency)
+    g_lat = np.where(bs.root_msgs > 0, links.launch + g_msgs * per_msg, 0.0)
+    g_pack = _shared(np.maximum(bs.root_copy, bs.pack_send_max), bs.root_copy + bs.pack_send_total, links.copy,
+                     links.copy_all)
+    # the root checksums the bucket (its trailer) and every gathered piece; senders their pieces
+    g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + 2 * bs.gather_send_total, links.checksum,
+                   links.checksum_all)
+    gather = np.stack([g_wire, g_lat, g_pack, g_ck, z])
+    recv = np.asarray([r.receivers for r in bs.rings], dtype=np.float64)[bs.ring_of] if B else z
+    if links.broadcast:  # cpu_only: the measured delivered rate (every receiver's copy through the host)
+        b_wire = bs.nbytes * recv / links.broadcast
+    else:
+        ring_bw = []
+        for r in bs.rings:
+            bw = links.nvlink if r.intra_hops else math.inf
+            if r.net_hops:
+                bw = min(bw, min(r.min_rails, links.nics_per_node) * links.nic, links.node_nic)
+            ring_bw.append(bw if bw < math.inf else links.nvlink)
+        b_wire = bs.nbytes / np.asarray(ring_bw)[bs.ring_of] if B else z
+    hop_lat = np.asarray([links.launch + r.intra_hops * links.nvlink_latency + r.net_hops * links.nic_latency
+                          for r in bs.rings])[bs.ring_of] if B else z
+    if links.cores:
+        hop_lat = np.maximum(hop_lat, links.launch + recv * per_msg)
+    bcast = np.stack([b_wire, hop_lat, z, z, z])
+    u_pack = _shared(bs.held_slice_max, bs.held_slice_total, links.copy, links.copy_all)
+    u_ck = _shared(bs.held_full_max, bs.held_full_total, links.checksum, links.checksum_all)
+    unpack = np.stack([z, z, u_pack, u_ck, z])
+    return gather, bcast, unpack
+
+
+def _sync(plan: Plan, links: Links) -> float:
+    """The checksum exchange (one small message per peer, one grouped operation) and the all-rank vote
+    (an all-reduce: 2 log2(world) latency steps)."""
+    lat = max(links.nic_latency, links.nvlink_latency)
+    return 2 * links.launch + (2 * math.ceil(math.log2(max(2, plan.world))) + 1) * lat
+
+
+def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None) -> Prediction:
     topo = plan.topology
     num_nodes = int(topo.node_of.max()) + 1
-    total = 0.0
-    busiest = (0.0, 0, "none", 0.0)
+    overlap = not links.cores  # GPU sites: the executor overlaps copies with transfers
+    total = np.zeros(len(TERMS))
+    busiest = (0, "none", 0.0, 0.0)  # rank, link, bytes, seconds of the slowest step's wire
     moved = 0
     if plan.rounds:
         stats = stats or p2p_stats(plan)
         moved += stats.bytes_total
-        for r in range(stats.num_rounds):
-            t, rank, link, nb = _round_time(stats.rounds[r], topo.node_of, num_nodes, links)
-            total += t
-            if nb > busiest[3]:
-                busiest = (t, rank, link, nb)
-    prev_bcast = 0.0
-    for i, b in enumerate(plan.buckets):
-        g, bc = _bucket_traffic(plan, b)
-        tg = _round_time(g, topo.node_of, num_nodes, links)
-        tb = _round_time(bc, topo.node_of, num_nodes, links)
-        hops = len(b.group) - 1
-        tb_t = tb[0] + hops * links.nic_latency
-        total += tg[0] if i == 0 else max(tg[0], prev_bcast)  # gather k+1 overlaps broadcast k
-        prev_bcast = tb_t
-        moved += int(g[NIC_SEND].sum() + g[NVL_SEND].sum()) + b.nbytes * hops
-        for t, rank, link, nb in (tg, tb):
-            if nb > busiest[3]:
-                busiest = (t, rank, link, nb)
-    total += prev_bcast
-    return Prediction(plan.transport, float(total), moved, busiest[1], busiest[2], int(busiest[3]), len(plan.rounds) + len(plan.buckets))
-
-
-def _classes_overlap(tpl) -> bool:
-    """Do two replica classes of a template (slots with different holdings) share an element?"""
-    classes = tpl.replica_classes()
-    boxes = [(c, b) for c, cls in enumerate(classes) for b in tpl.holdings[cls[0]]]
-    if len(classes) < 2 or len(boxes) < 2:
-        return False
-    owner = np.asarray([c for c, _ in boxes])
-    arr = np.asarray([b for _, b in boxes], dtype=np.int64)  # [n, ndim, 2]
-    lo = np.maximum(arr[:, None, :, 0], arr[None, :, :, 0])
-    hi = np.minimum(arr[:, None, :, 1], arr[None, :, :, 1])
-    return bool((np.all(lo < hi, axis=2) & (owner[:, None] != owner[None, :])).any())
-
-
-def _union_numel(boxes) -> int:
-    """Elements covered by (possibly overlapping) boxes: a coordinate-compressed coverage grid."""
-    ndim = len(boxes[0])
-    cuts = [np.unique([x for b in boxes for x in b[d]]) for d in range(ndim)]
-    grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
-    for b in boxes:
-        grid[tuple(slice(int(np.searchsorted(cuts[d], b[d][0])), int(np.searchsorted(cuts[d], b[d][1]))) for d in range(ndim))] = True
-    cell = np.ones(grid.shape, dtype=np.int64)
-    for d in range(ndim):
-        cell = cell * np.diff(cuts[d]).reshape([-1 if j == d else 1 for j in range(ndim)])
-    return int(cell[grid].sum())
-
-
-@dataclass(frozen=True)
-class LowerBound:
-    seconds: float
-    reason: str  # which resource binds
-
-
-def lower_bound(plan: Plan, links: Links) -> LowerBound:
-    """Transport-independent: bytes that must cross the most loaded GPU ingress / domain NICs."""
-    topo = plan.topology
-    T, I = topo.train_world, topo.infer_world
-    model = plan.model
-    need = np.zeros(I)  # bytes each inference rank must end up with
-    infer_dom = topo.domain_of[T:]
-    domains = np.unique(infer_dom)
-    dom_index = {int(d): k for k, d in enumerate(domains)}
-    dom_bytes = np.zeros(len(domains))  # distinct bytes needed per inference domain
-    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-    counts: dict[tuple[int, int], int] = {}
-    keep = []  # placements stay referenced, so their ids are stable
-    for i, t in enumerate(model.tensors):
-        p = plan.infer.placement(i)
-        key = (id(p), t.itemsize)
-        if key in counts:
-            counts[key] += 1
-            continue
-        counts[key] = 1
-        keep.append(p)
-        got = cache.get(key)
-        if got is None:
-            tpl = p.template
-            per_rank = np.zeros(I)
-            per_dom = np.zeros(len(domains))
-            dom_classes: dict[int, list[int]] = {}
-            for c, cls in enumerate(tpl.replica_classes()):
-                n = tpl.slot_numel(cls[0])
-                ranks = np.asarray([p.ranks[s] for s in cls])
-                np.add.at(per_rank, ranks, n)
-                for d in np.unique(infer_dom[ranks]):
-                    per_dom[dom_index[int(d)]] += n
-                    dom_classes.setdefault(dom_index[int(d)], []).append(c)
-            if _classes_overlap(tpl):  # count each element once per domain, not once per class
-                classes = tpl.replica_classes()
-                for k, cs in dom_classes.items():
-                    per_dom[k] = _union_numel([b for c in cs for b in tpl.holdings[classes[c][0]]])
-            cache[key] = (per_rank, per_dom)
-    for key, n in counts.items():
-        per_rank, per_dom = cache[key]
-        need += per_rank * key[1] * n
-        dom_bytes += per_dom * key[1] * n
-    cands: list[tuple[float, str]] = []
-    shares_domain = np.intersect1d(topo.domain_of[:T], infer_dom).size > 0
-    has_nvlink_peer = topo.gpus_per_node > 1 or topo.nodes_per_domain > 1
-    ingress = links.nic + (links.nvlink if has_nvlink_peer else 0.0)
-    g = int(np.argmax(need)) if I else 0
-    cands.append((need[g] / ingress, f"inference rank {g} must receive {int(need[g])} bytes over NVLink+NIC"))
-    if not shares_domain:
-        for k, d in enumerate(domains):
-            nodes = np.unique(topo.node_of[T:][infer_dom == d]).size
-            cands.append((dom_bytes[k] / (nodes * links.node_nic), f"NVLink domain {int(d)} must take in {int(dom_bytes[k])} distinct bytes over the NICs of {nodes} node(s)"))
-        cands.append((model.num_bytes / (topo.train_nodes * links.node_nic), f"{model.num_bytes} model bytes must leave {topo.train_nodes} trainer node(s) over their NICs"))
-    if links.host:
-        cands.append((need.sum() / links.host, f"{int(need.sum())} bytes must be copied into the inference processes through one host's memory"))
-    secs, reason = max(cands)
-    return LowerBound(float(secs), reason)
+        wire, lat, pack, ck, busy = _round_terms(stats.rounds, topo.node_of, num_nodes, links)
+        r = int(wire.argmax())
+        busiest = (*busy[r], float(wire[r]))
+        transfer = np.stack([wire, lat, np.zeros_like(wire), np.zeros_like(wire), np.zeros_like(wire)])
+        copies = np.stack([np.zeros_like(wire), np.zeros_like(wire), pack, ck, np.zeros_like(wire)])
+        if overlap:  # a round costs the larger of its transfer and its copies (packing the next one)
+            pick = transfer.sum(axis=0) >= copies.sum(axis=0)
+            total += np.where(pick, transfer, copies).sum(axis=1)
+        else:
+            total += transfer.sum(axis=1) + copies.sum(axis=1)
+        total[TERMS.index("checksum")] += _verify_checksums(stats, links)
+    if plan.buckets:
+        bs = bstats or bucket_stats(plan)
+        moved += int(bs.link_bytes.sum())
+        gather, bcast, unpack = _bucket_terms(bs, links)
+        if overlap:  # gather k+1 and unpack k-1 run while bucket k is broadcast
+            B = bs.nbytes.size
+            phases = np.stack([bcast, np.concatenate([gather[:, 1:], np.zeros((5, 1))], axis=1),
+                               np.concatenate([np.zeros((5, 1)), unpack[:, :-1]], axis=1)])  # [3, 5, B]
+            pick = phases.sum(axis=1).argmax(axis=0)
+            total += phases[pick, :, np.arange(B)].sum(axis=0) + gather[:, 0] + unpack[:, -1]
+        else:
+            total += gather.sum(axis=1) + bcast.sum(axis=1) + unpack.sum(axis=1)
+        for phase, name in ((bcast, "broadcast"), (gather, "gather")):
+            k = int(phase[0].argmax())
+            if phase[0, k] > busiest[3]:
+                nb = bs.nbytes[k] if name == "broadcast" else bs.root_nic_recv[k] + bs.root_nvl_recv[k]
+                busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
+    total[TERMS.index("sync")] += _sync(plan, links)
+    breakdown = {t: float(v) for t, v in zip(TERMS, total)}
+    return Prediction(plan.transport, float(total.sum()), int(moved), busiest[0], busiest[1], int(busiest[2]),
+                      len(plan.rounds) + len(plan.buckets), breakdown)

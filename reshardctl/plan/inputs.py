@@ -50,6 +50,12 @@ class Inputs:
     layers: int | None
     compare: list[Candidate] = field(default_factory=list)
 
+    @property
+    def broadcast_span(self) -> str:
+        """GPU sites: broadcast groups span the stage's trainer GPUs (rings over every NIC of the source
+        nodes); cpu_only sites: root + inference ranks (every extra member is one more host copy)."""
+        return "root" if self.site.cpu_only else "stage"
+
 
 def nic_per_gpu(site) -> float:
     lk = site.links
@@ -113,7 +119,6 @@ def prepare(
 ) -> Inputs:
     """Load and validate every input; raise one ``InputError`` listing every problem."""
     from reshardctl.models import load_model
-    from reshardctl.plan.cost import Links
     from reshardctl.site import load_profile
 
     problems: list[str] = []
@@ -169,8 +174,20 @@ def prepare(
 
         cur = infer_layout or infer or DEFAULT_SPEC["infer"]
         cands.insert(0, Candidate(str(cur), il, topo, current=True))
-    return Inputs(prof, m, tl, il, topo, Links.from_site(prof), int(mb * MIB), on, relay, why, transports, primary,
+    return Inputs(prof, m, tl, il, topo, site_links(prof), int(mb * MIB), on, relay, why, transports, primary,
                   train_style, infer_style, layers, cands)
+
+
+def site_links(prof):
+    """The cost model's figures for a site: its calibration file when there is one (``site/measured.py``),
+    else the profile's datasheet figures; on cpu_only sites the cores of this machine."""
+    import os
+
+    from reshardctl.plan.cost import Links
+    from reshardctl.site.measured import find_measured
+
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if prof.cpu_only else None
+    return Links.from_site(prof, find_measured(prof), cores=cores)
 
 
 def _raise(problems: list[str], layout: bool = False) -> None:

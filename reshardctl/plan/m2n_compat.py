@@ -20,7 +20,8 @@ Where the numbers come from:
   a tensor split along two dims with replicas 3-D. Pipeline parallelism adds no dim (each stage's
   tensors live on that stage's ranks only). Layouts without a mesh cannot express ``Partial``.
 * fan-in / fan-out: from the M2N transfers the planner routes for the reshard transport without
-  relays (``build_units(relay=False)``): fan-in = distinct source ranks per destination rank and
+  relays (the plan's units when it has no relays, else ``fan_units``: one routed instance per group
+  of tensors with the same placements): fan-in = distinct source ranks per destination rank and
   tensor, fan-out = distinct destination ranks per source rank and tensor.
 """
 
@@ -158,30 +159,61 @@ def _fans(units) -> dict[int, tuple[int, int]]:
     return out
 
 
-def check(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology, units=None) -> list[TensorCompat]:
-    """Per-tensor results. ``units``: reshard units routed without relays (computed when None)."""
-    if units is None:
-        from reshardctl.plan.reshard import build_units
+def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology) -> list:
+    """One routed instance (no relays) per group of tensors with the same placements, standing for
+    every tensor of the group: the planner rotates source replicas from instance to instance, which
+    changes which replica feeds a destination, not how many distinct ranks do."""
+    from reshardctl.plan.model import Unit
+    from reshardctl.plan.pairs import intersect_templates
+    from reshardctl.plan.reshard import group_tensors
+    from reshardctl.plan.routing import route
 
-        units = build_units(model, train, infer, topology, relay=False)
+    units = []
+    pair_cache: dict = {}
+    T = topology.train_world
+    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, None)):
+        key = (id(sp.template), id(dp.template))
+        pieces = pair_cache.get(key)
+        if pieces is None:
+            pieces = pair_cache[key] = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
+        table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray(dp.ranks, np.int32) + T, topology,
+                      model.tensors[members[0]].itemsize, rotation=gi, relay=False)
+        units.append(Unit(np.asarray(members, dtype=np.int32), table, 1, model.tensors[members[0]].itemsize))
+    return units
+
+
+def check(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology, units=None) -> list[TensorCompat]:
+    """Per-tensor results. ``units``: reshard units routed without relays (``fan_units`` when None)."""
+    if units is None:
+        units = fan_units(model, train, infer, topology)
     fans = _fans(units)
     tcache: dict = {}
     icache: dict = {}
     out = []
+    order = list(REASONS)
+    memo: dict = {}  # tensors with the same placements, rank and fans share one verdict
+    keep = []  # placements stay referenced, so their ids are stable
     for i, t in enumerate(model.tensors):
-        r1, v1 = _side_checks(train, i, "train", tcache)
-        r2, v2 = _side_checks(infer, i, "infer", icache)
-        reasons = r1 + r2
-        if len(t.shape) > LIMITS["tensor_rank"]:
-            reasons.append("tensor_rank")
+        sp, ip = train.placement(i), infer.placement(i)
         fin, fout = fans.get(i, (0, 0))
-        if fin > LIMITS["fan_in"]:
-            reasons.append("fan_in")
-        if fout > LIMITS["fan_out"]:
-            reasons.append("fan_out")
-        vals = {**v1, **v2, "tensor_rank": len(t.shape), "fan_in": fin, "fan_out": fout}
-        order = list(REASONS)
-        out.append(TensorCompat(t.name, t.nbytes, tuple(sorted(set(reasons), key=order.index)), vals))
+        meshes = tuple(None if m is None else (id(m[0]), tuple(map(id, m[1])))
+                       for m in (layout_mesh(train, i), layout_mesh(infer, i)))
+        key = (id(sp), id(ip), meshes, len(t.shape), fin, fout)
+        got = memo.get(key)
+        if got is None:
+            keep.append((sp, ip))
+            r1, v1 = _side_checks(train, i, "train", tcache)
+            r2, v2 = _side_checks(infer, i, "infer", icache)
+            reasons = r1 + r2
+            if len(t.shape) > LIMITS["tensor_rank"]:
+                reasons.append("tensor_rank")
+            if fin > LIMITS["fan_in"]:
+                reasons.append("fan_in")
+            if fout > LIMITS["fan_out"]:
+                reasons.append("fan_out")
+            vals = {**v1, **v2, "tensor_rank": len(t.shape), "fan_in": fin, "fan_out": fout}
+            got = memo[key] = (tuple(sorted(set(reasons), key=order.index)), vals)
+        out.append(TensorCompat(t.name, t.nbytes, got[0], got[1]))
     return out
 
 

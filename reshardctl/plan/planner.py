@@ -25,8 +25,10 @@ def build_plan(
     transport: str = "reshard",
     bucket_bytes: int = 256 << 20,
     relay: bool = False,
+    broadcast_span: str = "root",
 ) -> Plan:
-    """Compute the transfer plan for one transport. Deterministic: same inputs, same fingerprint."""
+    """Compute the transfer plan for one transport. Deterministic: same inputs, same fingerprint.
+    ``broadcast_span``: the broadcast groups of gather-and-broadcast buckets (``broadcast.SPANS``)."""
     if transport not in TRANSPORTS:
         raise PlanError(f"unknown transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     if bucket_bytes <= 0:
@@ -56,7 +58,8 @@ def build_plan(
         units, rounds, _ = schedule_rounds(units, topology.world, bucket_bytes)
     if transport in ("gather_broadcast", "hybrid"):
         select = None if transport == "gather_broadcast" else (lambda t: t.role not in HYBRID_RESHARD_ROLES)
-        buckets = build_buckets(model, train, topology, bucket_bytes, first_index=len(rounds), select=select)
+        buckets = build_buckets(model, train, topology, bucket_bytes, first_index=len(rounds), select=select,
+                                span=broadcast_span)
     plan = Plan(
         transport=transport,
         model=model,
@@ -111,6 +114,19 @@ def fingerprint(plan: Plan) -> str:
             h.update(np.ascontiguousarray(arr).tobytes())
     entries = [(r.index, r.stage, e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for r in plan.rounds for e in r.entries]
     h.update(np.asarray(entries, dtype=np.int64).tobytes())
-    for b in plan.buckets:
-        put(b)
+    h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]
+
+
+def _buckets_bytes(buckets) -> bytes:
+    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous)."""
+    flat: list[int] = [len(buckets)]
+    for b in buckets:
+        flat += (b.index, b.root, b.nbytes, len(b.group), *b.group, len(b.tensors), *b.tensors, len(b.gather))
+        for pr in b.gather:
+            flat += (pr.peer, len(pr.regions))
+            for r in pr.regions:
+                flat += (r.tensor, r.nbytes, len(r.box))
+                for lo, hi in r.box:
+                    flat += (lo, hi)
+    return np.asarray(flat, dtype=np.int64).tobytes()

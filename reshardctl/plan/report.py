@@ -12,25 +12,6 @@ from reshardctl.plan.model import Plan
 LINK_CLASSES = ("intra_node", "intra_domain", "cross_domain")
 
 
-def _class_of(topo, a: int, b: int) -> int:
-    if topo.node_of[a] == topo.node_of[b]:
-        return 0
-    return 1 if topo.domain_of[a] == topo.domain_of[b] else 2
-
-
-def bucket_link_bytes(plan: Plan) -> np.ndarray:
-    """Bytes per link class of the broadcast buckets: gathers to the root, then the broadcast ring."""
-    out = np.zeros(3, dtype=np.int64)
-    topo = plan.topology
-    for b in plan.buckets:
-        for pr in b.gather:
-            if pr.peer != b.root:
-                out[_class_of(topo, pr.peer, b.root)] += pr.nbytes
-        for a, c in zip(b.group, b.group[1:]):
-            out[_class_of(topo, a, c)] += b.nbytes
-    return out
-
-
 def side_of(plan: Plan, rank: int) -> tuple[str, int]:
     T = plan.train_world
     return ("train", rank) if rank < T else ("infer", rank - T)
@@ -38,21 +19,25 @@ def side_of(plan: Plan, rank: int) -> tuple[str, int]:
 
 def transport_report(plan: Plan, links, lb) -> dict:
     """One transport's row (the ``transports.<name>`` object of ``--json``)."""
+    from reshardctl.plan.bucket_stats import bucket_stats
     from reshardctl.plan.cost import predict
     from reshardctl.plan.stats import p2p_stats
 
     stats = p2p_stats(plan) if plan.rounds else None
-    pred = predict(plan, links, stats)
+    bstats = bucket_stats(plan) if plan.buckets else None
+    pred = predict(plan, links, stats, bstats)
     by_link = np.zeros(3, dtype=np.int64)
     if stats is not None:
         by_link += np.asarray([stats.bytes_by_link[k] for k in LINK_CLASSES], dtype=np.int64)
-    by_link += bucket_link_bytes(plan)
+    if bstats is not None:
+        by_link += bstats.link_bytes.astype(np.int64)
     transfers = plan.num_transfers + sum(
         sum(len(pr.regions) for pr in b.gather if pr.peer != b.root) + len(b.group) - 1 for b in plan.buckets)
     staging = max([stats.max_staging if stats else 0] + [b.nbytes for b in plan.buckets])
     side, side_rank = side_of(plan, pred.busiest_rank)
     return {
         "predicted_s": pred.predicted_s,
+        "predicted_breakdown_s": pred.breakdown,
         "efficiency": (lb.seconds / pred.predicted_s) if pred.predicted_s > 0 else 1.0,
         "bytes_moved": int(pred.bytes_moved),
         "transfers": int(transfers),
@@ -94,7 +79,7 @@ def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
     plans: dict[str, Plan] = {}
     for tname in order:
         plans[tname] = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=tname,
-                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
     first = plans[order[0]]
     lb = lower_bound(first, inp.links)
     reports = {t: transport_report(p, inp.links, lb) for t, p in plans.items()}
@@ -107,6 +92,7 @@ def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
         "bytes_needed_by_inference_ranks": infer_needed_bytes(inp.model, inp.infer),
         "lower_bound_s": lb.seconds,
         "lower_bound_reason": lb.reason,
+        "cost_figures": inp.links.source,
         "transports": reports,
         "m2n_compat": compat,
         "planning_s": 0.0,
@@ -125,7 +111,7 @@ def compare(inp: Inputs, transport: str) -> list[dict]:
     rows = []
     for c in inp.compare:
         p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
-                       bucket_bytes=inp.bucket_bytes, relay=inp.relay)
+                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
         pred = predict(p, inp.links)
         lb = lower_bound(p, inp.links)
         rows.append({
@@ -160,4 +146,5 @@ def inputs_json(inp: Inputs) -> dict:
         "relay": inp.relay,
         "relay_mode": inp.relay_mode,
         "relay_reason": inp.relay_reason,
+        "broadcast_span": inp.broadcast_span,
     }

@@ -59,7 +59,7 @@ def plan_transports(inp: Inputs, transports: list[str], launcher: str = "local")
         )
     return {
         t: build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=t, bucket_bytes=inp.bucket_bytes,
-                      relay=inp.relay)
+                      relay=inp.relay, broadcast_span=inp.broadcast_span)
         for t in transports
     }
 
@@ -102,12 +102,15 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "retries": retries,
         "on_failure": on_failure,
         "memory_estimate_bytes": memory_bytes,
-        "transports": {
-            t: {"bytes_needed": needed, "predicted_s": predict(p, inp.links).predicted_s, "lower_bound_s": lb.seconds,
-                "bucket_bytes": p.bucket_bytes, "fingerprint": p.fingerprint}
-            for t, p in plans.items()
-        },
+        "cost_figures": inp.links.source,
+        "transports": {t: _transport_context(p, inp, needed, lb.seconds) for t, p in plans.items()},
     }
+
+
+def _transport_context(plan: Plan, inp: Inputs, needed: int, lower_bound_s: float) -> dict:
+    pred = predict(plan, inp.links)
+    return {"bytes_needed": needed, "predicted_s": pred.predicted_s, "predicted_breakdown_s": pred.breakdown,
+            "lower_bound_s": lower_bound_s, "bucket_bytes": plan.bucket_bytes, "fingerprint": plan.fingerprint}
 
 
 def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None, wall_s: float,
@@ -147,6 +150,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "retries": ctx.get("retries", 0),
         "on_failure": ctx.get("on_failure", "abort"),
         "memory_estimate_bytes": ctx.get("memory_estimate_bytes"),
+        "cost_figures": ctx.get("cost_figures", "datasheet"),
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
     }

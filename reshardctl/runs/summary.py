@@ -33,7 +33,7 @@ def _finite(x):
 
 def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, predicted_s: float | None = None,
                         lower_bound_s: float | None = None, bucket_bytes: int | None = None,
-                        fingerprint: str = "") -> dict[str, Any]:
+                        fingerprint: str = "", predicted_breakdown_s: dict | None = None) -> dict[str, Any]:
     """Figures of one transport from the RankReports of every rank (any order)."""
     failures = [
         {"rank": r.global_rank, "side": r.side, "side_rank": r.side_rank, "error": r.error_type, "message": r.error_message}
@@ -73,6 +73,9 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "staged_weight_bytes": max((r.staged_weight_bytes for r in reports), default=0),
         "bucket_bytes": bucket_bytes,
         "predicted_s": predicted_s,
+        "predicted_breakdown_s": predicted_breakdown_s,
+        # measured median refit / predicted: 1 is a perfect prediction, > 1 the refit was slower
+        "measured_vs_predicted": (med / predicted_s) if predicted_s and refit else None,
         "lower_bound_s": lower_bound_s,
     }
     if base_s:

@@ -48,6 +48,11 @@ LINKS = {
     "nics_per_node": Key("int", 1, "a whole number of NICs (rails) per node, e.g. 8", 1),
     "nvlink_latency_us": Key("float", 2.0, "a number of microseconds, e.g. 2", 0),
     "nic_latency_us": Key("float", 5.0, "a number of microseconds, e.g. 5", 0),
+    "nvlink_efficiency": Key("float", 0.84, "a fraction of the NVLink figure reached by large messages, e.g. 0.84", 0, True),
+    "nic_efficiency": Key("float", 0.94, "a fraction of the NIC figure reached by large messages, e.g. 0.94", 0, True),
+    "launch_us": Key("float", None, "a number of microseconds per grouped operation, e.g. 3", 0),
+    "mem_gbytes_per_s": Key("float", 2000.0, "a number of GB/s of GPU (or host) memory bandwidth, e.g. 3350", 0, True),
+    "checksum_gbytes_per_s": Key("float", None, "a number of GB/s checksummed by one rank, e.g. 800", 0, True),
 }
 PARTITIONS = {role: Key("str", None, "a partition name") for role in ROLES}
 SLURM = {
@@ -84,6 +89,7 @@ TOP = {
     "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1),
     "cpu_only": Key("bool", False, "true or false"),
     "launcher": Key("str", "local", "one of " + ", ".join(LAUNCHERS)),
+    "measured": Key("str", None, "a calibration file written by `reshardctl calibrate --out FILE`"),
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
     "slurm": Key("section", None, "a mapping (the slurm: section)"),
     "refit": Key("section", None, "a mapping (the refit: section)"),
@@ -304,9 +310,14 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     if launcher not in LAUNCHERS:
         c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         launcher = "local"
+    measured = _value(c, top, "", "measured", TOP["measured"])
 
     lraw = _section(c, top.get("links"), "links.", LINKS) if "links" in top else {}
     links = {k: _value(c, lraw, "links.", k, spec) for k, spec in LINKS.items()}
+    for k in ("nvlink_efficiency", "nic_efficiency"):
+        if links[k] is not None and links[k] > 1:
+            c.add(f"links.{k}", f"must be a fraction <= 1 of the link figure, got {links[k]!r}")
+            links[k] = LINKS[k].default
 
     sraw = _section(c, top.get("slurm"), "slurm.", SLURM)
     slurm = {k: _value(c, sraw, "slurm.", k, spec) for k, spec in SLURM.items() if spec.kind != "partitions"}
@@ -371,4 +382,5 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         launcher=launcher,
         slurm=SlurmSpec(partitions=partitions, **slurm),
         refit=RefitSpec(**refit),
+        measured=measured,
     )

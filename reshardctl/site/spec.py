@@ -72,10 +72,16 @@ class LinkSpec:
     nics_per_node: int = 1  # rails per node
     nvlink_latency_us: float = 2.0
     nic_latency_us: float = 5.0
+    # cost-model figures (docs/cost-model.md says where each default comes from)
+    nvlink_efficiency: float = 0.84  # achievable fraction of NVLink for large messages (380 of 450 GB/s)
+    nic_efficiency: float = 0.94  # achievable fraction of a NIC for large messages (47 of 50 GB/s)
+    launch_us: float | None = None  # per grouped operation (one kernel); None: nvlink_latency_us
+    mem_gbytes_per_s: float = 2000.0  # memory bandwidth of a rank (pack/unpack copies read + write)
+    checksum_gbytes_per_s: float | None = None  # None: mem_gbytes_per_s / 4 (checksum.py reads 4 words per word)
 
     def __post_init__(self) -> None:
         p = []
-        for k in ("nvlink_gbytes_per_s", "nic_gbits_per_s"):
+        for k in ("nvlink_gbytes_per_s", "nic_gbits_per_s", "mem_gbytes_per_s"):
             if not getattr(self, k) > 0:
                 p.append(f"links.{k} must be > 0, got {getattr(self, k)!r}")
         if not self.nics_per_node >= 1:
@@ -83,6 +89,13 @@ class LinkSpec:
         for k in ("nvlink_latency_us", "nic_latency_us"):
             if not getattr(self, k) >= 0:
                 p.append(f"links.{k} must be >= 0, got {getattr(self, k)!r}")
+        for k in ("nvlink_efficiency", "nic_efficiency"):
+            if not 0 < getattr(self, k) <= 1:
+                p.append(f"links.{k} must be a fraction in (0, 1], got {getattr(self, k)!r}")
+        if self.launch_us is not None and not self.launch_us >= 0:
+            p.append(f"links.launch_us must be >= 0, got {self.launch_us!r}")
+        if self.checksum_gbytes_per_s is not None and not self.checksum_gbytes_per_s > 0:
+            p.append(f"links.checksum_gbytes_per_s must be > 0, got {self.checksum_gbytes_per_s!r}")
         _raise(p, "invalid LinkSpec")
 
     @property
@@ -186,6 +199,7 @@ class SiteProfile:
     launcher: str = "local"  # how `reshardctl run` starts ranks by default: "local" | "slurm"
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     refit: RefitSpec = field(default_factory=RefitSpec)
+    measured: str | None = None  # a calibration file (``reshardctl calibrate --out``), as written in the profile
 
     def __post_init__(self) -> None:
         _freeze(self, "nodes", tuple(self.nodes))
@@ -255,7 +269,13 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "nics_per_node": l.nics_per_node,
             "nvlink_latency_us": l.nvlink_latency_us,
             "nic_latency_us": l.nic_latency_us,
+            "nvlink_efficiency": l.nvlink_efficiency,
+            "nic_efficiency": l.nic_efficiency,
+            "launch_us": l.launch_us,
+            "mem_gbytes_per_s": l.mem_gbytes_per_s,
+            "checksum_gbytes_per_s": l.checksum_gbytes_per_s,
         },
+        "measured": p.measured,
         "slurm": {
             "partitions": dict(s.partitions),
             "account": s.account,

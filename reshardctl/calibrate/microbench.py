@@ -1,0 +1,167 @@
+"""The microbenchmarks, run by every rank of a calibration world (rank 0 reports the results).
+
+World: ``2 x per_node`` ranks standing for two nodes (ranks ``0..per_node-1`` on the first, the rest on
+the second), the same placement as a refit's trainer and inference ranks. Every figure is the median
+of ``reps`` timed repetitions after one warm-up (first operations on a connection are slow):
+
+* p2p by message size, rank 0 -> rank 1 (inside a node) and rank 0 -> rank ``per_node`` (across):
+  one-way seconds per size (half a ping-pong), fitted later as ``latency + bytes / bandwidth``;
+* all pairs at once: rank ``i`` -> rank ``per_node + i`` for every ``i``: aggregate bytes/s of a node's links;
+* grouped messages: 1 and ``MANY`` small messages in one ``batch_isend_irecv``: launch and per-message cost;
+* broadcast from rank 0 over (0, second node's ranks): delivered bytes/s;
+* pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
+  both again on one node's ranks at once (what a refit's senders, then its receivers, get together
+  when they share a machine's cores and memory).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
+BIG = 32 << 20
+MANY = 32
+SMALL = 1 << 10
+
+
+def _sync() -> None:
+    dist.barrier()
+
+
+def _timed(fn, reps: int) -> float:
+    fn()  # warm-up
+    out = []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def _pingpong(rank: int, a: int, b: int, buf: torch.Tensor, reps: int) -> float:
+    """One-way seconds of ``buf`` between ranks a and b (half a round trip); others only sync."""
+    def fn() -> None:
+        if rank == a:
+            dist.send(buf, b)
+            dist.recv(buf, b)
+        elif rank == b:
+            dist.recv(buf, a)
+            dist.send(buf, a)
+    return _timed(fn, reps) / 2
+
+
+def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
+    world = dist.get_world_size()
+    res: dict = {"p2p": {"intra_node": [], "cross_node": []}}
+    for name, peer in (("intra_node", 1), ("cross_node", per_node)):
+        for size in SIZES:
+            buf = torch.zeros(size, dtype=torch.uint8, device=device)
+            res["p2p"][name].append([size, _pingpong(rank, 0, peer, buf, reps)])
+    # every rank of the first node sends to its partner on the second, all at once
+    big = torch.zeros(BIG, dtype=torch.uint8, device=device)
+
+    def pairs() -> None:
+        peer = rank + per_node if rank < per_node else rank - per_node
+        op = dist.P2POp(dist.isend if rank < per_node else dist.irecv, big, peer)
+        for w in dist.batch_isend_irecv([op]):
+            w.wait()
+    t = _timed(pairs, reps)
+    res["aggregate"] = {"pairs": per_node, "bytes": BIG * per_node, "seconds": t}
+    # grouped small messages: rank 0 -> rank per_node, 1 and MANY in one batch
+    smalls = [torch.zeros(SMALL, dtype=torch.uint8, device=device) for _ in range(MANY)]
+    grouped = {}
+    for n in (1, MANY):
+        def batch(n=n) -> None:
+            if rank not in (0, per_node):
+                return
+            f = dist.isend if rank == 0 else dist.irecv
+            ops = [dist.P2POp(f, smalls[k], per_node if rank == 0 else 0) for k in range(n)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        grouped[n] = _timed(batch, reps)
+    res["grouped"] = {"small_bytes": SMALL, "counts": [1, MANY], "seconds": [grouped[1], grouped[MANY]]}
+    members = [0] + list(range(per_node, world))
+    group = dist.new_group(members)
+
+    def bcast() -> None:
+        if rank in members:
+            dist.broadcast(big, src=0, group=group)
+    res["broadcast"] = {"receivers": len(members) - 1, "bytes": BIG, "seconds": _timed(bcast, reps)}
+    if rank == 0:
+        res["copy"] = _copy_rate(device, reps)
+        res["checksum"] = _checksum_rate(device, reps)
+    _sync()
+    # one node's ranks at once (the other node idle): a refit's senders pack and checksum while its
+    # receivers wait, then the receivers unpack and checksum; ranks sharing cores get this much together
+    copy, _ = _copy_fn(device)
+    res["copy_side"] = {"ranks": per_node, "bytes": BIG * per_node,
+                        "seconds": _together(copy if rank < per_node else (lambda: None), reps)}
+    summ = _checksum_fn(device)
+    res["checksum_side"] = {"ranks": per_node, "bytes": BIG * per_node,
+                            "seconds": _together(summ if rank < per_node else (lambda: None), reps)}
+    return res
+
+
+def _together(fn, reps: int) -> float:
+    """Median seconds from a common start until the last rank has run ``fn`` once."""
+    out = []
+    fn()
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def _wait(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _copy_fn(device: torch.device):
+    """A column block (half the columns) of a row-major matrix into a contiguous buffer: the strided
+    copy a packed message or an unpack does."""
+    rows = 4096
+    src = torch.zeros((rows, 2 * BIG // rows), dtype=torch.uint8, device=device)
+    dst = torch.empty((rows, BIG // rows), dtype=torch.uint8, device=device)
+
+    def fn() -> None:
+        dst.copy_(src[:, : BIG // rows])
+        _wait(device)
+    return fn, (src, dst)
+
+
+def _checksum_fn(device: torch.device):
+    from reshardctl.runtime.checksum import checksum
+
+    buf = torch.randint(0, 255, (BIG,), dtype=torch.uint8, device=device)
+    return lambda: checksum(buf).item()
+
+
+def _copy_rate(device: torch.device, reps: int) -> dict:
+    fn, _ = _copy_fn(device)
+    out = []
+    fn()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return {"bytes": BIG, "seconds": statistics.median(out)}
+
+
+def _checksum_rate(device: torch.device, reps: int) -> dict:
+    fn = _checksum_fn(device)
+    out = []
+    fn()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return {"bytes": BIG, "seconds": statistics.median(out)}

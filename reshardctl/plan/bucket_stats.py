@@ -1,0 +1,178 @@
+"""Traffic accounting of gather-and-broadcast buckets, as arrays over buckets (pure numpy, one pass).
+
+Per bucket: the gather into the root (bytes per link and direction at the root and at the busiest
+sender, messages, bytes copied through packed buffers), the broadcast ring over the bucket's group
+(its members in group order: which hops cross nodes and how many members each node has, for the
+rails a ring can use), and what the inference ranks do with it (checksum every tensor they hold a
+part of, copy out their own slices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reshardctl.plan.model import Plan
+from reshardctl.plan.stats import DIRECT_MIN_BYTES
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The broadcast ring of one group: hops in member order."""
+
+    receivers: int
+    intra_hops: int  # hops inside an NVLink domain
+    net_hops: int  # hops between NVLink domains
+    min_rails: int  # fewest members on either end of a network hop (rails a multi-channel ring can use)
+    by_link: tuple[int, int, int]  # hops per link class (intra_node, intra_domain, cross_domain)
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    nbytes: np.ndarray  # [B] bucket payload bytes
+    root_nic_recv: np.ndarray  # [B] gather bytes reaching the root over its NIC
+    root_nvl_recv: np.ndarray  # [B] ... over NVLink
+    send_nic_max: np.ndarray  # [B] the busiest gather sender's NIC bytes
+    send_nvl_max: np.ndarray  # [B]
+    node_send_max: np.ndarray  # [B] the busiest node's gather bytes leaving over its NICs
+    root_msgs: np.ndarray  # [B] messages the root receives
+    root_copy: np.ndarray  # [B] bytes the root copies into the bucket (own pieces, packed and scattered pieces)
+    pack_send_max: np.ndarray  # [B] the busiest sender's bytes packed into a buffer
+    gather_send_total: np.ndarray  # [B] bytes all senders (root excluded) send
+    pack_send_total: np.ndarray  # [B]
+    rings: tuple[Ring, ...]  # distinct rings
+    ring_of: np.ndarray  # [B] index into rings
+    held_full_max: np.ndarray  # [B] the busiest inference rank's bytes of bucket tensors it holds part of
+    held_slice_max: np.ndarray  # [B] ... bytes of its own slices
+    held_full_total: np.ndarray  # [B] over all inference ranks
+    held_slice_total: np.ndarray  # [B]
+    link_bytes: np.ndarray  # [3] bytes per link class (gathers + broadcast rings)
+
+
+def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
+    topo = plan.topology
+    node, dom = topo.node_of, topo.domain_of
+    members = np.asarray(group)
+    per_node = np.bincount(node[members], minlength=int(node.max()) + 1)
+    intra = net = 0
+    rails = None
+    by_link = [0, 0, 0]
+    for a, c in zip(group, group[1:]):
+        if dom[a] == dom[c]:
+            intra += 1
+            by_link[0 if node[a] == node[c] else 1] += 1
+        else:
+            net += 1
+            by_link[2] += 1
+            m = int(min(per_node[node[a]], per_node[node[c]]))
+            rails = m if rails is None else min(rails, m)
+    return Ring(len(group) - 1, intra, net, rails or 1, tuple(by_link))
+
+
+def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+    """Per distinct inference placement of ``tensors``: which ranks hold part of it, and the fraction
+    of the tensor each holds."""
+    col: dict[int, int] = {}
+    keep, held, frac = [], [], []
+    I = plan.infer_world
+    for i in tensors:
+        p = plan.infer.placement(i)
+        if id(p) in col:
+            continue
+        keep.append(p)
+        col[id(p)] = len(held)
+        h = np.zeros(I)
+        f = np.zeros(I)
+        total = max(1, int(np.prod(p.template.shape)))
+        for slot, r in enumerate(p.ranks):
+            n = p.template.slot_numel(slot)
+            if n:
+                h[r] = 1.0
+                f[r] += n / total
+        held.append(h)
+        frac.append(f)
+    by_tensor = {i: col[id(plan.infer.placement(i))] for i in tensors}
+    return by_tensor, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
+
+
+def _contiguous_in_tensor(box, shape) -> bool:
+    """Is ``box`` one contiguous byte range of the full tensor (row-major)?"""
+    d = 0
+    while d < len(shape) and box[d][1] - box[d][0] == 1:
+        d += 1
+    return all(box[j] == (0, shape[j]) for j in range(d + 1, len(shape)))
+
+
+def bucket_stats(plan: Plan) -> BucketStats:
+    B = len(plan.buckets)
+    topo = plan.topology
+    node, dom = topo.node_of, topo.domain_of
+    model = plan.model
+    f = {k: np.zeros(B) for k in ("root_nic_recv", "root_nvl_recv", "send_nic_max", "send_nvl_max", "node_send_max",
+                                   "root_msgs", "root_copy", "pack_send_max", "gather_send_total", "pack_send_total")}
+    rings: dict[tuple[int, ...], int] = {}
+    ring_of = np.zeros(B, dtype=np.int64)
+    link_bytes = np.zeros(3)
+    all_tensors = [i for b in plan.buckets for i in b.tensors]
+    by_tensor, held, frac = _holder_matrices(plan, all_tensors)
+    per_pl = np.zeros((B, held.shape[0]))
+    contig: dict[tuple, bool] = {}
+    for k, b in enumerate(plan.buckets):
+        root = b.root
+        node_send: dict[int, float] = {}
+        for pr in b.gather:
+            nb = pr.nbytes
+            if pr.peer == root:
+                f["root_copy"][k] += nb
+                continue
+            small = 0
+            direct = 0
+            for r in pr.regions:
+                if r.nbytes < DIRECT_MIN_BYTES:
+                    small += r.nbytes
+                else:
+                    direct += 1
+                    key = (r.tensor, r.box)
+                    c = contig.get(key)
+                    if c is None:
+                        c = contig[key] = _contiguous_in_tensor(r.box, model.tensors[r.tensor].shape)
+                    if not c:
+                        f["root_copy"][k] += r.nbytes  # lands in scratch, copied into the bucket
+            f["root_copy"][k] += small
+            f["root_msgs"][k] += direct + (1 if small else 0)
+            f["pack_send_max"][k] = max(f["pack_send_max"][k], small)
+            f["pack_send_total"][k] += small
+            f["gather_send_total"][k] += nb
+            if dom[pr.peer] != dom[root]:
+                f["root_nic_recv"][k] += nb
+                f["send_nic_max"][k] = max(f["send_nic_max"][k], nb)
+                node_send[int(node[pr.peer])] = node_send.get(int(node[pr.peer]), 0.0) + nb
+                link_bytes[2] += nb
+            else:
+                f["root_nvl_recv"][k] += nb
+                f["send_nvl_max"][k] = max(f["send_nvl_max"][k], nb)
+                link_bytes[0 if node[pr.peer] == node[root] else 1] += nb
+        if node_send:
+            f["node_send_max"][k] = max(node_send.values())
+        g = b.group
+        ri = rings.get(g)
+        if ri is None:
+            ri = rings[g] = len(rings)
+        ring_of[k] = ri
+        for i in b.tensors:
+            per_pl[k, by_tensor[i]] += model.tensors[i].nbytes
+    ring_list = [None] * len(rings)
+    for g, ri in rings.items():
+        ring_list[ri] = _ring(plan, g)
+    nbytes = np.asarray([b.nbytes for b in plan.buckets], dtype=np.float64)
+    for k in range(3):
+        link_bytes[k] += float(sum(nbytes[ring_of == ri].sum() * r.by_link[k] for ri, r in enumerate(ring_list)))
+    full = per_pl @ held if B else np.zeros((0, plan.infer_world))
+    sl = per_pl @ frac if B else np.zeros((0, plan.infer_world))
+    return BucketStats(
+        nbytes=nbytes, rings=tuple(ring_list), ring_of=ring_of,
+        held_full_max=full.max(axis=1) if full.size else np.zeros(B),
+        held_slice_max=sl.max(axis=1) if sl.size else np.zeros(B),
+        held_full_total=full.sum(axis=1), held_slice_total=sl.sum(axis=1), link_bytes=link_bytes, **f,
+    )

@@ -1,0 +1,111 @@
+"""The physical lower bound of a refit, transport-independent (docs/cost-model.md, "Lower bound").
+
+The largest of:
+* every inference GPU's bytes over its ingress (NVLink + NIC of that GPU, at their nominal figures);
+* every inference NVLink domain's distinct bytes over the NICs of its inference nodes (when no
+  trainer rank shares the domain);
+* the model's bytes over the trainer nodes' NICs (when no inference rank shares a trainer domain);
+* on ``cpu_only`` sites (every rank a process on one machine): all bytes the inference ranks hold over
+  the host's copy bandwidth.
+Nominal figures (``Links.peak_*``), no latency, no copies, no checksums: nothing can beat it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reshardctl.plan.model import Plan
+
+
+def _classes_overlap(tpl) -> bool:
+    """Do two replica classes of a template (slots with different holdings) share an element?"""
+    classes = tpl.replica_classes()
+    boxes = [(c, b) for c, cls in enumerate(classes) for b in tpl.holdings[cls[0]]]
+    if len(classes) < 2 or len(boxes) < 2:
+        return False
+    owner = np.asarray([c for c, _ in boxes])
+    arr = np.asarray([b for _, b in boxes], dtype=np.int64)  # [n, ndim, 2]
+    lo = np.maximum(arr[:, None, :, 0], arr[None, :, :, 0])
+    hi = np.minimum(arr[:, None, :, 1], arr[None, :, :, 1])
+    return bool((np.all(lo < hi, axis=2) & (owner[:, None] != owner[None, :])).any())
+
+
+def _union_numel(boxes) -> int:
+    """Elements covered by (possibly overlapping) boxes: a coordinate-compressed coverage grid."""
+    ndim = len(boxes[0])
+    cuts = [np.unique([x for b in boxes for x in b[d]]) for d in range(ndim)]
+    grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for b in boxes:
+        grid[tuple(slice(int(np.searchsorted(cuts[d], b[d][0])), int(np.searchsorted(cuts[d], b[d][1]))) for d in range(ndim))] = True
+    cell = np.ones(grid.shape, dtype=np.int64)
+    for d in range(ndim):
+        cell = cell * np.diff(cuts[d]).reshape([-1 if j == d else 1 for j in range(ndim)])
+    return int(cell[grid].sum())
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    seconds: float
+    reason: str  # which resource binds
+
+
+def lower_bound(plan: Plan, links) -> LowerBound:
+    """Transport-independent: bytes that must cross the most loaded GPU ingress / domain NICs."""
+    topo = plan.topology
+    T, I = topo.train_world, topo.infer_world
+    model = plan.model
+    need = np.zeros(I)  # bytes each inference rank must end up with
+    infer_dom = topo.domain_of[T:]
+    domains = np.unique(infer_dom)
+    dom_index = {int(d): k for k, d in enumerate(domains)}
+    dom_bytes = np.zeros(len(domains))  # distinct bytes needed per inference domain
+    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    counts: dict[tuple[int, int], int] = {}
+    keep = []  # placements stay referenced, so their ids are stable
+    for i, t in enumerate(model.tensors):
+        p = plan.infer.placement(i)
+        key = (id(p), t.itemsize)
+        if key in counts:
+            counts[key] += 1
+            continue
+        counts[key] = 1
+        keep.append(p)
+        got = cache.get(key)
+        if got is None:
+            tpl = p.template
+            per_rank = np.zeros(I)
+            per_dom = np.zeros(len(domains))
+            dom_classes: dict[int, list[int]] = {}
+            for c, cls in enumerate(tpl.replica_classes()):
+                n = tpl.slot_numel(cls[0])
+                ranks = np.asarray([p.ranks[s] for s in cls])
+                np.add.at(per_rank, ranks, n)
+                for d in np.unique(infer_dom[ranks]):
+                    per_dom[dom_index[int(d)]] += n
+                    dom_classes.setdefault(dom_index[int(d)], []).append(c)
+            if _classes_overlap(tpl):  # count each element once per domain, not once per class
+                classes = tpl.replica_classes()
+                for k, cs in dom_classes.items():
+                    per_dom[k] = _union_numel([b for c in cs for b in tpl.holdings[classes[c][0]]])
+            cache[key] = (per_rank, per_dom)
+    for key, n in counts.items():
+        per_rank, per_dom = cache[key]
+        need += per_rank * key[1] * n
+        dom_bytes += per_dom * key[1] * n
+    cands: list[tuple[float, str]] = []
+    shares_domain = np.intersect1d(topo.domain_of[:T], infer_dom).size > 0
+    has_nvlink_peer = topo.gpus_per_node > 1 or topo.nodes_per_domain > 1
+    ingress = links.peak_nic + (links.peak_nvlink if has_nvlink_peer else 0.0)
+    g = int(np.argmax(need)) if I else 0
+    cands.append((need[g] / ingress, f"inference rank {g} must receive {int(need[g])} bytes over NVLink+NIC"))
+    if not shares_domain:
+        for k, d in enumerate(domains):
+            nodes = np.unique(topo.node_of[T:][infer_dom == d]).size
+            cands.append((dom_bytes[k] / (nodes * links.peak_node_nic), f"NVLink domain {int(d)} must take in {int(dom_bytes[k])} distinct bytes over the NICs of {nodes} node(s)"))
+        cands.append((model.num_bytes / (topo.train_nodes * links.peak_node_nic), f"{model.num_bytes} model bytes must leave {topo.train_nodes} trainer node(s) over their NICs"))
+    if links.host:
+        cands.append((need.sum() / links.peak_host, f"{int(need.sum())} bytes must be copied into the inference processes through one host's memory"))
+    secs, reason = max(cands)
+    return LowerBound(float(secs), reason)
