@@ -66,10 +66,23 @@ class ParallelSpec:
         return ParallelSpec(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "dp": dp})
 
 
+MAX_SIZE = 1 << 20  # any one parallel size (a world of a million ranks is far beyond any site)
+MAX_TEXT = 1000  # characters of a parallel string
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
 def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
-    """Parse ``"tp=4,pp=2,ep=2"``. Empty or None gives the all-defaults spec."""
-    if text is None or not text.strip():
+    """Parse ``"tp=4,pp=2,ep=2"``. None gives the all-defaults spec; an empty (or blank) string is a
+    ``LayoutError`` (leave the flag out for the default layout instead)."""
+    if text is None:
         return ParallelSpec()
+    if not text.strip():
+        raise LayoutError(f"{flag} {text!r}: empty; leave {flag} out for the default, or give sizes such as tp=4,pp=2")
+    if len(text) > MAX_TEXT:
+        raise LayoutError(f"{flag} {_short(text)}: {len(text):,} characters, more than the limit of {MAX_TEXT}")
     problems: list[str] = []
     values: dict[str, object] = {}
     known = list(_INT_KEYS) + list(_BOOL_KEYS) + list(_ALIASES)
@@ -101,14 +114,25 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
                 problems.append(f"{flag}: {key}={raw!r} is not a boolean (true/false/1/0/on/off)")
             continue
         try:
-            n = int(raw)
+            n = int(raw) if len(raw) <= 20 else None
         except ValueError:
-            problems.append(f"{flag}: {key}={raw!r} is not an integer")
+            n = None
+        if n is None and raw.strip("+-").isdigit():
+            problems.append(f"{flag}: {key}={_short(raw)[1:-1]} is more than the limit of {MAX_SIZE}")
+            continue
+        if n is None:
+            problems.append(f"{flag}: {key}={_short(raw)} is not an integer")
             continue
         if n <= 0:
             problems.append(f"{flag}: {key}={n} must be a positive integer")
             continue
+        if n > MAX_SIZE:
+            problems.append(f"{flag}: {key}={n} is more than the limit of {MAX_SIZE}")
+            continue
         values[canon] = n
+    if values.get("vpp", 1) > 1 and values.get("pp", 1) == 1:
+        problems.append(f"{flag}: vpp={values['vpp']} needs pp > 1 (virtual pipeline chunks interleave pipeline "
+                        "stages; with pp=1 there is no pipeline): give pp=2 or more, or drop vpp")
     if problems:
         raise LayoutError(problems, hint=f"{flag} takes e.g. \"tp=4,pp=2,ep=2\"")
     return ParallelSpec(**values)  # type: ignore[arg-type]
