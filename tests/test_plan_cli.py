@@ -79,11 +79,13 @@ def test_single_transport_and_bucket(capsys):
 
 
 @pytest.mark.parametrize("value,needle", [
-    ("inf", "--bucket-mb must be a finite number > 0 (got inf)"),
-    ("nan", "--bucket-mb must be a finite number > 0 (got nan)"),
-    ("0", "--bucket-mb must be a finite number > 0 (got 0)"),
-    ("-1", "--bucket-mb must be a finite number > 0 (got -1)"),
+    ("inf", "--bucket-mb inf: must be a finite number of MiB > 0, got inf"),
+    ("nan", "--bucket-mb nan: must be a finite number of MiB > 0, got nan"),
+    ("0", "--bucket-mb 0: must be a finite number of MiB > 0, got 0"),
+    ("-1", "--bucket-mb -1: must be a finite number of MiB > 0, got -1"),
     ("1e-9", "--bucket-mb 1e-09: 1e-09 MiB x 1048576 bytes/MiB = 0.00105 bytes, less than one byte"),
+    ("1e13", "--bucket-mb 1e+13: 1e+13 MiB is more than the limit of 1048576 MiB (1 TiB)"),
+    ("1e300", "--bucket-mb 1e+300: 1e+300 MiB is more than the limit of 1048576 MiB (1 TiB)"),
 ])
 def test_bad_bucket_mb(capsys, value, needle):
     code = main(["plan", "--bucket-mb", value])
@@ -114,7 +116,8 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
     out = tmp_path / "o" / "plans"
     d = run_json(capsys, "--train", "tp=2,pp=2", "--out", str(out))
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json"]
+    session = ["session.json", "session.pkl", "slurm"]  # the job scripts and session beside the plan
+    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json", *session]
     assert json.loads((out / "plan.json").read_text())["fingerprint"] == d["fingerprint"]
     m = load_model("tiny-llama")
     tr = build_layout(m, "train", "tp=2,pp=2", "megatron")
@@ -125,7 +128,7 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
         assert plan.fingerprint == rep["fingerprint"]
     # rerun into the existing directory: files replaced, no temp files left
     d2 = run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
-    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", *session]
     assert json.loads((out / "plan.json").read_text())["transports"].keys() == {"reshard"}
     assert load_plan(out / "plan-reshard.npz", m, tr, inf, topo).fingerprint == d2["fingerprint"] == d["fingerprint"]
     assert not list(tmp_path.glob("o/.*"))
@@ -176,7 +179,8 @@ def test_outputs_are_written_together_or_not_at_all(capsys, tmp_path):
     # both good: both written
     assert main(["plan", "--transport", "reshard", "--out", str(out), "--export-transfers", str(exp)]) == 0
     capsys.readouterr()
-    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"] and exp.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", "session.json", "session.pkl",
+                                                     "slurm"] and exp.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.jsonl"]
 
 
