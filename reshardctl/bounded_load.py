@@ -55,8 +55,9 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; ``LoadError`` otherwise (never blocks)."""
+def open_regular(path: str | os.PathLike) -> int:
+    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed); ``LoadError``
+    for anything else, decided without reading (a FIFO is opened non-blocking, so this never hangs)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -65,11 +66,19 @@ def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
         raise LoadError("permission denied", reading=True) from None
     except OSError as exc:
         raise LoadError(f"cannot open: {exc.strerror or exc}", reading=True) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = _kind(st.st_mode)
+        raise LoadError(f"is {kind}, not a file" if kind.startswith("a ") else "is not a regular file", reading=True)
+    return fd
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; ``LoadError`` otherwise (never blocks)."""
+    fd = open_regular(path)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _kind(st.st_mode)
-            raise LoadError(f"is {kind}, not a file" if kind.startswith("a ") else "is not a regular file", reading=True)
         if st.st_size > max_bytes:
             raise LoadError(f"is {st.st_size:,} bytes, more than the limit of {max_bytes:,} bytes", reading=True)
         chunks, total = [], 0
@@ -238,4 +247,4 @@ def load_file(path: str | os.PathLike, fmt: str, *, max_bytes: int, max_nodes: i
 
 
 __all__ = ["LoadError", "MAX_DEPTH", "MAX_NUMBER_CHARS", "decode", "load_file", "loads_json", "loads_toml",
-           "loads_yaml", "read_bytes"]
+           "loads_yaml", "open_regular", "read_bytes"]
