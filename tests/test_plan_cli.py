@@ -199,10 +199,16 @@ def test_os_error_last_resort_is_one_paragraph(capsys, monkeypatch):
 
 
 def test_all_layout_problems_listed(capsys):
-    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
+    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert "--train" in err and "--compare-infer" in err and "layout problems" in err
+    # with --json the same error is one JSON object on stdout, every problem listed, nothing on stderr
+    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
+    out, err = capsys.readouterr()
+    e = json.loads(out)["error"]
+    assert code == 2 and err == "" and e["type"] == "LayoutError" and e["exit_code"] == 2
+    assert any(p.startswith("--train") for p in e["problems"]) and any("--compare-infer" in p for p in e["problems"])
 
 
 # ------------------------------------------------------------------ --export-transfers ----------------
