@@ -1,6 +1,6 @@
 """A safetensors checkpoint (index + shard headers) -> :class:`ModelSpec`, never reading tensor data.
 
-Each shard is read as the format defines it (layout-rules §5): an 8-byte little-endian header length
+Each shard is read as the format defines it (the safetensors README, "Format"): an 8-byte little-endian header length
 ``N``, then ``N`` bytes of JSON; nothing after that is read. The ``config.json`` next to the index
 gives names, roles and dims (:func:`spec_from_config`); shapes and dtypes come from the headers and
 must agree with the config-derived inventory, tensor by tensor.

@@ -105,7 +105,7 @@ def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
 
 
 def dims_from_config(config: Mapping[str, Any], *, where: str = "config", include_mtp: bool = False) -> ModelDims:
-    """Fill :class:`ModelDims` from a HF config (MoE layer rules per layout-rules §6)."""
+    """Fill :class:`ModelDims` from a HF config (MoE layer rules as in the transformers modelling code: Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`, DeepSeek-V3 `first_k_dense_replace` / `moe_layer_freq`)."""
     arch = detect_arch(config, where)
     c = _Config(config, where)
     hidden = c.get_int("hidden_size")
