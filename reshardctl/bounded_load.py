@@ -194,6 +194,11 @@ class _BoundedLoader(yaml.SafeLoader):
                 and len(node.value) > MAX_NUMBER_CHARS:
             raise LoadError(f"a number of {len(node.value):,} characters{_at(node.start_mark)} (the limit is "
                             f"{MAX_NUMBER_CHARS}, MAX_NUMBER_CHARS): {node.value[:20]}...")
+        if isinstance(node, yaml.MappingNode):
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+                    raise LoadError(f"a key{_at(key_node.start_mark)} is {kind}; keys must be plain names")
         if getattr(event, "anchor", None):
             self._sizes[event.anchor] = self._count - start
         return node
@@ -202,10 +207,7 @@ class _BoundedLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _BoundedLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     loader.flatten_mapping(node)
     out: dict = {}
-    for key_node, value_node in node.value:
-        if not isinstance(key_node, yaml.ScalarNode):
-            kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
-            raise LoadError(f"a key{_at(key_node.start_mark)} is {kind}; keys must be plain names")
+    for key_node, value_node in node.value:  # keys are scalars (checked while composing)
         key = loader.construct_object(key_node, deep=deep)
         if key in out:
             raise LoadError(f"duplicate key {str(key)[:80]!r}{_at(key_node.start_mark)}")

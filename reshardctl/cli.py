@@ -83,16 +83,35 @@ def _command():
 
 
 def _placeholders(cmd) -> None:
+    ctx = cmd.context_class(cmd, info_name=cmd.name, help_option_names=["-h", "--help"])
+    help_option = cmd.get_help_option(ctx)  # created once per command (typer caches it), -h/--help
+    for param in [*cmd.params, *([help_option] if help_option is not None else [])]:
+        _placeholder(param)
     for sub in getattr(cmd, "commands", {}).values():
         _placeholders(sub)
-    for param in cmd.params:
-        if getattr(param, "param_type_name", "") != "option" or param.metavar is not None:
-            continue
-        if param.is_flag:
-            param.metavar = ""
-        else:
-            kind = param.bare_type() if hasattr(param, "bare_type") else ""
-            param.metavar = "N" if "int" in kind else "NUMBER" if "float" in kind else param.name.upper().replace("_", "-")
+
+
+def _placeholder(param) -> None:
+    """One parameter: a flag shows nothing, a value its metavar (``N``, ``NUMBER``, the option's name),
+    an argument its name without a type, and a numeric range is said in words in the help text."""
+    lo, hi = getattr(param, "min", None), getattr(param, "max", None)
+    if lo is not None or hi is not None:
+        words = " and ".join(w for w in (f"at least {lo}" if lo is not None else "",
+                                         f"at most {hi}" if hi is not None else "") if w)
+        param.help = f"{(param.help or '').rstrip('.')} ({words})."
+        param._get_number_range_help_str = lambda: None  # typer would print "[x>=1]"
+    if getattr(param, "param_type_name", "") == "argument":
+        param.display_type_rich = lambda ctx: None  # the name says it (PROFILE, FILES...)
+        if param.metavar is None:
+            param.metavar = param.name.upper()
+        return
+    if param.metavar is not None:
+        return
+    if param.is_flag:
+        param.metavar = ""
+    else:
+        kind = param.bare_type() if hasattr(param, "bare_type") else ""
+        param.metavar = "N" if "int" in kind else "NUMBER" if "float" in kind else param.name.upper().replace("_", "-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     "Errors with --json"): ``{"error": {"type", "message", "exit_code"}}``, and nothing on stderr.
     """
     from typer import Abort
-    from typer._click.exceptions import ClickException  # typer's own (vendored) click
+
+    try:
+        from typer._click.exceptions import ClickException  # typer >= 0.24 vendors click
+    except ImportError:  # pragma: no cover - older typer on top of click
+        from click.exceptions import ClickException
 
     args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     output.set_argv(["reshardctl", *args])

@@ -185,6 +185,8 @@ def output_problems(out: str | None, export: str | None) -> list[str]:
         ep = Path(export)
         if ep.is_dir():
             problems.append(f"--export-transfers {export}: is a directory; give a file name")
+        elif ep.exists() and not ep.is_file():  # a FIFO, a device (or a link to one): never replaced
+            problems.append(f"--export-transfers {export}: exists and is not a regular file")
         if out is not None and ep.absolute() == Path(out).absolute():
             problems.append(f"--out and --export-transfers both name {export}: give two different paths")
         for parent in [ep.absolute(), *ep.absolute().parents]:
