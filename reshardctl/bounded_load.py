@@ -218,11 +218,56 @@ def _construct_mapping(loader: _BoundedLoader, node: yaml.MappingNode, deep: boo
 _BoundedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _prescan(text: str, max_nodes: int) -> None:
+    """The same depth and value-count bounds over libyaml's event stream (C, fast), before the Python
+    composer runs: PyYAML's own scanner looks up to 1,024 characters ahead for a possible simple key
+    and spends quadratic time on deep flow nesting (0.5 s for ``[[[[...``) before the composer's check
+    can fire. Syntax errors are left to the Python pass, which words them."""
+    depth = count = 0
+    sizes: dict[str, int] = {}
+    open_: list[tuple[str | None, int]] = []
+    try:
+        for ev in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(ev, yaml.AliasEvent):
+                if ev.anchor not in sizes:
+                    if any(a == ev.anchor for a, _ in open_):
+                        raise LoadError(f"alias *{ev.anchor}{_at(ev.start_mark)} refers to a value that contains it")
+                    return  # an undefined alias: the Python pass reports it
+                count += sizes[ev.anchor]
+            elif isinstance(ev, yaml.ScalarEvent):
+                count += 1
+                if ev.anchor:
+                    sizes[ev.anchor] = 1
+            elif isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                count += 1
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise LoadError(f"nested more than {MAX_DEPTH} lists/mappings deep{_at(ev.start_mark)} "
+                                    "(limit MAX_DEPTH)")
+                open_.append((ev.anchor, count - 1))
+            elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+                anchor, start = open_.pop()
+                if anchor:
+                    sizes[anchor] = count - start
+            if count > max_nodes:
+                raise LoadError(f"more than {max_nodes:,} values{_at(ev.start_mark)} (aliases count once per use; "
+                                "the limit bounds alias bombs)")
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml's own limit (1,000 levels), hit while looking ahead
+            mark = getattr(exc, "problem_mark", None)
+            raise LoadError(f"nested more than {MAX_DEPTH} lists/mappings deep{_at(mark)} (limit MAX_DEPTH)") from None
+        return  # a syntax error: the Python pass words it
+
+
 def loads_yaml(text: str, *, max_nodes: int = 100_000) -> Any:
     """YAML (the safe subset) with the depth, number, node-count and key bounds."""
+    if getattr(yaml, "__with_libyaml__", False):
+        _prescan(text, max_nodes)
     loader_cls = type("_Loader", (_BoundedLoader,), {"max_nodes": max_nodes})
-    loader = loader_cls(text)
+    loader = None
     try:
+        loader = loader_cls(text)  # the reader refuses control characters here already
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -235,7 +280,8 @@ def loads_yaml(text: str, *, max_nodes: int = 100_000) -> Any:
             raise
         raise LoadError(f"YAML value refused: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_file(path: str | os.PathLike, fmt: str, *, max_bytes: int, max_nodes: int = 100_000) -> Any:

@@ -26,6 +26,7 @@ naming the flag, the key and a did-you-mean.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, fields
 
 from reshardctl.errors import LayoutError
@@ -33,6 +34,7 @@ from reshardctl.errors import LayoutError
 _INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers")
 _BOOL_KEYS = ("expert_parallel",)
 _ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel"}
+_INT_RE = re.compile(r"[0-9]+")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -113,16 +115,14 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
             else:
                 problems.append(f"{flag}: {key}={raw!r} is not a boolean (true/false/1/0/on/off)")
             continue
-        try:
-            n = int(raw) if len(raw) <= 20 else None
-        except ValueError:
-            n = None
-        if n is None and raw.strip("+-").isdigit():
-            problems.append(f"{flag}: {key}={_short(raw)[1:-1]} is more than the limit of {MAX_SIZE}")
+        if not _INT_RE.fullmatch(raw):  # ASCII digits only: no '+5', '5_0', '٣' (int() takes all three)
+            problems.append(f"{flag}: {key}={_short(raw)} is not an integer" if not _INT_RE.fullmatch(raw[1:])
+                            or not raw.startswith("-") else f"{flag}: {key}={raw[:40]} must be a positive integer")
             continue
-        if n is None:
-            problems.append(f"{flag}: {key}={_short(raw)} is not an integer")
+        if len(raw.lstrip("0")) > 7:  # before int(): a 5,000-digit value is refused by its length
+            problems.append(f"{flag}: {key}={_short(raw)} is more than the limit of {MAX_SIZE}")
             continue
+        n = int(raw)
         if n <= 0:
             problems.append(f"{flag}: {key}={n} must be a positive integer")
             continue
