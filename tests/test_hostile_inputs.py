@@ -357,3 +357,13 @@ def test_help_has_no_python_types_and_no_flag_placeholders(capsys, argv):
     assert code == 0
     for bad in ("<bool>", "<str>", "<int", "<float>", "<list", "range>", "[x>="):
         assert bad not in out, (argv, bad)
+
+
+def test_quickstart_error_example_is_the_real_output(capsys):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "quickstart.md").read_text()
+    block = re.search(r"```\n\$ reshardctl (plan [^\n]*)\n(.*?)```", doc, re.S)
+    code, out, err = run(capsys, *block.group(1).split())
+    assert code == 2 and out == "" and err == block.group(2)
