@@ -1,5 +1,6 @@
 """Atomic writes: a file (or directory) appears under its final name complete, or not at all.
 
+A symlink is written through: the file it points to is replaced and the link stays (``through_link``).
 The content goes to a temp name next to the target (``.<name>.XXXX.tmp``, same file system), is
 fsynced, given its final mode and renamed over the target; on any failure the temp is removed and
 the target is left as it was. ``mkstemp``/``mkdtemp`` create 0o600/0o700 entries, so the final mode
@@ -16,6 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+
+def through_link(path: str | os.PathLike) -> Path:
+    """Where a write to ``path`` lands: a symlink is written through (its target is replaced, the link
+    stays a link), so a write never silently turns a link into a plain file."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _umask() -> int:
@@ -38,7 +46,7 @@ def dir_mode() -> int:
 def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
     """Yield an empty temp file next to ``path``; when the block succeeds, fsync it, chmod it to
     ``mode`` (default ``file_mode()``) and rename it over ``path``; when it fails, remove it."""
-    path = Path(path)
+    path = through_link(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
@@ -101,7 +109,7 @@ class StagedWrites:
         self._entries: list[tuple[Path, Path, bool]] = []  # (temp, target, is_dir)
 
     def file(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
+        path = through_link(path)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         self._entries.append((Path(name), path, False))
@@ -152,5 +160,5 @@ class StagedWrites:
             self.abort()
 
 
-__all__ = ["StagedWrites", "atomic_dir", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
+__all__ = ["StagedWrites", "atomic_dir", "through_link", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
            "write_text_atomic"]

@@ -1,17 +1,16 @@
 """The typer app. Each command: parse options, call the library, print.
 
 Library code raises ``ReshardError`` subclasses; ``main`` turns them into a one-paragraph message on
-stderr and exit code 2 (bad input) or 1 (runtime failure). No traceback for user errors
-(``--verbose`` adds it for runtime failures).
+stderr (with ``--json``: one JSON object on stdout) and exit code 2 (bad input) or 1 (runtime failure).
+No traceback for user errors (``--verbose`` adds it for runtime failures). ``-v``/``-q`` work anywhere
+on the command line.
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
-
 import typer
-from rich.markup import escape
+import typer.main
 
 from reshardctl import __version__
 from reshardctl.commands import output
@@ -66,30 +65,89 @@ app.command("collect")(_slurm.collect_cmd)
 app.command("calibrate")(_calibrate_cmd)
 
 
+_GLOBAL_FLAGS = ("-v", "--verbose", "-q", "--quiet")
+
+
+def hoist_global_flags(args: list[str]) -> list[str]:
+    """``-v``/``--verbose``/``-q``/``--quiet`` anywhere on the line (before a ``--``) work as if given
+    before the command: ``reshardctl plan --verbose`` == ``reshardctl --verbose plan``."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in _GLOBAL_FLAGS]
+    return flags + [a for a in args[:end] if a not in _GLOBAL_FLAGS] + args[end:]
+
+
+def _command():
+    """The click command of ``app``, with help placeholders that name what to give (``N``, ``FILE``),
+    never a Python type, and none for flags (they take no value)."""
+    cmd = typer.main.get_command(app)
+    _placeholders(cmd)
+    return cmd
+
+
+def _placeholders(cmd) -> None:
+    ctx = cmd.context_class(cmd, info_name=cmd.name, help_option_names=["-h", "--help"])
+    help_option = cmd.get_help_option(ctx)  # created once per command (typer caches it), -h/--help
+    for param in [*cmd.params, *([help_option] if help_option is not None else [])]:
+        _placeholder(param)
+    for sub in getattr(cmd, "commands", {}).values():
+        _placeholders(sub)
+
+
+def _placeholder(param) -> None:
+    """One parameter: a flag shows nothing, a value its metavar (``N``, ``NUMBER``, the option's name),
+    an argument its name without a type, and a numeric range is said in words in the help text."""
+    lo, hi = getattr(param, "min", None), getattr(param, "max", None)
+    if lo is not None or hi is not None:
+        words = " and ".join(w for w in (f"at least {lo}" if lo is not None else "",
+                                         f"at most {hi}" if hi is not None else "") if w)
+        param.help = f"{(param.help or '').rstrip('.')} ({words})."
+        param._get_number_range_help_str = lambda: None  # typer would print "[x>=1]"
+    if getattr(param, "param_type_name", "") == "argument":
+        param.display_type_rich = lambda ctx: None  # the name says it (PROFILE, FILES...)
+        if param.metavar is None:
+            param.metavar = param.name.upper()
+        return
+    if param.metavar is not None:
+        return
+    if param.is_flag:
+        param.metavar = ""
+    else:
+        kind = param.bare_type() if hasattr(param, "bare_type") else ""
+        param.metavar = "N" if "int" in kind else "NUMBER" if "float" in kind else param.name.upper().replace("_", "-")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point. Returns (and, without ``argv``, exits with) the process exit code.
 
-    Typer runs in standalone mode, so usage errors print click's message and exit 2 by themselves.
+    Errors: one paragraph on stderr, exit 2 (bad input: ``InputError``, or a usage error) or 1 (runtime
+    failure). With ``--json`` every error is instead one JSON object on stdout (docs/plan-format.md,
+    "Errors with --json"): ``{"error": {"type", "message", "exit_code"}}``, and nothing on stderr.
     """
-    output.set_argv(["reshardctl", *argv] if argv is not None else sys.argv)
+    from typer import Abort
+
     try:
-        app(args=argv, prog_name="reshardctl")
-        code = 0
+        from typer._click.exceptions import ClickException  # typer >= 0.24 vendors click
+    except ImportError:  # pragma: no cover - older typer on top of click
+        from click.exceptions import ClickException
+
+    args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    output.set_argv(["reshardctl", *args])
+    output.set_json_errors("--json" in args[: args.index("--") if "--" in args else len(args)])
+    try:
+        rv = _command().main(args=args, prog_name="reshardctl", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
     except ReshardError as exc:
         output.error(exc)
+        code = exc.exit_code
+    except ClickException as exc:  # usage errors (unknown option, missing value): exit 2
+        output.usage_error(exc)
         code = exc.exit_code
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except OSError as exc:  # last resort: a file or device error no command turned into a ReshardError
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        output.err_console().print(
-            f"[bold red]failed:[/bold red] {escape(exc.strerror or str(exc))}{escape(where)}\n"
-            "an operating-system error (a file, directory or device) stopped reshardctl; "
-            "--verbose shows where", markup=True, highlight=False)
-        if output.verbose():
-            output.err_console().print("".join(traceback.format_exception(exc)), markup=False)
+        output.os_error(exc)
         code = 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Abort):
         output.err_console().print("interrupted")
         code = 130
     if argv is None:

@@ -35,7 +35,7 @@ def test_layout_show_site_uses_the_plan_allocation_rule(capsys, train, infer, ok
     sc, _, serr = run(capsys, "layout", "show", "--model", "tiny-llama", "--site", "local", "--train", train,
                       "--infer", infer, "--tensor", "lm_head*")
     pc, _, perr = run(capsys, "plan", "--site", "local", "--model", "tiny-llama", "--train", train, "--infer", infer,
-                      "--transport", "reshard", "--json")
+                      "--transport", "reshard")
     assert (sc == 0) is ok and (pc == 0) is ok, (serr, perr)
     if not ok:
         assert sc == pc == 2 and serr == perr and "allocation: trainer ranks (8) need ceil(8/4) = 2 node(s)" in serr

@@ -157,7 +157,7 @@ def test_partial_and_shape_checks(tmp_path):
 
 def test_bad_files(tmp_path):
     assert "not valid JSON" in errors_of(tmp_path, "{nope", name="x.json")
-    assert "world_size: expected an int >= 1" in errors_of(tmp_path, "rules: []\n")
+    assert "world_size: expected an int between 1 and 1,048,576 (MAX_WORLD), got None" in errors_of(tmp_path, "rules: []\n")
     with pytest.raises(LayoutError, match="cannot read"):
         load_layout_file(tmp_path / "missing.yaml", tiny_model(), "train")
 

@@ -14,7 +14,10 @@ def test_parse_full():
     s = parse_parallel("tp=4, pp=2,ep=2 etp=1,dp=3,cp=2,vpp=2,first=3,last_stage_layers=5,expert_parallel=on")
     assert s == ParallelSpec(tp=4, pp=2, ep=2, etp=1, dp=3, cp=2, vpp=2, first_stage_layers=3,
                              last_stage_layers=5, expert_parallel=True)
-    assert parse_parallel("") == ParallelSpec() and parse_parallel(None) == ParallelSpec()
+    assert parse_parallel(None) == ParallelSpec()
+    for blank in ("", "  "):  # an empty flag is not the default layout: refused, naming the flag
+        with pytest.raises(LayoutError, match="--train '.*': empty; leave --train out for the default"):
+            parse_parallel(blank)
     assert parse_parallel(str(s)) == s
     assert parse_parallel("tp=2").dp is None  # dp omitted: derived from the world size
 

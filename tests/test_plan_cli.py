@@ -79,11 +79,13 @@ def test_single_transport_and_bucket(capsys):
 
 
 @pytest.mark.parametrize("value,needle", [
-    ("inf", "--bucket-mb must be a finite number > 0 (got inf)"),
-    ("nan", "--bucket-mb must be a finite number > 0 (got nan)"),
-    ("0", "--bucket-mb must be a finite number > 0 (got 0)"),
-    ("-1", "--bucket-mb must be a finite number > 0 (got -1)"),
+    ("inf", "--bucket-mb inf: must be a finite number of MiB > 0, got inf"),
+    ("nan", "--bucket-mb nan: must be a finite number of MiB > 0, got nan"),
+    ("0", "--bucket-mb 0: must be a finite number of MiB > 0, got 0"),
+    ("-1", "--bucket-mb -1: must be a finite number of MiB > 0, got -1"),
     ("1e-9", "--bucket-mb 1e-09: 1e-09 MiB x 1048576 bytes/MiB = 0.00105 bytes, less than one byte"),
+    ("1e13", "--bucket-mb 1e+13: 1e+13 MiB is more than the limit of 1048576 MiB (1 TiB)"),
+    ("1e300", "--bucket-mb 1e+300: 1e+300 MiB is more than the limit of 1048576 MiB (1 TiB)"),
 ])
 def test_bad_bucket_mb(capsys, value, needle):
     code = main(["plan", "--bucket-mb", value])
@@ -114,11 +116,8 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
     out = tmp_path / "o" / "plans"
     d = run_json(capsys, "--train", "tp=2,pp=2", "--out", str(out))
     names = sorted(p.name for p in out.iterdir())
-    # the plans, and what submitting them by hand on Slurm needs (docs/slurm.md)
-    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json",
-                     "session.json", "session.pkl", "slurm"]
-    assert [p.name for p in (out / "slurm").iterdir()] == ["hetjob.sbatch"]
-    assert f"--session {out.absolute()}/session.pkl" in (out / "slurm" / "hetjob.sbatch").read_text()
+    session = ["session.json", "session.pkl", "slurm"]  # the job scripts and session beside the plan
+    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json", *session]
     assert json.loads((out / "plan.json").read_text())["fingerprint"] == d["fingerprint"]
     m = load_model("tiny-llama")
     tr = build_layout(m, "train", "tp=2,pp=2", "megatron")
@@ -129,8 +128,7 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
         assert plan.fingerprint == rep["fingerprint"]
     # rerun into the existing directory: files replaced, no temp files left
     d2 = run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
-    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", "session.json", "session.pkl",
-                                                     "slurm"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", *session]
     assert json.loads((out / "plan.json").read_text())["transports"].keys() == {"reshard"}
     assert load_plan(out / "plan-reshard.npz", m, tr, inf, topo).fingerprint == d2["fingerprint"] == d["fingerprint"]
     assert not list(tmp_path.glob("o/.*"))
@@ -201,10 +199,16 @@ def test_os_error_last_resort_is_one_paragraph(capsys, monkeypatch):
 
 
 def test_all_layout_problems_listed(capsys):
-    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
+    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert "--train" in err and "--compare-infer" in err and "layout problems" in err
+    # with --json the same error is one JSON object on stdout, every problem listed, nothing on stderr
+    code = main(["plan", "--train", "tp=3", "--compare-infer", "tp=5", "--json"])
+    out, err = capsys.readouterr()
+    e = json.loads(out)["error"]
+    assert code == 2 and err == "" and e["type"] == "LayoutError" and e["exit_code"] == 2
+    assert any(p.startswith("--train") for p in e["problems"]) and any("--compare-infer" in p for p in e["problems"])
 
 
 # ------------------------------------------------------------------ --export-transfers ----------------

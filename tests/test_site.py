@@ -431,10 +431,10 @@ def test_unreadable_directory(tmp_path):
 def test_unreadable_permission_simulated(tmp_path, monkeypatch):
     f = write(tmp_path, MINIMAL)
 
-    def deny(self):
-        raise PermissionError(13, "Permission denied", str(self))
+    def deny(path, flags, *a):
+        raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "read_bytes", deny)
+    monkeypatch.setattr("reshardctl.bounded_load.os.open", deny)
     msg = error_of(f)
     assert str(f) in msg and "permission denied" in msg
 

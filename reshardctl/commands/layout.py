@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import shlex
+from typing import Optional
 
 import typer
 
@@ -70,20 +72,21 @@ def _ranks_str(rs: list[int]) -> str:
 
 @app.command("show")
 def show(
-    model: str = typer.Option(..., "--model", "-m", help="Preset name or path (config.json / index / directory)."),
-    layers: int = typer.Option(None, "--layers", help="Keep only the first N decoder layers."),
-    train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
-    infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
-    train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
+    model: str = opt.MODEL,
+    layers: Optional[int] = opt.LAYERS,
+    train: Optional[str] = opt.TRAIN,
+    infer: Optional[str] = opt.INFER,
+    train_style: str = opt.TRAIN_STYLE,
     infer_style: str = opt.INFER_STYLE,
-    train_layout: str = typer.Option(None, "--train-layout", help="Trainer layout file (overrides --train)."),
-    infer_layout: str = typer.Option(None, "--infer-layout", help="Inference layout file (overrides --infer)."),
+    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
+    infer_layout: Optional[str] = opt.INFER_LAYOUT,
     mtp: bool = opt.MTP,
-    side: str = typer.Option("both", "--side", help="train | infer | both"),
-    rank: int = typer.Option(None, "--rank", help="Show this rank's local (framework) parameters with segments."),
-    tensor: str = typer.Option(None, "--tensor", help="Only HF tensors matching this glob."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    site: str = typer.Option(None, "--site", help="Site profile: check the allocation as `plan` does (the nodes "
+    side: str = typer.Option("both", "--side", metavar="SIDE", help="train | infer | both"),
+    rank: Optional[int] = typer.Option(None, "--rank", metavar="N",
+                                       help="Show this rank's local (framework) parameters with segments."),
+    tensor: Optional[str] = typer.Option(None, "--tensor", metavar="GLOB", help="Only HF tensors matching this glob."),
+    as_json: bool = opt.JSON,
+    site: Optional[str] = typer.Option(None, "--site", metavar="NAME|FILE", help="Site profile: check the allocation as `plan` does (the nodes "
                              "both sides need must fit in the site's nodes; builds both sides)."),
 ) -> None:
     """Print, per HF tensor, which ranks hold which boxes (or, with --rank, that rank's parameters)."""
@@ -114,8 +117,8 @@ def show(
         first = next(iter(layouts.values()))
         if not any(fnmatch.fnmatchcase(t.name, tensor) for t in first.model.tensors):
             raise InputError(f"--tensor {tensor!r}: no tensor of model {m.name} matches",
-                             hint=f"e.g. {m.tensors[0].name!r}, or a glob like '*q_proj*' "
-                                  f"(`reshardctl model show {model}` lists them)")
+                             hint=f"e.g. {m.tensors[0].name!r}, or a glob like '*q_proj*' (`reshardctl model show "
+                                  f"{shlex.quote(model)} --tensors --filter GLOB` lists the names)")
     result = {"model": m.name, "tensors": len(m.tensors), "sides": {}}
     for s, lay in layouts.items():
         rules = getattr(lay, "framework_rules", None)
@@ -152,15 +155,16 @@ def show(
 
 @app.command("export")
 def export(
-    model: str = typer.Option(..., "--model", "-m", help="Preset name or path (config.json / index / directory)."),
-    layers: int = typer.Option(None, "--layers", help="Keep only the first N decoder layers."),
-    side: str = typer.Option(..., "--side", help="train | infer: which side's layout to write."),
-    train: str = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=4,pp=2,ep=2" (default tp=2,dp=2).'),
-    infer: str = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=8,dp=2" (default tp=2,dp=2).'),
-    train_style: str = typer.Option("megatron", "--train-style", help="megatron | dtensor"),
+    model: str = opt.MODEL,
+    layers: Optional[int] = opt.LAYERS,
+    side: str = typer.Option(..., "--side", metavar="SIDE", help="train | infer: which side's layout to write."),
+    train: Optional[str] = opt.TRAIN,
+    infer: Optional[str] = opt.INFER,
+    train_style: str = opt.TRAIN_STYLE,
     infer_style: str = opt.INFER_STYLE,
     mtp: bool = opt.MTP,
-    out: str = typer.Option(..., "--out", "-o", help="Layout file to write: FILE.json (JSON) or FILE.yaml (YAML)."),
+    out: str = typer.Option(..., "--out", "-o", metavar="FILE",
+                            help="Layout file to write: FILE.json (JSON), FILE.yaml or FILE.yml (YAML)."),
 ) -> None:
     """Write one side's layout as an explicit generic layout file (per tensor: boxes per rank).
 

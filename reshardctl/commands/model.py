@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import asdict
 from typing import Optional
 
 import typer
 from rich.table import Table
 
+from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.errors import InputError
 from reshardctl.models.catalog import PRESETS, load_model
 from reshardctl.models.spec import ROLES, ModelSpec
 
@@ -73,13 +76,34 @@ def _layers_line(model: ModelSpec) -> str:
 @app.command("show")
 def show(
     model: str = typer.Argument(..., help=f"Preset ({', '.join(PRESETS)}), directory, config.json or index.json."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Only the first N decoder layers."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    layers: Optional[int] = opt.LAYERS,
+    as_json: bool = opt.JSON,
     mtp: bool = typer.Option(False, "--mtp", help="Include DeepSeek MTP layers."),
     scales: bool = typer.Option(False, "--scales", help="Checkpoint view of fp8 models: fp8 weights + weight_scale_inv."),
+    tensors: bool = typer.Option(False, "--tensors", help="List every tensor: name, shape, dtype, role."),
+    filter_: Optional[str] = typer.Option(None, "--filter", metavar="GLOB",
+                                          help="With --tensors: only names matching this glob, e.g. '*q_proj*'."),
 ) -> None:
-    """Print a model's tensor inventory: counts, parameters, bytes, per-role totals."""
+    """Print a model's tensor inventory: counts, parameters, bytes, per-role totals (--tensors: every name)."""
+    if filter_ is not None and not tensors:
+        raise InputError("--filter selects tensor names: give it with --tensors")
     m = load_model(model, layers=layers, include_mtp=mtp, include_scales=scales)
+    if tensors:
+        rows = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "role": t.role}
+                for t in m.tensors if filter_ is None or fnmatch.fnmatchcase(t.name, filter_)]
+        if filter_ is not None and not rows:
+            raise InputError(f"--filter {filter_!r}: no tensor of model {m.name} matches",
+                             hint=f"e.g. {m.tensors[0].name!r}, or a glob like '*q_proj*'")
+        if as_json:
+            output.print_json(rows)
+            return
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for col in ("tensor", "shape", "dtype", "role"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["name"], str(r["shape"]), r["dtype"], r["role"])
+        output.console().print(table)
+        return
     if as_json:
         output.print_json(summary(m))
         return
@@ -100,7 +124,7 @@ def show(
 
 
 @app.command("list")
-def list_presets(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def list_presets(as_json: bool = opt.JSON) -> None:
     """List the shipped presets with their sizes (training view: no MTP, model dtype)."""
     rows = [summary(load_model(p)) for p in PRESETS]
     if as_json:

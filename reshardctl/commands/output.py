@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from reshardctl.errors import ReshardError
 
-_state = {"verbose": False, "quiet": False, "argv": None}
+_state = {"verbose": False, "quiet": False, "argv": None, "json_errors": False}
 
 
 def configure(*, verbose: bool, quiet: bool) -> None:
@@ -26,9 +26,12 @@ def set_argv(argv: list[str]) -> None:
     _state["argv"] = list(argv)
 
 
-def argv() -> list[str]:
-    import sys
+def set_json_errors(on: bool) -> None:
+    """``--json`` was given: errors are printed as one JSON object on stdout (``error``)."""
+    _state["json_errors"] = bool(on)
 
+
+def argv() -> list[str]:
     return list(_state["argv"] or sys.argv)
 
 
@@ -64,11 +67,46 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def error_json(kind: str, message: str, exit_code: int, **extra: Any) -> None:
+    """One error as JSON on stdout: ``{"error": {"type", "message", "exit_code", ...}}``."""
+    print_json({"error": {"type": kind, "message": message, "exit_code": exit_code, **extra}})
+
+
 def error(exc: ReshardError) -> None:
+    if _state["json_errors"]:
+        extra = {"problems": exc.violations} if len(getattr(exc, "violations", ())) > 1 else {}
+        if exc.hint:
+            extra["hint"] = exc.hint
+        error_json(type(exc).__name__, exc.message, exc.exit_code, **extra)
+        return
     kind = "error" if exc.exit_code == 2 else "failed"
     err_console().print(f"[bold red]{kind}:[/bold red] {escape(str(exc))}", markup=True, highlight=False)
     if verbose() and exc.exit_code != 2:
         err_console().print("".join(traceback.format_exception(exc)))
+
+
+def usage_error(exc) -> None:
+    """A click usage error (unknown option, bad value): click's own rich panel, or JSON with ``--json``."""
+    if _state["json_errors"]:
+        error_json("UsageError", exc.format_message(), exc.exit_code)
+        return
+    from typer import rich_utils
+
+    rich_utils.rich_format_error(exc)
+
+
+def os_error(exc: OSError) -> None:
+    """An OS error no command turned into a ReshardError (exit 1)."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    message = f"{exc.strerror or exc}{where}"
+    if _state["json_errors"]:
+        error_json("OSError", message, 1)
+        return
+    err_console().print(f"[bold red]failed:[/bold red] {escape(message)}\n"
+                        "an operating-system error (a file, directory or device) stopped reshardctl; "
+                        "--verbose shows where", markup=True, highlight=False)
+    if verbose():
+        err_console().print("".join(traceback.format_exception(exc)), markup=False)
 
 
 class HelpGroup(TyperGroup):

@@ -63,8 +63,8 @@ def _console():
     return con
 
 
-def render(result: dict) -> None:
-    con = _console()
+def render(result: dict, con=None) -> None:
+    con = con or _console()
     inp = result["inputs"]
     topo = inp["topology"]
     con.print(f"[bold]{escape(inp['model'])}[/bold] ({inp['num_tensors']} tensors, {_b(result['bytes_total'])}) "
@@ -131,11 +131,18 @@ def plan_cmd(
     bucket_mb: Optional[float] = opt.BUCKET_MB,
     relay: str = opt.RELAY,
     as_json: bool = opt.JSON,
-    out: Optional[str] = typer.Option(None, "--out", help="Write plan-<transport>.npz and plan.json into DIR."),
-    export: Optional[str] = typer.Option(None, "--export-transfers", help="Write every transfer as JSON lines to FILE."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
+                                      help="Write plan-<transport>.npz, plan.json and the Slurm scripts into DIR (created with its parents)."),
+    export: Optional[str] = typer.Option(None, "--export-transfers", metavar="FILE",
+                                         help="Write every transfer as JSON lines to FILE (- for stdout; the report then goes to stderr)."),
     compare_infer: Optional[List[str]] = typer.Option(None, "--compare-infer", help="Candidate inference layout to rank (repeatable)."),
 ) -> None:
     """Plan a refit: bytes, rounds, staging and predicted seconds per transport, against the lower bound."""
+    if as_json and export == "-":
+        from reshardctl.errors import OutputError
+
+        raise OutputError("--json and --export-transfers - both write to stdout",
+                          hint="give --export-transfers a file name, or leave out --json")
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
                   bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []),
@@ -159,9 +166,12 @@ def plan_cmd(
             output.info(f"to run it on Slurm by hand: sbatch {escape(shlex.quote(str(script)))}, then "
                         f"reshardctl collect {escape(shlex.quote(str(out)))} --job <id> --wait")
         if export is not None:
-            output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {escape(str(export))}")
+            where = "stdout" if export == "-" else escape(str(export))
+            output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {where}")
     if as_json:
         output.print_json(result)
+    elif export == "-":  # stdout carries the transfer lines: the report goes to stderr
+        render(result, output.err_console())
     else:
         render(result)
 

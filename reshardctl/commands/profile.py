@@ -69,7 +69,9 @@ def _render(p: SiteProfile) -> None:
     links.add_column("link")
     links.add_column("bandwidth (per direction)", justify="right")
     links.add_column("latency", justify="right")
-    links.add_row("NVLink (per GPU)", f"{p.links.nvlink_gbytes_per_s:g} GB/s", f"{p.links.nvlink_latency_us:g} us")
+    # on a cpu_only site the "NVLink" figures describe the ranks' shared-memory / loopback path within a node
+    fast = "intra-node loopback (per rank)" if p.cpu_only else "NVLink (per GPU)"
+    links.add_row(fast, f"{p.links.nvlink_gbytes_per_s:g} GB/s", f"{p.links.nvlink_latency_us:g} us")
     links.add_row("NIC (each)", f"{p.links.nic_gbits_per_s:g} Gbit/s = {_gb(p.links.nic_bytes_per_s)}",
                   f"{p.links.nic_latency_us:g} us")
     links.add_row(f"NICs per node (x{p.links.nics_per_node})", _gb(p.links.node_nic_bytes_per_s), "")
@@ -130,14 +132,10 @@ def show(
     profile: Optional[str] = typer.Argument(
         None, help=f"Profile name or file (.yaml/.yml/.toml). Default: {DEFAULT_PROFILE}."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the resolved profile as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved profile as JSON (errors too, as JSON)."),
 ) -> None:
     """Print the resolved profile (defaults filled in, hostlists expanded)."""
-    try:
-        p = load_profile(profile)
-    except ProfileError as exc:
-        _report(exc)
-        raise typer.Exit(exc.exit_code) from None
+    p = load_profile(profile)  # a ProfileError: one paragraph on stderr, or JSON with --json (cli.main)
     if as_json:
         try:
             measured = measured_json(p)
@@ -174,7 +172,7 @@ def validate(
 
 @app.command("list")
 def list_profiles(
-    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON (errors too, as JSON)."),
 ) -> None:
     """List the profiles findable by name (RESHARDCTL_PROFILE_PATH first, then the shipped ones)."""
     rows = []

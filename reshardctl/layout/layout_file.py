@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from math import prod
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from reshardctl.atomic_write import write_text_atomic
+from reshardctl.bounded_load import LoadError, load_file
 from reshardctl.errors import LayoutError
 from reshardctl.layout.dtensor import (
     DTensorLayout,
@@ -33,6 +36,12 @@ from reshardctl.layout.side import Side, SideLayout
 from reshardctl.models.spec import ModelSpec
 
 FORMAT = "reshardctl-layout/1"
+# Input limits (docs/layouts.md): size and values of a file before anything is built, ranks of a layout,
+# and the grid of the coverage check.
+MAX_LAYOUT_BYTES = 256 << 20
+MAX_LAYOUT_VALUES = 20_000_000
+MAX_WORLD = 1 << 20
+MAX_CELLS = 1 << 24
 _TOP_KEYS = {"format", "world_size", "side", "meshes", "stages", "rules", "default", "templates", "tensors"}
 _RULE_KEYS = {"match", "mesh", "placements", "shape", "dtype", "stage", "fsdp2_physical"}
 _MESH_KEYS = {"shape", "dim_names", "ranks"}
@@ -65,7 +74,7 @@ def parse_placement(value: Any) -> DTensorPlacement:
             m = rx.fullmatch(s)
             if m:
                 return make(m)
-        raise ValueError(f"bad placement {value!r} (expected e.g. 'Shard(0)', 'Replicate()', '_StridedShard(0, 2)')")
+        raise ValueError(f"bad placement {_short(value)} (expected e.g. 'Shard(0)', 'Replicate()', '_StridedShard(0, 2)')")
     if isinstance(value, dict):
         keys = set(value)
         if keys == {"shard"} and _is_int(value["shard"]):
@@ -76,7 +85,12 @@ def parse_placement(value: Any) -> DTensorPlacement:
             return StridedShard(value["strided_shard"], value["split_factor"])
         if keys == {"partial"}:
             return Partial(str(value["partial"] or "sum"))
-    raise ValueError(f"bad placement {value!r} (expected a string like 'Shard(0)' or a mapping like {{shard: 0}})")
+    raise ValueError(f"bad placement {_short(value)} (expected a string like 'Shard(0)' or a mapping like {{shard: 0}})")
+
+
+def _short(x: Any) -> str:
+    text = repr(x) if not isinstance(x, (list, dict)) or len(x) <= 8 else f"a {type(x).__name__} of {len(x):,} items"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_int(x: Any) -> bool:
@@ -91,14 +105,14 @@ class _Problems(list):
     def unknown(self, where: str, d: dict, allowed: set) -> None:
         for k in d:
             if k not in allowed:
-                self.append(f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+                self.append(f"{where}: unknown key {_short(k)} (allowed: {', '.join(sorted(allowed))})")
 
 
-def _parse_mesh(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems) -> Mesh | None:
+def _parse_mesh(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, world: int | None = None) -> Mesh | None:
     if isinstance(raw, str):
         if raw in named:
             return named[raw]
-        probs.append(f"{where}: no mesh named {raw!r} under 'meshes' (have: {', '.join(sorted(named)) or 'none'})")
+        probs.append(f"{where}: no mesh named {_short(raw)} under 'meshes' (have: {', '.join(sorted(named)) or 'none'})")
         return None
     if not isinstance(raw, dict):
         probs.append(f"{where}: a mesh is a mapping {{shape, dim_names, ranks}} or the name of one under 'meshes'")
@@ -106,11 +120,16 @@ def _parse_mesh(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems) 
     probs.unknown(where, raw, _MESH_KEYS)
     shape = raw.get("shape")
     if not _int_list(shape) or not shape:
-        probs.append(f"{where}.shape: expected a non-empty list of ints, got {shape!r}")
+        probs.append(f"{where}.shape: expected a non-empty list of ints, got {_short(shape)}")
+        return None
+    size = prod(shape) if all(k >= 1 for k in shape) else 0
+    if size > MAX_WORLD:  # checked before the mesh's rank array is built (ranks vs world_size: later)
+        probs.append(f"{where}.shape: {' x '.join(map(str, shape))} = {size:,} ranks, more than the limit of "
+                     f"{MAX_WORLD:,} (MAX_WORLD)" + (f"; world_size is {world}" if world is not None else ""))
         return None
     names = raw.get("dim_names", [f"d{i}" for i in range(len(shape))])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        probs.append(f"{where}.dim_names: expected a list of strings, got {names!r}")
+        probs.append(f"{where}.dim_names: expected a list of strings, got {_short(names)}")
         return None
     try:
         return Mesh.of(shape, names, raw.get("ranks"))
@@ -120,7 +139,8 @@ def _parse_mesh(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems) 
         return None
 
 
-def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, is_default=False) -> Rule | None:
+def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, is_default=False,
+                world: int | None = None) -> Rule | None:
     if not isinstance(raw, dict):
         probs.append(f"{where}: expected a mapping, got {type(raw).__name__}")
         return None
@@ -128,19 +148,19 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
     n0 = len(probs)
     pattern = "*" if is_default else raw.get("match")
     if not isinstance(pattern, str) or not pattern:
-        probs.append(f"{where}.match: expected a glob or 're:<regex>' string, got {pattern!r}")
+        probs.append(f"{where}.match: expected a glob or 're:<regex>' string, got {_short(pattern)}")
     elif pattern.startswith("re:"):
         try:
             re.compile(pattern[3:])
         except re.error as e:
-            probs.append(f"{where}.match: bad regex {pattern[3:]!r}: {e}")
-    mesh = _parse_mesh(raw.get("mesh"), f"{where}.mesh", named, probs) if "mesh" in raw else None
+            probs.append(f"{where}.match: bad regex {_short(pattern[3:])}: {e}")
+    mesh = _parse_mesh(raw.get("mesh"), f"{where}.mesh", named, probs, world) if "mesh" in raw else None
     if "mesh" not in raw:
         probs.append(f"{where}: missing 'mesh'")
     pls = raw.get("placements")
     placements: list[DTensorPlacement] = []
     if not isinstance(pls, list):
-        probs.append(f"{where}.placements: expected a list (one per mesh dim), got {pls!r}")
+        probs.append(f"{where}.placements: expected a list (one per mesh dim), got {_short(pls)}")
     else:
         for k, v in enumerate(pls):
             try:
@@ -151,13 +171,13 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
                 # layout checks in load_layout_file report only real problems
     shape = raw.get("shape")
     if shape is not None and not _int_list(shape):
-        probs.append(f"{where}.shape: expected a list of ints, got {shape!r}")
+        probs.append(f"{where}.shape: expected a list of ints, got {_short(shape)}")
     stage = raw.get("stage")
     if stage is not None and (not _is_int(stage) or stage < 0):
-        probs.append(f"{where}.stage: expected an int >= 0, got {stage!r}")
+        probs.append(f"{where}.stage: expected an int >= 0, got {_short(stage)}")
     fsdp = raw.get("fsdp2_physical", False)
     if not isinstance(fsdp, bool):
-        probs.append(f"{where}.fsdp2_physical: expected true/false, got {fsdp!r}")
+        probs.append(f"{where}.fsdp2_physical: expected true/false, got {_short(fsdp)}")
     if mesh is None or any(not p.startswith(f"{where}.placements[") for p in probs[n0:]):
         return None  # only a rule whose sole problems are unparsable placements is kept (with placeholders)
     return Rule(pattern, mesh, tuple(placements), stage, fsdp, tuple(shape) if shape else None, raw.get("dtype"), where)
@@ -165,7 +185,11 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
 
 def _parse_explicit(doc: dict, model: ModelSpec, probs: _Problems):
     templates = []
-    for i, t in enumerate(doc.get("templates") or []):
+    raw_templates = doc.get("templates") or []
+    if not isinstance(raw_templates, list):
+        probs.append(f"templates: expected a list of {{shape, slots}}, got {_short(raw_templates)}")
+        raw_templates = None
+    for i, t in enumerate(raw_templates or []):
         where = f"templates[{i}]"
         try:
             templates.append(_template(t.get("shape"), t.get("slots")) if isinstance(t, dict) else None)
@@ -186,41 +210,81 @@ def _parse_explicit(doc: dict, model: ModelSpec, probs: _Problems):
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         probs.append(f"tensors: {len(unknown)} names not in model {model.name}: {', '.join(unknown[:10])}{more}")
     for name, e in tensors.items():
-        where = f"tensors[{name!r}]"
+        where = f"tensors[{_short(name)}]"
         if not isinstance(e, dict):
             probs.append(f"{where}: expected a mapping")
             continue
         probs.unknown(where, e, _TENSOR_KEYS)
         try:
             if "template" in e:
-                tpl = templates[e["template"]] if _is_int(e["template"]) and 0 <= e["template"] < len(templates) else None
+                k = e["template"]
+                if raw_templates is None or (_is_int(k) and 0 <= k < len(templates) and templates[k] is None):
+                    continue  # the templates (or this one) are already reported
+                tpl = templates[k] if _is_int(k) and 0 <= k < len(templates) else None
                 if tpl is None:
-                    raise ValueError(f"template {e['template']!r} is not a valid index into 'templates'")
+                    raise ValueError(f"template {_short(k)} is not a valid index into 'templates'")
             else:
                 tpl = _template(e.get("shape"), e.get("slots"))
             ranks = e.get("ranks")
             if not _int_list(ranks):
-                raise ValueError(f"ranks: expected a list of ints, got {ranks!r}")
+                raise ValueError(f"ranks: expected a list of ints, got {_short(ranks)}")
             explicit[name] = Placement(tpl, tuple(ranks))
             st = e.get("stage", 0)
             if not _is_int(st) or st < 0:
-                raise ValueError(f"stage: expected an int >= 0, got {st!r}")
+                raise ValueError(f"stage: expected an int >= 0, got {_short(st)}")
             stages[name] = st
         except (ValueError, TypeError, KeyError) as err:
             probs.append(f"{where}: {err}")
     return explicit, stages
 
 
+def _interval(iv: Any) -> bool:
+    return isinstance(iv, list) and len(iv) == 2 and _is_int(iv[0]) and _is_int(iv[1])
+
+
 def _template(shape, slots):
-    if not _int_list(shape):
-        raise ValueError(f"shape: expected a list of ints, got {shape!r}")
-    if not isinstance(slots, list):
-        raise ValueError("slots: expected a list (one list of boxes per slot)")
+    """A template from ``shape`` and per-slot box lists: every box ``[[lo, hi], ...]`` of integers inside
+    the shape, and the slots together holding every element (a layout with holes would silently move
+    only part of a tensor; the same rule for trainer and inference layouts)."""
+    if not _int_list(shape) or len(shape) > 8 or any(not 0 <= n <= 1 << 40 for n in shape):
+        raise ValueError(f"shape: expected a list of at most 8 ints >= 0, got {_short(shape)}")
+    if not isinstance(slots, list) or len(slots) > MAX_WORLD:
+        raise ValueError(f"slots: expected a list (one list of boxes per slot, at most {MAX_WORLD:,}), got {_short(slots)}")
     for s, boxes in enumerate(slots):
+        if not isinstance(boxes, list):
+            raise ValueError(f"slots[{s}]: expected a list of boxes, got {_short(boxes)}")
         for b in boxes:
-            if len(b) != len(shape) or any(not (0 <= lo < hi <= n) for (lo, hi), n in zip(b, shape)):
-                raise ValueError(f"slots[{s}]: box {b} is empty or outside shape {shape}")
+            if not isinstance(b, list) or len(b) != len(shape) or not all(_interval(iv) for iv in b):
+                raise ValueError(f"slots[{s}]: box {_short(b)} must be one [lo, hi] pair of integers per dim "
+                                 f"(shape {shape})")
+            if any(not (0 <= lo < hi <= n) for (lo, hi), n in zip(b, shape)):
+                raise ValueError(f"slots[{s}]: box {_short(b)} is empty or outside shape {shape}")
+    held, total = covered(shape, [tuple(tuple(iv) for iv in b) for boxes in slots for b in boxes])
+    if held != total:
+        raise ValueError(f"the slots hold {held:,} of the {total:,} elements of shape {shape}: every element "
+                         "must be held by some rank (a hole would never be refitted)")
     return intern_template(shape, slots)
+
+
+def covered(shape, boxes) -> tuple[int, int]:
+    """(elements of ``shape`` inside the union of ``boxes``, elements of ``shape``). The boxes cut each
+    dim into segments; a grid of those cells is marked box by box (at most ``MAX_CELLS`` cells)."""
+    total = prod(shape)
+    boxes = list(dict.fromkeys(boxes))  # replicas hold identical boxes
+    if not boxes or total == 0:
+        return 0, total
+    edges = [np.unique(np.asarray([[lo, hi] for lo, hi in (b[d] for b in boxes)], dtype=np.int64))
+             for d in range(len(shape))]
+    cells = prod(len(e) - 1 for e in edges)
+    if cells > MAX_CELLS:
+        raise ValueError(f"{len(boxes):,} distinct boxes cut shape {list(shape)} into {cells:,} cells, more than "
+                         f"the {MAX_CELLS:,} this check allows (MAX_CELLS); use fewer, larger boxes")
+    grid = np.zeros([len(e) - 1 for e in edges], dtype=bool)
+    for b in boxes:
+        grid[tuple(slice(int(np.searchsorted(e, lo)), int(np.searchsorted(e, hi))) for e, (lo, hi) in zip(edges, b))] = True
+    sizes = [np.diff(e) for e in edges]
+    held = int(np.einsum(grid.astype(np.int64), list(range(len(shape))), *[x for d, sz in enumerate(sizes) for x in (sz, [d])], []))  # noqa: E501
+    return held, total
 
 
 def load_layout_file(path: str | os.PathLike, model: ModelSpec, side: Side) -> DTensorLayout:
@@ -228,40 +292,49 @@ def load_layout_file(path: str | os.PathLike, model: ModelSpec, side: Side) -> D
     the file and the key path (``rules[2].placements[1]``)."""
     path = Path(path)
     try:
-        text = path.read_text()
-        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except OSError as e:
-        raise LayoutError(f"{path}: cannot read layout file: {e.strerror or e}") from None
-    except (ValueError, yaml.YAMLError) as e:
-        raise LayoutError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+        doc = load_file(path, "json" if path.suffix == ".json" else "yaml", max_bytes=MAX_LAYOUT_BYTES,
+                        max_nodes=MAX_LAYOUT_VALUES)
+    except LoadError as e:
+        what = "cannot read layout file" if e.reading else f"not a valid {'JSON' if path.suffix == '.json' else 'YAML'} layout file"
+        raise LayoutError(f"{path}: {what}: {e}") from None
     probs = _Problems()
     if not isinstance(doc, dict):
         raise LayoutError(f"{path}: top level must be a mapping")
     probs.unknown("top level", doc, _TOP_KEYS)
     if doc.get("format", FORMAT) != FORMAT:
-        probs.append(f"format: {doc['format']!r} is not {FORMAT!r}")
+        probs.append(f"format: {_short(doc['format'])} is not {FORMAT!r}")
     world = doc.get("world_size")
-    if not _is_int(world) or world < 1:
-        probs.append(f"world_size: expected an int >= 1, got {world!r}")
+    if not _is_int(world) or not 1 <= world <= MAX_WORLD:
+        probs.append(f"world_size: expected an int between 1 and {MAX_WORLD:,} (MAX_WORLD), got {_short(world)}")
     if doc.get("side", side) != side:
-        probs.append(f"side: file is for {doc['side']!r}, loaded as {side!r}")
+        probs.append(f"side: file is for {_short(doc['side'])}, loaded as {side!r}")
+    world_ok = _is_int(world) and 1 <= world <= MAX_WORLD
     named: dict[str, Mesh] = {}
-    for name, m in (doc.get("meshes") or {}).items():
-        mesh = _parse_mesh(m, f"meshes.{name}", named, probs)
+    meshes = doc.get("meshes") or {}
+    if not isinstance(meshes, dict):
+        probs.append(f"meshes: expected a mapping name -> {{shape, dim_names, ranks}}, got {_short(meshes)}")
+        meshes = {}
+    for name, m in meshes.items():
+        mesh = _parse_mesh(m, f"meshes.{name}", named, probs, world if world_ok else None)
         if mesh is not None:
             named[name] = mesh
     rules_raw = doc.get("rules") or []
     if not isinstance(rules_raw, list):
         probs.append("rules: expected a list")
         rules_raw = []
-    rules = [_parse_rule(r, f"rules[{i}]", named, probs) for i, r in enumerate(rules_raw)]
-    default = _parse_rule(doc["default"], "default", named, probs, is_default=True) if doc.get("default") else None
+    w = world if world_ok else None
+    rules = [_parse_rule(r, f"rules[{i}]", named, probs, world=w) for i, r in enumerate(rules_raw)]
+    default = _parse_rule(doc["default"], "default", named, probs, is_default=True, world=w) if doc.get("default") else None
     explicit, stages = _parse_explicit(doc, model, probs)
     stage_ranks = doc.get("stages")
     if stage_ranks is not None and not (isinstance(stage_ranks, list) and all(_int_list(s) for s in stage_ranks)):
-        probs.append(f"stages: expected a list of rank lists, got {stage_ranks!r}")
+        probs.append(f"stages: expected a list of rank lists, got {_short(stage_ranks)}")
         stage_ranks = None
-    world_ok = _is_int(world) and world >= 1
+    if stage_ranks is not None and world_ok:
+        for i, ranks in enumerate(stage_ranks):
+            bad = sorted({r for r in ranks if not 0 <= r < world})
+            if bad:
+                probs.append(f"stages[{i}]: ranks {bad[:10]} are outside world_size {world} (ranks 0..{world - 1})")
     # The layout checks (mesh ranks vs world_size, Shard dims vs tensor ranks, unmatched tensors) run even
     # when parsing found problems, so one message lists everything; but only when every rule and tensor
     # entry is usable, else tensors would fall through to other rules and give misleading reports.

@@ -47,6 +47,7 @@ naming the flag, the key and a did-you-mean.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, fields
 
 from reshardctl.errors import LayoutError
@@ -63,6 +64,7 @@ _ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enab
             "num_redundant_experts": "redundant", "make_vocab_size_divisible_by": "vocab_divisor",
             "all2all_backend": "all2all", "enable_dp_attention": "dp_attention"}
 _ALL_KEYS = _INT_KEYS + _BOOL_KEYS + tuple(_CHOICE_KEYS) + _STR_KEYS + _OTHER_KEYS
+_INT_RE = re.compile(r"[0-9]+")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -113,10 +115,23 @@ class ParallelSpec:
         return ParallelSpec(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "dp": dp})
 
 
+MAX_SIZE = 1 << 20  # any one parallel size (a world of a million ranks is far beyond any site)
+MAX_TEXT = 1000  # characters of a parallel string
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
 def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
-    """Parse ``"tp=4,pp=2,ep=2"``. Empty or None gives the all-defaults spec."""
-    if text is None or not text.strip():
+    """Parse ``"tp=4,pp=2,ep=2"``. None gives the all-defaults spec; an empty (or blank) string is a
+    ``LayoutError`` (leave the flag out for the default layout instead)."""
+    if text is None:
         return ParallelSpec()
+    if not text.strip():
+        raise LayoutError(f"{flag} {text!r}: empty; leave {flag} out for the default, or give sizes such as tp=4,pp=2")
+    if len(text) > MAX_TEXT:
+        raise LayoutError(f"{flag} {_short(text)}: {len(text):,} characters, more than the limit of {MAX_TEXT}")
     problems: list[str] = []
     values: dict[str, object] = {}
     known = list(_ALL_KEYS) + list(_ALIASES)
@@ -176,15 +191,24 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
             else:
                 problems.append(f"{flag}: {key}={raw!r} is not a boolean (true/false/1/0/on/off)")
             continue
-        try:
-            n = int(raw)
-        except ValueError:
-            problems.append(f"{flag}: {key}={raw!r} is not an integer")
+        if not _INT_RE.fullmatch(raw):  # ASCII digits only: no '+5', '5_0', '٣' (int() takes all three)
+            problems.append(f"{flag}: {key}={_short(raw)} is not an integer" if not _INT_RE.fullmatch(raw[1:])
+                            or not raw.startswith("-") else f"{flag}: {key}={raw[:40]} must be a positive integer")
             continue
+        if len(raw.lstrip("0")) > 7:  # before int(): a 5,000-digit value is refused by its length
+            problems.append(f"{flag}: {key}={_short(raw)} is more than the limit of {MAX_SIZE}")
+            continue
+        n = int(raw)
         if n <= 0:
             problems.append(f"{flag}: {key}={n} must be a positive integer")
             continue
+        if n > MAX_SIZE:
+            problems.append(f"{flag}: {key}={n} is more than the limit of {MAX_SIZE}")
+            continue
         values[canon] = n
+    if values.get("vpp", 1) > 1 and values.get("pp", 1) == 1:
+        problems.append(f"{flag}: vpp={values['vpp']} needs pp > 1 (virtual pipeline chunks interleave pipeline "
+                        "stages; with pp=1 there is no pipeline): give pp=2 or more, or drop vpp")
     if problems:
         raise LayoutError(problems, hint=f"{flag} takes e.g. \"tp=4,pp=2,ep=2\"")
     return ParallelSpec(**values)  # type: ignore[arg-type]

@@ -82,6 +82,8 @@ def load_model(
     ``weight_scale_inv`` tensors (checkpoint view) and are a ModelError where the model has none.
     For a checkpoint, names/shapes/dtypes are those of the shard headers. ``layers``: :func:`truncate`.
     """
+    if isinstance(spec, str) and not spec.strip():
+        raise ModelError(f"model {spec!r}: empty; give a preset ({', '.join(PRESETS)}) or a path")
     if isinstance(spec, str) and spec in PRESETS:
         full = _preset_full(spec)
     else:

@@ -1,6 +1,6 @@
 """A safetensors checkpoint (index + shard headers) -> :class:`ModelSpec`, never reading tensor data.
 
-Each shard is read as the format defines it (layout-rules §5): an 8-byte little-endian header length
+Each shard is read as the format defines it (the safetensors README, "Format"): an 8-byte little-endian header length
 ``N``, then ``N`` bytes of JSON; nothing after that is read. The ``config.json`` next to the index
 gives names, roles and dims (:func:`spec_from_config`); shapes and dtypes come from the headers and
 must agree with the config-derived inventory, tensor by tensor.
@@ -8,7 +8,6 @@ must agree with the config-derived inventory, tensor by tensor.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -17,6 +16,7 @@ from math import prod
 from pathlib import Path
 from typing import Any, Mapping
 
+from reshardctl.bounded_load import LoadError, load_file, loads_json, open_regular
 from reshardctl.errors import ModelError
 from reshardctl.models.config import spec_from_config
 from reshardctl.models.spec import DTYPE_BYTES, ModelSpec
@@ -28,31 +28,49 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
 }
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+MAX_JSON_BYTES = 64 << 20  # config.json / model.safetensors.index.json (DeepSeek-V3's index: ~9 MB)
+MAX_HEADER_DIM = 1 << 40  # one dim of a header shape (products are checked against the file size too)
 # Non-parameter buffers some old checkpoints carry; not part of the exchange space.
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON object from a file; ModelError naming the file otherwise."""
+    """A JSON object from a file (config.json, an index) within the bounds of ``reshardctl.bounded_load``
+    (at most ``MAX_JSON_BYTES``); ModelError naming the file otherwise."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"{path}: not valid JSON: {exc}") from None
+        data = load_file(path, "json", max_bytes=MAX_JSON_BYTES)
+    except LoadError as exc:
+        raise ModelError(f"{path}: {'cannot read: ' if exc.reading and 'no such' not in str(exc) else ''}{exc}") from None
     if not isinstance(data, dict):
         raise ModelError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > 8:
+        raise ValueError(f"shape must be a list of at most 8 dims, got {str(value)[:60]}")
+    for s in value:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_HEADER_DIM:
+            raise ValueError(f"shape {str(value)[:60]}: each dim must be an integer between 0 and {MAX_HEADER_DIM}")
+    return tuple(value)
+
+
+def _offsets(value: Any) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2 or not all(
+            isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in value):
+        raise ValueError(f"data_offsets must be [begin, end] (integers >= 0), got {str(value)[:60]}")
+    return value[0], value[1]
+
+
 def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (torch dtype, shape)}`` of one .safetensors file, reading only its header bytes."""
     try:
-        with open(path, "rb") as f:
+        fd = open_regular(path)
+    except LoadError as exc:
+        raise ModelError(f"{path}: {exc}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -66,10 +84,10 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tup
     except OSError as exc:
         raise ModelError(f"{path}: cannot read: {exc}") from None
     try:
-        header = json.loads(raw)
+        header = loads_json(raw)
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise ModelError(f"{path}: bad safetensors header: {exc}") from None
     data_size = size - 8 - n
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -77,11 +95,16 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tup
         if name == "__metadata__":
             continue
         try:
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelError(f"{path}: bad header entry for {name!r}: {exc!r}") from None
+            if not isinstance(entry, dict):
+                raise ValueError(f"expected a mapping, got {type(entry).__name__}")
+            tag = entry.get("dtype")
+            if not isinstance(tag, str) or tag not in SAFETENSORS_DTYPES:
+                raise ValueError(f"dtype must be one of {', '.join(SAFETENSORS_DTYPES)}, got {str(tag)[:40]}")
+            dtype = SAFETENSORS_DTYPES[tag]
+            shape = _shape(entry.get("shape"))
+            begin, end = _offsets(entry.get("data_offsets"))
+        except ValueError as exc:
+            raise ModelError(f"{path}: bad header entry for {name[:200]!r}: {exc}") from None
         if end - begin != prod(shape) * DTYPE_BYTES[dtype] or begin < 0:
             raise ModelError(f"{path}: {name}: data_offsets {begin}..{end} do not hold {dtype}{list(shape)}")
         if end > data_size:

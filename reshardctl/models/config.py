@@ -21,6 +21,21 @@ from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
 
 _FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _MISSING = object()
+# Magnitude bounds, checked before any tensor is built (docs/models.md, "Input limits"): every shape and
+# byte count stays an exact int64, and `model show` / `plan` answer at once.
+MAX_DIM = 1 << 24  # hidden_size, vocab_size, intermediate sizes, heads, head dims, LoRA ranks
+MAX_LAYERS = 4096  # num_hidden_layers (+ MTP layers)
+MAX_EXPERTS = 65536  # num_experts / n_routed_experts
+MAX_TENSORS = 2_000_000  # tensors of one model (DeepSeek-V3 with MTP and fp8 scales: ~186,000)
+MAX_MODEL_BYTES = 1 << 50  # 1 PiB
+_LIMITS = {"num_hidden_layers": ("MAX_LAYERS", MAX_LAYERS), "num_nextn_predict_layers": ("MAX_LAYERS", MAX_LAYERS),
+           "num_experts": ("MAX_EXPERTS", MAX_EXPERTS), "n_routed_experts": ("MAX_EXPERTS", MAX_EXPERTS),
+           "n_shared_experts": ("MAX_EXPERTS", MAX_EXPERTS)}
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Config:
@@ -42,9 +57,12 @@ class _Config:
         if value is None and default is not _MISSING:
             value = default
         if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(key, f"must be an integer, got {value!r}")
+            raise self.fail(key, f"must be an integer, got {_short(value)}")
         if value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, got {value}")
+            raise self.fail(key, f"must be >= {minimum}, got {_short(value)}")
+        name, limit = _LIMITS.get(key, ("MAX_DIM", MAX_DIM))
+        if value > limit:
+            raise self.fail(key, f"must be <= {limit} ({name}, the limit for this key), got {_short(value)}")
         return value
 
     def get_bool(self, key: str, default: bool) -> bool:
@@ -52,13 +70,13 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
+            raise self.fail(key, f"must be true or false, got {_short(value)}")
         return value
 
     def int_list(self, key: str) -> tuple[int, ...]:
         value = self.c.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self.fail(key, f"must be a list of integers, got {value!r}")
+            raise self.fail(key, f"must be a list of integers, got {_short(value)}")
         return tuple(value)
 
 
@@ -68,24 +86,26 @@ def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
     supported = ", ".join(BY_CLASS)
     if archs:
         if not isinstance(archs, list) or not isinstance(archs[0], str):
-            raise ModelError(f"{where}: key 'architectures' must be a list of class names, got {archs!r}")
+            raise ModelError(f"{where}: key 'architectures' must be a list of class names, got {_short(archs)}")
         key = BY_CLASS.get(archs[0])
         if key is None:
             raise ModelError(
-                f"{where}: unsupported architecture {archs[0]!r} (key 'architectures'); supported: {supported}"
+                f"{where}: unsupported architecture {_short(archs[0])} (key 'architectures'); supported: {supported}"
             )
         return ARCHS[key]
     model_type = config.get("model_type") if isinstance(config, Mapping) else None
     if model_type is None:
         raise ModelError(f"{where}: missing key 'architectures' (and no 'model_type'); supported: {supported}")
+    if not isinstance(model_type, str):
+        raise ModelError(f"{where}: key 'model_type' must be a string such as 'llama', got {_short(model_type)}")
     key = BY_MODEL_TYPE.get(model_type)
     if key is None:
-        raise ModelError(f"{where}: unsupported model_type {model_type!r} (key 'model_type'); supported: {supported}")
+        raise ModelError(f"{where}: unsupported model_type {_short(model_type)} (key 'model_type'); supported: {supported}")
     return ARCHS[key]
 
 
 def dims_from_config(config: Mapping[str, Any], *, where: str = "config", include_mtp: bool = False) -> ModelDims:
-    """Fill :class:`ModelDims` from a HF config (MoE layer rules per layout-rules §6)."""
+    """Fill :class:`ModelDims` from a HF config (MoE layer rules as in the transformers modelling code: Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`, DeepSeek-V3 `first_k_dense_replace` / `moe_layer_freq`)."""
     arch = detect_arch(config, where)
     c = _Config(config, where)
     hidden = c.get_int("hidden_size")
@@ -186,8 +206,8 @@ def model_dtype(config: Mapping[str, Any], where: str = "config") -> str:
     value = config.get(key) or "bfloat16"
     if isinstance(value, str) and value.startswith("torch."):
         value = value[len("torch."):]
-    if value not in _FLOAT_DTYPES:
-        raise ModelError(f"{where}: key '{key}' must be one of {', '.join(_FLOAT_DTYPES)}, got {value!r}")
+    if not isinstance(value, str) or value not in _FLOAT_DTYPES:
+        raise ModelError(f"{where}: key '{key}' must be one of {', '.join(_FLOAT_DTYPES)}, got {_short(value)}")
     return value
 
 
@@ -197,17 +217,17 @@ def fp8_format(config: Mapping[str, Any], where: str = "config") -> tuple[str, t
     if not isinstance(q, Mapping) or q.get("quant_method") != "fp8":
         return None
     fmt = q.get("fmt", "e4m3")
-    dtype = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(fmt)
+    dtype = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(fmt) if isinstance(fmt, str) else None
     if dtype is None:
-        raise ModelError(f"{where}: key 'quantization_config.fmt' must be e4m3 or e5m2, got {fmt!r}")
+        raise ModelError(f"{where}: key 'quantization_config.fmt' must be e4m3 or e5m2, got {_short(fmt)}")
     block = q.get("weight_block_size")
     if (
         not isinstance(block, list) or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        or not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_DIM for b in block)
     ):
         raise ModelError(
             f"{where}: key 'quantization_config.weight_block_size' must be [rows, cols] "
-            f"(only block-wise fp8 is supported), got {block!r}"
+            f"(only block-wise fp8 is supported; each between 1 and {MAX_DIM}), got {_short(block)}"
         )
     return dtype, (block[0], block[1])
 
@@ -267,6 +287,7 @@ def spec_from_config(
     arch = detect_arch(config, where)
     dims = dims_from_config(config, where=where, include_mtp=include_mtp and arch.mtp)
     fp8 = fp8_format(config, where) if include_scales else None
+    _check_tensor_count(arch, dims, fp8 is not None, where)
     b = _Builder(dims, model_dtype(config, where), fp8)
     b.row("", EMBED)
     for layer in range(dims.num_layers):
@@ -277,4 +298,31 @@ def spec_from_config(
     for layer in range(dims.num_layers, dims.num_layers + dims.num_mtp_layers):
         prefix = f"model.layers.{layer}."
         b.blocks(prefix, (MTP_BEFORE, *arch.layer_blocks(dims, layer), MTP_AFTER), layer)
+    total = sum(t.nbytes for t in b.out)
+    if total > MAX_MODEL_BYTES:
+        raise ModelError(f"{where}: the model holds {total:,} bytes, more than the limit of {MAX_MODEL_BYTES:,} "
+                         "(MAX_MODEL_BYTES, 1 PiB); check hidden_size, vocab_size and the intermediate sizes")
     return ModelSpec(name=name, dims=dims, tensors=tuple(b.out), source=source, config=dict(config))
+
+
+def _check_tensor_count(arch: Arch, dims: ModelDims, scales: bool, where: str) -> None:
+    """Count the tensors the tables would expand to (one loop over layers, no tensor built) and refuse
+    more than ``MAX_TENSORS`` with the arithmetic."""
+    per_layer: dict[tuple[int, ...], int] = {}
+    total = 3
+    experts = 0
+    for layer in range(dims.num_layers + dims.num_mtp_layers):
+        blocks = arch.layer_blocks(dims, layer)
+        if layer >= dims.num_layers:
+            blocks = (MTP_BEFORE, *blocks, MTP_AFTER)
+        key = tuple(id(b) for b in blocks)
+        if key not in per_layer:
+            per_layer[key] = sum(len(b) * (dims.num_experts if b is EXPERT else 1) for b in blocks)
+        total += per_layer[key]
+        experts += sum(len(b) * dims.num_experts for b in blocks if b is EXPERT)
+    total *= 2 if scales else 1  # at most one weight_scale_inv per tensor
+    if total > MAX_TENSORS:
+        raise ModelError(
+            f"{where}: {dims.num_layers + dims.num_mtp_layers} layers (num_hidden_layers"
+            f"{' + MTP' if dims.num_mtp_layers else ''}) with {dims.num_experts} experts expand to {total:,} tensors "
+            f"({experts:,} expert tensors), more than the limit of {MAX_TENSORS:,} (MAX_TENSORS)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -92,7 +93,6 @@ def _stage_out(staged: StagedWrites, out: Path, plans: dict[str, Plan], result: 
     """A new DIR is filled under a temp name next to it; into an existing DIR every file goes to a temp
     name inside it. Returns the final paths (valid after ``staged.commit()``)."""
     if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = staged.dir(out)
         files = _write_files(tmp, plans, result, lambda p: p, extra)
     else:
@@ -115,25 +115,51 @@ def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> l
     return paths
 
 
+def _make_parents(path: Path, created: list[Path]) -> None:
+    """Create the missing parent directories of ``path`` (like ``mkdir -p``), recording each one created
+    so that a failed command can remove them again."""
+    missing = [p for p in path.absolute().parents if not p.exists()]
+    for p in reversed(missing):
+        p.mkdir()
+        created.append(p)
+
+
 def write_outputs(plans: dict[str, Plan], result: dict, *, out: str | os.PathLike | None = None,
                   export: str | os.PathLike | None = None, export_plan: Plan | None = None,
                   extra: dict[str, str | bytes] | None = None) -> tuple[list[Path], int | None]:
     """``--out DIR`` and ``--export-transfers FILE`` together, all-or-nothing across BOTH: everything is
     written under temporary names first and renamed only when every output was written, so a failing
-    export leaves no new DIR behind (and vice versa). Returns (DIR's files, export line count).
-    ``OutputError`` names the flag and the path that could not be written."""
+    export leaves no new DIR behind (and vice versa); parent directories created for them are removed
+    again on failure. ``--export-transfers -`` streams the lines to stdout once every file is in place.
+    A symlink is written through (its target is replaced, the link stays). Returns (DIR's files, export
+    line count). ``OutputError`` names the flag and the path that could not be written."""
     paths: list[Path] = []
     n = None
-    with StagedWrites() as staged:
-        if export is not None:
-            with _output_errors("--export-transfers", export):
-                with open(staged.file(export), "w") as f:
-                    n = _write_lines(export_plan, f)
-        if out is not None:
-            with _output_errors("--out", out):
-                paths = _stage_out(staged, Path(out), plans, result, extra)
-        with _output_errors("--out" if out is not None else "--export-transfers", out if out is not None else export):
-            staged.commit()
+    created: list[Path] = []
+    to_stdout = export is not None and str(export) == "-"
+    try:
+        with StagedWrites() as staged:
+            if export is not None and not to_stdout:
+                with _output_errors("--export-transfers", export):
+                    _make_parents(Path(export), created)
+                    with open(staged.file(export), "w") as f:
+                        n = _write_lines(export_plan, f)
+            if out is not None:
+                with _output_errors("--out", out):
+                    _make_parents(Path(out), created)
+                    paths = _stage_out(staged, Path(out), plans, result, extra)
+            with _output_errors("--out" if out is not None else "--export-transfers", out if out is not None else export):
+                staged.commit()
+    except BaseException:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
     if out is not None and Path(out).is_dir():
         _remove_stale(Path(out), paths)
+    if to_stdout:
+        n = _write_lines(export_plan, sys.stdout)
+        sys.stdout.flush()
     return paths, n

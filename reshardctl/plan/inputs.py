@@ -11,12 +11,12 @@ the node's NICs when every GPU sends at once).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reshardctl.errors import InputError, LayoutError
 from reshardctl.plan.model import TRANSPORTS
+from reshardctl.site.spec import bucket_mb_problem
 
 TRANSPORT_CHOICES = TRANSPORTS + ("all",)
 RELAY_MODES = ("auto", "on", "off")
@@ -126,23 +126,12 @@ def prepare(
         problems.append(f"--transport {transport!r}: expected one of {', '.join(TRANSPORT_CHOICES)}")
     if relay not in RELAY_MODES:
         problems.append(f"--relay {relay!r}: expected one of {', '.join(RELAY_MODES)}")
-    if bucket_mb is not None:
-        if not (math.isfinite(bucket_mb) and bucket_mb > 0):
-            problems.append(f"--bucket-mb must be a finite number > 0 (got {bucket_mb:g})")
-        elif int(bucket_mb * MIB) < 1:
-            problems.append(f"--bucket-mb {bucket_mb:g}: {bucket_mb:g} MiB x {MIB} bytes/MiB = "
-                            f"{bucket_mb * MIB:.3g} bytes, less than one byte (give at least {1 / MIB:.3g})")
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        problems.append(f"--out {out}: exists and is not a directory")
-    if export is not None:
-        ep = Path(export)
-        if ep.is_dir():
-            problems.append(f"--export-transfers {export}: is a directory")
-        elif not ep.parent.is_dir():
-            problems.append(f"--export-transfers {export}: directory {ep.parent} does not exist")
+    if bucket_mb is not None and (why := bucket_mb_problem(bucket_mb)):
+        problems.append(f"--bucket-mb {bucket_mb:g}: {why}")
+    problems.extend(output_problems(out, export))
     for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
-        if lf is not None and not Path(lf).is_file():
-            problems.append(f"{flag} {lf}: no such file")
+        if lf is not None:
+            problems.extend(layout_file_problems(lf, flag))
     if mtp and layers is not None:
         problems.append(f"--mtp with --layers {layers}: the MTP layers follow the last decoder layer; "
                         f"give one or the other")
@@ -162,10 +151,7 @@ def prepare(
             cands.append(Candidate(spec, cl, ct))
     if problems:
         _raise(problems, layout=True)
-    mb = bucket_mb if bucket_mb is not None else prof.refit.bucket_mb
-    if int(mb * MIB) < 1:  # only the profile's value can get here (the flag is checked above)
-        _raise([f"site profile {prof.source}: refit.bucket_mb {mb:g} MiB x {MIB} bytes/MiB = {mb * MIB:.3g} "
-                f"bytes, less than one byte; give --bucket-mb or a larger refit.bucket_mb"])
+    mb = bucket_mb if bucket_mb is not None else prof.refit.bucket_mb  # both checked by bucket_mb_problem
     on, why = resolve_relay(relay, prof)
     transports = TRANSPORTS if transport == "all" else (transport,)
     primary = prof.refit.transport if transport == "all" else transport
@@ -188,6 +174,51 @@ def site_links(prof):
 
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if prof.cpu_only else None
     return Links.from_site(prof, find_measured(prof), cores=cores)
+def layout_file_problems(path: str, flag: str) -> list[str]:
+    """A layout file flag that cannot name a readable file: empty, missing, a directory."""
+    if not path:
+        return [f"{flag} '': empty; give a layout file (.yaml/.yml/.json)"]
+    p = Path(path)
+    if p.is_dir():
+        return [f"{flag} {path}: is a directory; give a layout file (.yaml/.yml/.json) in it"]
+    if not p.exists():
+        return [f"{flag} {path}: no such file"]
+    return []
+
+
+def output_problems(out: str | None, export: str | None) -> list[str]:
+    """``--out DIR`` / ``--export-transfers FILE`` that cannot be written (docs/plan-format.md, "Outputs"):
+    an empty name; DIR an existing file; FILE a directory; both naming the same path. Missing parent
+    directories are created for both (when everything else succeeded). ``--export-transfers -`` is stdout."""
+    problems = []
+    if out is not None and not out.strip():
+        problems.append("--out '': empty; give a directory (it is created, with its parents)")
+        out = None
+    if export is not None and not export.strip():
+        problems.append("--export-transfers '': empty; give a file name, or - for stdout")
+        export = None
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        problems.append(f"--out {out}: exists and is not a directory")
+    if export is not None and export != "-":
+        ep = Path(export)
+        if ep.is_dir():
+            problems.append(f"--export-transfers {export}: is a directory; give a file name")
+        elif ep.exists() and not ep.is_file():  # a FIFO, a device (or a link to one): never replaced
+            problems.append(f"--export-transfers {export}: exists and is not a regular file")
+        if out is not None and ep.absolute() == Path(out).absolute():
+            problems.append(f"--out and --export-transfers both name {export}: give two different paths")
+        for parent in [ep.absolute(), *ep.absolute().parents]:
+            if parent.exists() and not parent.is_dir():
+                if parent != ep.absolute():
+                    problems.append(f"--export-transfers {export}: {parent} is a file, not a directory")
+                break
+    if out is not None:
+        for parent in Path(out).absolute().parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    problems.append(f"--out {out}: {parent} is a file, not a directory")
+                break
+    return problems
 
 
 def _raise(problems: list[str], layout: bool = False) -> None:

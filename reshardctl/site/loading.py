@@ -4,45 +4,18 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from reshardctl.bounded_load import LoadError, load_file
 from reshardctl.errors import ProfileError
 from reshardctl.site.parse import parse_profile
 from reshardctl.site.spec import SiteProfile
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 DEFAULT_PROFILE = "local"
 ENV_PATH = "RESHARDCTL_PROFILE_PATH"
 SUFFIXES = (".yaml", ".yml", ".toml")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML would silently keep the last one)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    out: dict = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        out[key] = loader.construct_object(value_node, deep=deep)
-    return out
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def shipped_dir() -> Path:
@@ -88,42 +61,25 @@ def _find_by_name(name: str) -> tuple[Path, str]:
     )
 
 
+MAX_PROFILE_BYTES = 1 << 20  # 1 MiB: the largest shipped profile is under 2 KiB
+MAX_PROFILE_VALUES = 100_000  # YAML values after alias expansion
+
+
 def _read(path: Path, label: str) -> Any:
-    """Read and parse one file; every failure becomes a ProfileError naming the file."""
-    if path.is_dir():
-        raise ProfileError(f"cannot read site profile {label}: it is a directory, not a file")
-    if not path.exists():
-        raise ProfileError(f"cannot read site profile {label}: no such file")
+    """Read and parse one file within the bounds of ``reshardctl.bounded_load``; every failure becomes
+    a ProfileError naming the file."""
     if path.suffix.lower() not in SUFFIXES:
+        if path.is_dir():
+            raise ProfileError(f"cannot read site profile {label}: it is a directory, not a file")
+        if not path.exists():
+            raise ProfileError(f"cannot read site profile {label}: no such file")
         raise ProfileError(f"site profile {label}: unknown file type {path.suffix!r} (use .yaml, .yml or .toml)")
+    fmt = "toml" if path.suffix.lower() == ".toml" else "yaml"
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ProfileError(f"cannot read site profile {label}: no such file") from None
-    except IsADirectoryError:
-        raise ProfileError(f"cannot read site profile {label}: it is a directory, not a file") from None
-    except PermissionError:
-        raise ProfileError(f"cannot read site profile {label}: permission denied") from None
-    except OSError as exc:
-        raise ProfileError(f"cannot read site profile {label}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"cannot read site profile {label}: not UTF-8 text (byte {exc.start})") from None
-    if path.suffix.lower() == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ProfileError(f"site profile {label}: TOML syntax error: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = " ".join(x for x in (exc.context, exc.problem) if x)
-        raise ProfileError(f"site profile {label}: YAML syntax error{where}: {what}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"site profile {label}: YAML syntax error: {exc}") from None
+        data = load_file(path, fmt, max_bytes=MAX_PROFILE_BYTES, max_nodes=MAX_PROFILE_VALUES)
+    except LoadError as exc:
+        verb = "cannot read site profile" if exc.reading else "site profile"
+        raise ProfileError(f"{verb} {label}: {exc}") from None
     if data is None:
         raise ProfileError(f"site profile {label}: the file is empty")
     return data

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,8 +22,12 @@ from reshardctl.site.hostlist import MAX_HOSTS, expand_hostlist
 from reshardctl.site.spec import (
     LAUNCHERS,
     ROLES,
+    MAX_BANDWIDTH,
+    MAX_GPUS_PER_NODE,
+    MAX_SECONDS,
     SLURM_MODES,
     TRANSPORTS,
+    bucket_mb_problem,
     LinkSpec,
     RefitSpec,
     SiteProfile,
@@ -40,19 +45,20 @@ class Key:
     form: str = ""  # the expected form, for messages: "a number of GB/s, e.g. 450"
     low: float | None = None  # lower bound
     strict: bool = False  # low is exclusive
+    high: float | None = None  # upper bound (inclusive): later arithmetic stays exact and finite
 
 
 LINKS = {
-    "nvlink_gbytes_per_s": Key("float", REQUIRED, "a number of GB/s per GPU per direction, e.g. 450", 0, True),
-    "nic_gbits_per_s": Key("float", REQUIRED, "a number of Gbit/s per NIC per direction, e.g. 400", 0, True),
-    "nics_per_node": Key("int", 1, "a whole number of NICs (rails) per node, e.g. 8", 1),
-    "nvlink_latency_us": Key("float", 2.0, "a number of microseconds, e.g. 2", 0),
-    "nic_latency_us": Key("float", 5.0, "a number of microseconds, e.g. 5", 0),
-    "nvlink_efficiency": Key("float", 0.84, "a fraction of the NVLink figure reached by large messages, e.g. 0.84", 0, True),
-    "nic_efficiency": Key("float", 0.94, "a fraction of the NIC figure reached by large messages, e.g. 0.94", 0, True),
-    "launch_us": Key("float", None, "a number of microseconds per grouped operation, e.g. 3", 0),
-    "mem_gbytes_per_s": Key("float", 2000.0, "a number of GB/s of GPU (or host) memory bandwidth, e.g. 3350", 0, True),
-    "checksum_gbytes_per_s": Key("float", None, "a number of GB/s checksummed by one rank, e.g. 800", 0, True),
+    "nvlink_gbytes_per_s": Key("float", REQUIRED, "a number of GB/s per GPU per direction, e.g. 450", 0, True, MAX_BANDWIDTH),
+    "nic_gbits_per_s": Key("float", REQUIRED, "a number of Gbit/s per NIC per direction, e.g. 400", 0, True, MAX_BANDWIDTH),
+    "nics_per_node": Key("int", 1, "a whole number of NICs (rails) per node, e.g. 8", 1, high=MAX_GPUS_PER_NODE),
+    "nvlink_latency_us": Key("float", 2.0, "a number of microseconds, e.g. 2", 0, high=MAX_SECONDS * 1e6),
+    "nic_latency_us": Key("float", 5.0, "a number of microseconds, e.g. 5", 0, high=MAX_SECONDS * 1e6),
+    "nvlink_efficiency": Key("float", 0.84, "a fraction of the NVLink figure reached by large messages, e.g. 0.84", 0, True, 1.0),
+    "nic_efficiency": Key("float", 0.94, "a fraction of the NIC figure reached by large messages, e.g. 0.94", 0, True, 1.0),
+    "launch_us": Key("float", None, "a number of microseconds per grouped operation, e.g. 3", 0, high=MAX_SECONDS * 1e6),
+    "mem_gbytes_per_s": Key("float", 2000.0, "a number of GB/s of GPU (or host) memory bandwidth, e.g. 3350", 0, True, MAX_BANDWIDTH),
+    "checksum_gbytes_per_s": Key("float", None, "a number of GB/s checksummed by one rank, e.g. 800", 0, True, MAX_BANDWIDTH),
 }
 PARTITIONS = {role: Key("str", None, "a partition name") for role in ROLES}
 SLURM = {
@@ -60,9 +66,9 @@ SLURM = {
     "partition": Key("str", None, "a partition name (shorthand for both roles)"),
     "account": Key("str", None, "an account name"),
     "qos": Key("str", None, "a QOS name"),
-    "time_min": Key("int", 30, "a whole number of minutes, e.g. 30", 1),
+    "time_min": Key("int", 30, "a whole number of minutes, e.g. 30", 1, high=MAX_SECONDS // 60),
     "constraint": Key("str", None, "a Slurm constraint expression, e.g. 'h100&ib'"),
-    "gpus_per_node": Key("int", None, "a whole number of GPUs, e.g. 8", 0),
+    "gpus_per_node": Key("int", None, "a whole number of GPUs, e.g. 8", 0, high=MAX_GPUS_PER_NODE),
     "container_image": Key("str", None, "an image name or path"),
     "container_mounts": Key("strlist", (), "a list of strings, e.g. ['/scratch:/scratch']"),
     "modules": Key("strlist", (), "a list of module names, e.g. ['cuda/12.4']"),
@@ -71,22 +77,22 @@ SLURM = {
     "setup": Key("strlist", (), "a list of shell lines"),
     "mode": Key("str", "hetjob", "one of " + ", ".join(SLURM_MODES)),
     "python": Key("str", None, "the ranks' Python interpreter, e.g. /shared/venv/bin/python"),
-    "port_min": Key("int", 1400, "a TCP port number, e.g. 1400", 1024),
-    "port_max": Key("int", 1999, "a TCP port number, e.g. 1999", 1024),
+    "port_min": Key("int", 1400, "a TCP port number, e.g. 1400", 1024, high=65535),
+    "port_max": Key("int", 1999, "a TCP port number, e.g. 1999", 1024, high=65535),
     "extra_srun": Key("strlist", (), "a list of srun flags, e.g. ['--mpi=pmix']"),
 }
 REFIT = {
     "transport": Key("str", "reshard", "one of " + ", ".join(TRANSPORTS)),
-    "latency_budget_s": Key("float", 30.0, "a number of seconds, e.g. 30", 0, True),
-    "bucket_mb": Key("float", 256.0, "a number of MiB, e.g. 256", 0, True),
-    "timeout_s": Key("float", 300.0, "a number of seconds, e.g. 300", 0, True),
-    "rendezvous_timeout_s": Key("float", 120.0, "a number of seconds, e.g. 120", 0, True),
+    "latency_budget_s": Key("float", 30.0, "a number of seconds, e.g. 30", 0, True, MAX_SECONDS),
+    "bucket_mb": Key("float", 256.0, "a number of MiB, e.g. 256", 0, True),  # bounds: spec.bucket_mb_problem
+    "timeout_s": Key("float", 300.0, "a number of seconds, e.g. 300", 0, True, MAX_SECONDS),
+    "rendezvous_timeout_s": Key("float", 120.0, "a number of seconds, e.g. 120", 0, True, MAX_SECONDS),
 }
 TOP = {
     "site": Key("str", None, "a name made of letters, digits, '.', '_' and '-'"),
     "nodes": Key("nodes", REQUIRED, "a node count (e.g. 4), a hostlist ('gpu[001-032]') or a list of names"),
-    "gpus_per_node": Key("int", REQUIRED, "a whole number of GPUs (ranks) per node, e.g. 8", 1),
-    "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1),
+    "gpus_per_node": Key("int", REQUIRED, "a whole number of GPUs (ranks) per node, e.g. 8", 1, high=MAX_GPUS_PER_NODE),
+    "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1, high=MAX_HOSTS),
     "cpu_only": Key("bool", False, "true or false"),
     "launcher": Key("str", "local", "one of " + ", ".join(LAUNCHERS)),
     "measured": Key("str", None, "a calibration file written by `reshardctl calibrate --out FILE`"),
@@ -97,20 +103,31 @@ TOP = {
 SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT}
 ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
 
+MAX_NAME = 128  # characters of a site name (it names files)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _EXPONENT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")  # 4e2, 4.0e2, 4e+2, 4.0e+2 (quoted)
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlong = 40
+_SHORT.maxlevel = 3
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+
+
+def short(value: Any) -> str:
+    """``repr`` bounded in length however big or deep the value (reprlib never walks the whole value)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def describe(value: Any) -> str:
-    """The value as given, with a friendly type name: ``'fast' (a string)``."""
+    """The value as given, shortened, with a friendly type name: ``'fast' (a string)``."""
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              tuple: "a list", dict: "a mapping", type(None): "null"}
     kind = names.get(type(value)) or ("a mapping" if isinstance(value, Mapping) else type(value).__name__)
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
+    return f"{short(value)} ({kind})"
 
 
 class _Collector:
@@ -138,9 +155,9 @@ class _Collector:
 
     def unknown(self, prefix: str, key: Any, known: Mapping[str, Key]) -> None:
         if not isinstance(key, str):
-            self.add(prefix + str(key), f"keys must be strings, got {describe(key)}")
+            self.add(prefix + short(key), f"keys must be strings, got {describe(key)}")
             return
-        path = prefix + key
+        path = prefix + (key if len(key) <= 80 else short(key))
         match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
         if match:
             self.add(path, f"unknown key; did you mean `{prefix + match[0]}`?")
@@ -194,7 +211,10 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
             c.add(path, f"expected {spec.form}, got {describe(v)} (not a finite number)")
             return default
         if spec.low is not None and (v <= spec.low if spec.strict else v < spec.low):
-            c.add(path, f"must be {'>' if spec.strict else '>='} {spec.low:g}, got {v!r}")
+            c.add(path, f"must be {'>' if spec.strict else '>='} {spec.low:g}, got {short(v)}")
+            return default
+        if spec.high is not None and v > spec.high:
+            c.add(path, f"must be <= {spec.high:g} (the limit for this key), got {short(v)}")
             return default
         return float(v) if spec.kind == "float" else int(v)
     if spec.kind == "bool":
@@ -232,6 +252,8 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
         for name, val in v.items():
             if not isinstance(name, str) or not _ENV_RE.match(name):
                 c.add(f"{path}", f"{describe(name)} is not a valid environment variable name")
+            elif len(name) > MAX_NAME:
+                c.add(f"{path}", f"{describe(name)} is longer than {MAX_NAME} characters")
             elif isinstance(val, bool) or not isinstance(val, (str, int)):
                 c.add(f"{path}.{name}", f"expected a string (quote it, e.g. '1'), got {describe(val)}")
             elif isinstance(val, str) and "\x00" in val:
@@ -300,15 +322,15 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         raise ProfileError(f"site profile {source}: expected a mapping of keys at the top level, got {describe(data)}")
     top = _section(c, data, "", TOP)
     name = _value(c, top, "", "site", TOP["site"]) or _default_name(source)
-    if not _NAME_RE.match(name):
-        c.add("site", f"{name!r} is not a valid site name ({TOP['site'].form})")
+    if not _NAME_RE.match(name) or len(name) > MAX_NAME:
+        c.add("site", f"{short(name)} is not a valid site name ({TOP['site'].form}, at most {MAX_NAME} characters)")
     nodes = _nodes(c, top)
     gpus = _value(c, top, "", "gpus_per_node", TOP["gpus_per_node"])
     domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
     cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
     launcher = _value(c, top, "", "launcher", TOP["launcher"])
     if launcher not in LAUNCHERS:
-        c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {short(launcher)}")
         launcher = "local"
     measured = _value(c, top, "", "measured", TOP["measured"])
 
@@ -333,10 +355,14 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
 
     rraw = _section(c, top.get("refit"), "refit.", REFIT)
     refit = {k: _value(c, rraw, "refit.", k, spec) for k, spec in REFIT.items()}
+    bucket = bucket_mb_problem(refit["bucket_mb"]) if "bucket_mb" in rraw else None
+    if bucket:
+        c.add("refit.bucket_mb", bucket)
+        refit["bucket_mb"] = REFIT["bucket_mb"].default
     if refit["transport"] not in TRANSPORTS:
         match = difflib.get_close_matches(refit["transport"], TRANSPORTS, n=1)
         hint = f"; did you mean {match[0]!r}?" if match else ""
-        c.add("refit.transport", f"must be one of {', '.join(TRANSPORTS)}, got {refit['transport']!r}{hint}")
+        c.add("refit.transport", f"must be one of {', '.join(TRANSPORTS)}, got {short(refit['transport'])}{hint}")
 
     # cross-field arithmetic (only with values that passed their own checks)
     if nodes and domain and len(nodes) % domain:
@@ -348,17 +374,17 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
               "every rank needs its GPU (set cpu_only: true for CPU ranks)")
     for i, flag in enumerate(slurm["extra_sbatch"]):
         if flag.lstrip().upper().startswith("#SBATCH"):
-            c.add(f"slurm.extra_sbatch[{i}]", f"give the flag without '#SBATCH': {flag.split(None, 1)[-1]!r}")
+            c.add(f"slurm.extra_sbatch[{i}]", f"give the flag without '#SBATCH': {short(flag.split(None, 1)[-1])}")
         elif not flag.startswith("-") or "\n" in flag or "\r" in flag:
-            c.add(f"slurm.extra_sbatch[{i}]", f"expected one sbatch flag such as '--exclusive', got {flag!r}")
+            c.add(f"slurm.extra_sbatch[{i}]", f"expected one sbatch flag such as '--exclusive', got {short(flag)}")
     for i, flag in enumerate(slurm["extra_srun"]):
         if not flag.startswith("-") or "\n" in flag or "\r" in flag:
-            c.add(f"slurm.extra_srun[{i}]", f"expected one srun flag such as '--mpi=pmix', got {flag!r}")
+            c.add(f"slurm.extra_srun[{i}]", f"expected one srun flag such as '--mpi=pmix', got {short(flag)}")
     for i, line in enumerate(slurm["setup"]):
         if "\n" in line or "\r" in line:
             c.add(f"slurm.setup[{i}]", "one shell line per item (no newline inside an item)")
     if slurm["mode"] not in SLURM_MODES:
-        c.add("slurm.mode", f"must be one of {', '.join(SLURM_MODES)}, got {slurm['mode']!r}")
+        c.add("slurm.mode", f"must be one of {', '.join(SLURM_MODES)}, got {short(slurm['mode'])}")
         slurm["mode"] = "hetjob"
     if slurm["port_max"] > 65535 or slurm["port_min"] > 65535:
         c.add("slurm.port_max", f"TCP ports end at 65535 (got {slurm['port_min']}..{slurm['port_max']})")

@@ -8,6 +8,7 @@ picklable and cannot be changed after loading.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,28 @@ ROLES = ("train", "infer")
 LAUNCHERS = ("local", "slurm")
 SLURM_MODES = ("hetjob", "two-jobs")
 MIB = 2**20
+# upper bounds of profile numbers: beyond them later arithmetic (bytes as int64, timeouts, node lists)
+# overflows or means nothing; docs/site-profiles.md "Input limits"
+MAX_GPUS_PER_NODE = 1024
+MAX_BANDWIDTH = 1e6  # GB/s or Gbit/s
+MAX_SECONDS = 7 * 24 * 3600  # timeouts, budgets, Slurm time limits: one week
+BUCKET_MB_MAX = 1 << 20  # 1 TiB
+BUCKET_MB_MIN = 1 / MIB  # one byte
+
+
+def bucket_mb_problem(mb: float) -> str | None:
+    """Why ``mb`` MiB is not a usable bucket, with the arithmetic (None when it is). The one check for
+    ``refit.bucket_mb`` (``profile validate``, ``RefitSpec``) and ``--bucket-mb`` (``plan``/``run``)."""
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)):
+        return f"expected a number of MiB, got {type(mb).__name__}"
+    if not math.isfinite(mb) or mb <= 0:
+        return f"must be a finite number of MiB > 0, got {mb:g}"
+    if int(mb * MIB) < 1:
+        return (f"{mb:g} MiB x {MIB} bytes/MiB = {mb * MIB:.3g} bytes, less than one byte "
+                f"(at least {BUCKET_MB_MIN:.3g} MiB)")
+    if mb > BUCKET_MB_MAX:
+        return f"{mb:g} MiB is more than the limit of {BUCKET_MB_MAX} MiB (1 TiB)"
+    return None
 
 
 class FrozenMap(Mapping[str, str]):
@@ -170,9 +193,12 @@ class RefitSpec:
         p = []
         if self.transport not in TRANSPORTS:
             p.append(f"refit.transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}")
-        for k in ("latency_budget_s", "bucket_mb", "timeout_s", "rendezvous_timeout_s"):
+        for k in ("latency_budget_s", "timeout_s", "rendezvous_timeout_s"):
             if not getattr(self, k) > 0:
                 p.append(f"refit.{k} must be > 0, got {getattr(self, k)!r}")
+        bucket = bucket_mb_problem(self.bucket_mb)
+        if bucket:
+            p.append(f"refit.bucket_mb {bucket}")
         _raise(p, "invalid RefitSpec")
 
     @property
@@ -211,8 +237,8 @@ class SiteProfile:
         dups = sorted(n for n, k in Counter(self.nodes).items() if k > 1)
         if dups:
             p.append(f"nodes lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
-        if not self.gpus_per_node >= 1:
-            p.append(f"gpus_per_node must be >= 1, got {self.gpus_per_node!r}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            p.append(f"gpus_per_node must be between 1 and {MAX_GPUS_PER_NODE}, got {self.gpus_per_node!r}")
         if self.launcher not in LAUNCHERS:
             p.append(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         if not self.nvlink_domain_nodes >= 1:
