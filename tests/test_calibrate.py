@@ -68,7 +68,10 @@ def test_bad_file_is_exit_2_without_traceback(capsys):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     code, out, err = run(capsys, *PLAN)
-    assert code == 2 and str(path) in err and "not JSON" in err and "Traceback" not in out + err
+    # PLAN asks for --json: the error is one JSON object on stdout (docs/plan-format.md)
+    e = json.loads(out)["error"]
+    assert code == 2 and e["exit_code"] == 2 and str(path) in e["message"] and "not JSON" in e["message"]
+    assert "Traceback" not in out + err
 
 
 def test_profile_measured_key(tmp_path, capsys):
