@@ -79,6 +79,7 @@ TOP = {
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
     "slurm": Key("section", None, "a mapping (the slurm: section)"),
     "refit": Key("section", None, "a mapping (the refit: section)"),
+    "state_dir": Key("str", None, "a directory path for the site's ledger, e.g. /shared/reshardctl-state"),
 }
 SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT}
 ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
@@ -284,6 +285,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     gpus = _value(c, top, "", "gpus_per_node", TOP["gpus_per_node"])
     domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
     cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
+    state_dir = _value(c, top, "", "state_dir", TOP["state_dir"])
 
     lraw = _section(c, top.get("links"), "links.", LINKS) if "links" in top else {}
     links = {k: _value(c, lraw, "links.", k, spec) for k, spec in LINKS.items()}
@@ -337,4 +339,5 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         cpu_only=cpu_only,
         slurm=SlurmSpec(partitions=partitions, **slurm),
         refit=RefitSpec(**refit),
+        state_dir=state_dir,
     )

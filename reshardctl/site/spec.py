@@ -174,6 +174,7 @@ class SiteProfile:
     cpu_only: bool = False
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     refit: RefitSpec = field(default_factory=RefitSpec)
+    state_dir: str | None = None  # where the site's ledger lives (None: the per-user state directory)
 
     def __post_init__(self) -> None:
         _freeze(self, "nodes", tuple(self.nodes))
@@ -262,4 +263,5 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "timeout_s": r.timeout_s,
             "rendezvous_timeout_s": r.rendezvous_timeout_s,
         },
+        "state_dir": p.state_dir,
     }
