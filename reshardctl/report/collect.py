@@ -96,8 +96,9 @@ def load_run_data(run_dir: str | Path) -> RunData:
     data = RunData(rec.run_dir, rec.summary, bad_event_lines=bad)
     if rows:
         t0 = min(r["start"] for r in rows)
+        only = next(iter(data.transports)) if len(data.transports) == 1 else "unknown"  # run: events name no plan
         for r in rows:
-            seg = Segment(rank=r["rank"], side=str(r.get("side", "")), transport=str(r.get("plan", "")),
+            seg = Segment(rank=r["rank"], side=str(r.get("side", "")), transport=str(r.get("plan") or only),
                           phase=str(r.get("phase", "")), step=r.get("step") if isinstance(r.get("step"), int) else None,
                           start=float(r["start"]) - t0, duration=float(r.get("duration_s") or 0.0),
                           error=r.get("error_type"), bytes=int(r.get("bytes") or 0))
