@@ -76,6 +76,7 @@ def test_a_whole_change_window(tmp_path, small_llama, capsys):
     assert set(st["latest_measured"]) == {"reshard", "gather_broadcast", "hybrid"}
     assert st["latest_measured"][winner]["median_s"] == pytest.approx(med)
     assert st["latest_measured"][winner]["verdict"] == "over_budget"
+    assert st["latest_measured"][winner]["within_budget_now"] is False and st["active_meets_budget"] is None
     refused = [e for e in ledger_lines(state) if e["action"] == "promote"]
     assert len(refused) == 1 and refused[0]["verdict"] == "refused" and "budget" in refused[0]["details"]["failed"]
 

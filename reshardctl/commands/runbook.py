@@ -55,10 +55,11 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
     if a["run_dir"]:
         con.print(f"active from run: {a['run_dir']}", markup=False)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("transport", "measured", "median", "p90", "verdict", "run"):
+    for c in ("transport", "measured", "median", "p90", "verified", "within budget", "run"):
         table.add_column(c, no_wrap=c != "run")
     for t, e in st["latest_measured"].items():
-        table.add_row(t, e["time"], seconds(e["median_s"]), seconds(e["p90_s"]), e["verdict"], escape(e["run_dir"] or ""))
+        table.add_row(t, e["time"], seconds(e["median_s"]), seconds(e["p90_s"]), "yes" if e["verified"] else "NO",
+                      "yes" if e["within_budget_now"] else "no", escape(e["run_dir"] or ""))
     if st["latest_measured"]:
         con.print(table)
     else:

@@ -53,8 +53,8 @@ def latency(runs: list[RunData], path: Path, budget_s: float | None = None) -> N
     if budget_s is not None:
         ax.axhline(budget_s * 1e3, color="tab:red", linestyle="--", label=f"budget {budget_s:g} s")
         ax.legend(fontsize=8)
-    ax.set_ylabel("refit time (ms): slowest rank, transfer + verify + commit")
-    ax.set_title("refit latency per transport")
+    ax.set_ylabel("refit time per iteration (ms)")
+    ax.set_title("refit latency per transport (slowest rank: transfer + verify + commit)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     _save(fig, path)
 
@@ -68,21 +68,21 @@ def timeline(run: RunData, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * max(1, len(ranks))))
     row = {rank: i for i, (rank, _) in enumerate(ranks)}
     for s in segs:
-        ax.broken_barh([(s.start * 1e3, max(s.duration * 1e3, 0.05))], (row[s.rank] - 0.4, 0.8),
+        ax.broken_barh([(s.start, max(s.duration, 5e-5))], (row[s.rank] - 0.4, 0.8),
                        facecolors=color[s.phase], edgecolor="black" if s.error else "none")
     # transport spans: where each transport's refits ran
     for t in _order({s.transport for s in segs}):
         ts = [s for s in segs if s.transport == t]
-        lo = min(s.start for s in ts) * 1e3
+        lo = min(s.start for s in ts)
         ax.axvline(lo, color="grey", linestyle=":", linewidth=0.8)
         ax.text(lo, len(ranks) - 0.45, f" {t}", fontsize=8, va="bottom", color="dimgrey")
     ax.set_yticks(range(len(ranks)), [f"rank {r} ({side})" for r, side in ranks], fontsize=8)
     ax.set_ylim(-0.6, len(ranks) + 0.2)
-    ax.set_xlabel("ms since the run's first event")
+    ax.set_xlabel("seconds since the run's first event")
     ax.set_title(f"phases per rank and iteration: {run.label}")
     if phases:
         ax.legend(handles=[Patch(color=color[p], label=p) for p in phases], fontsize=7, ncol=min(5, len(phases)),
-                  loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+                  loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     _save(fig, path)
 

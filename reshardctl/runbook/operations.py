@@ -199,7 +199,9 @@ def status(site: str) -> dict[str, Any]:
                    f"the profile's refit.transport ({profile.source}); no change recorded",
                    "run_dir": since.run_dir if since else None,
                    "reason": since.reason if since else None},
-        "latest_measured": {t: brief(e) for t, e in measured.items()},
+        "latest_measured": {t: {**brief(e), "budget_s_then": e.budget_s, "verified": e.verdict != "not_verified",
+                                "within_budget_now": e.verdict != "not_verified" and e.median_s is not None
+                                and e.median_s <= budget} for t, e in measured.items()},
         "active_meets_budget": None if am is None or am.verdict == "not_verified" else (
             am.median_s is not None and am.median_s <= budget),
         "last_rollback": None if rb is None else {**brief(rb), "verify": rb.details.get("verify"),

@@ -105,6 +105,9 @@ def replay_args(run: RunRecord) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - click raises several kinds
         raise InputError(f"run {run.run_dir}: command.txt cannot be parsed: {exc}") from None
     params = {k: ctx.params.get(k) for k in PLAN_ARGS}
+    for k in ("train_layout", "infer_layout"):  # recorded in the ledger: absolute when found from here
+        if params[k] and Path(params[k]).is_file():
+            params[k] = str(Path(params[k]).resolve())
     src = run.inputs.get("model_source")
     if isinstance(src, str) and Path(src).is_absolute() and Path(src).exists():
         params["model"] = src
