@@ -146,3 +146,27 @@ def test_a_failing_validation_refit_refuses_the_rollback(tmp_path, small_llama, 
     st = _status(site, capsys)
     assert st["active"]["transport"] == "gather_broadcast" and st["active"]["since"] is None  # nothing switched
     assert st["last_rollback"]["verified"] is False
+    # the report of the failed run names the failing rank, and renders the Slurm section a Slurm session
+    # adds to summary.json (the shape launch/slurm.py records: job ids per role, states per job)
+    check = tmp_path / "check"
+    summary = json.loads((check / "summary.json").read_text())
+    summary["slurm"] = {"mode": "hetjob", "job_ids": {"het": "41"}, "states": {"41+0": "COMPLETED", "41+1": "FAILED"},
+                        "exit_codes": {"41+0": 0, "41+1": 1}, "queue_s": 2.5}
+    (check / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert main(["report", str(check)]) == 0
+    md = (check / "report" / "report.md").read_text()
+    assert "| gather_broadcast | 3 | infer | VerificationError |" in md and "session ok | NO" in md
+    assert "| het | 41+1 | FAILED | 1 |" in md and "| queue_s | 2.500 s |" in md
+    _png_ok(check / "report" / "timeline-1.png")
+
+
+def test_report_rejects_bad_input_before_writing(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "no such run directory" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    assert "no summary.json" in capsys.readouterr().err and not out.exists()
+    assert main(["report", str(tmp_path / "empty"), "--format", "pdf", "--out", str(out)]) == 2
+    assert "--format 'pdf'" in capsys.readouterr().err and not out.exists()

@@ -187,3 +187,11 @@ def test_many_writers_in_many_processes_lose_nothing(tmp_path):
     assert sorted(e.reason for e in entries) == sorted(f"{w}-{k}" for w in range(3) for k in range(15))
     # under the lock every writer saw all earlier entries: "seen" counts 0, 1, 2, ... in file order
     assert [e.details["seen"] for e in entries] == list(range(45))
+
+
+def test_write_into_a_missing_directory_is_bad_input_and_records_nothing(tmp_path, capsys):
+    state = tmp_path / "state"
+    site = site_profile(tmp_path, "w", budget_s=1, state_dir=state)
+    assert main(["rollback", "--site", site, "--write", str(tmp_path / "no" / "such.yaml")]) == 2
+    assert "--write" in capsys.readouterr().err and ledger_lines(state) == []
+    assert main(["rollback", "--site", site, "--dry-run"]) == 0 and ledger_lines(state) == []

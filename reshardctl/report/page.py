@@ -78,18 +78,33 @@ def _failures(run: RunData) -> list[Block]:
 
 
 def _slurm(run: RunData) -> list[Block]:
+    """summary.json ``slurm``: ``job_ids`` (role -> id), ``states`` / ``exit_codes`` (job -> ...), ``mode``,
+    ``nodes``, ``queue_s`` / ``startup_s`` / ``run_s``; keys it does not know are listed as they are."""
     sl = run.summary.get("slurm")
     if not sl:
         return []
-    jobs = sl.get("jobs") if isinstance(sl, dict) else sl
-    if isinstance(jobs, list) and jobs and all(isinstance(j, dict) for j in jobs):
-        keys = [k for k in ("job_id", "id", "role", "state", "nodes", "elapsed_s") if any(k in j for j in jobs)]
-        rows = [tuple(keys)] + [tuple(str(j.get(k, "-")) for k in keys) for j in jobs]
-        return [Block("h2", "Slurm jobs"), Block("table", rows=tuple(rows))]
-    if isinstance(sl, dict):
-        rows = [("key", "value")] + [(str(k), str(v)) for k, v in sl.items()]
-        return [Block("h2", "Slurm"), Block("table", rows=tuple(rows))]
-    return [Block("h2", "Slurm"), Block("p", str(sl))]
+    if not isinstance(sl, dict):
+        return [Block("h2", "Slurm"), Block("p", str(sl))]
+    out = [Block("h2", "Slurm jobs")]
+    ids = sl.get("job_ids") if isinstance(sl.get("job_ids"), dict) else {}
+    states = sl.get("states") if isinstance(sl.get("states"), dict) else {}
+    codes = sl.get("exit_codes") if isinstance(sl.get("exit_codes"), dict) else {}
+    rows = [("role", "job id", "state", "exit code")]
+    listed = set()
+    for role, jid in ids.items():
+        for j in sorted(k for k in states if k == str(jid) or k.startswith(f"{jid}+") or k.startswith(f"{jid}_")) or [str(jid)]:
+            rows.append((str(role), j, str(states.get(j, "-")), str(codes.get(j, "-"))))
+            listed.add(j)
+    for j in states:
+        if j not in listed:
+            rows.append(("-", j, str(states[j]), str(codes.get(j, "-"))))
+    if len(rows) > 1:
+        out.append(Block("table", rows=tuple(rows)))
+    rest = [(str(k), _s(v) if k.endswith("_s") else str(v)) for k, v in sl.items()
+            if k not in ("job_ids", "states", "exit_codes")]
+    if rest:
+        out.append(Block("table", rows=(("", ""), *rest)))
+    return out
 
 
 def build(runs: list[RunData], images: dict[str, str]) -> list[Block]:
