@@ -157,6 +157,7 @@ def test_a_failing_validation_refit_refuses_the_rollback(tmp_path, small_llama, 
     assert main(["report", str(check)]) == 0
     md = (check / "report" / "report.md").read_text()
     assert "| gather_broadcast | 3 | infer | VerificationError |" in md and "session ok | NO" in md
+    assert "Phases that raised (events/)" in md and "Session error:" in md
     assert "| het | 41+1 | FAILED | 1 |" in md and "| queue_s | 2.500 s |" in md
     _png_ok(check / "report" / "timeline-1.png")
 

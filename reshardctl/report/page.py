@@ -64,10 +64,17 @@ def _failures(run: RunData) -> list[Block]:
                 for t, s in run.transports.items()}
     recovery = {t: v for t, v in recovery.items() if v}
     top = run.summary.get("recovery") or run.summary.get("recovery_attempts")
-    if len(rows) == 1 and not recovery and not top and run.summary.get("ok", True):
+    failed_phases = [seg for seg in run.segments if seg.error]
+    if failed_phases:
+        ev = [("phase", "rank", "transport", "step", "error")] + [
+            (seg.phase, str(seg.rank), seg.transport, str(seg.step), seg.error) for seg in failed_phases[:10]]
+        out.append(Block("p", f"Phases that raised (events/): {len(failed_phases)}"
+                              + (" (first 10)" if len(failed_phases) > 10 else "")))
+        out.append(Block("table", rows=tuple(ev)))
+    if len(rows) == 1 and not recovery and not top and not failed_phases and run.summary.get("ok", True):
         return [Block("p", "Failures: none; recovery attempts: none.")]
     if run.summary.get("error"):
-        out.append(Block("p", f"Session error: {run.summary['error']}"))
+        out += [Block("p", "Session error:"), Block("code", str(run.summary["error"]))]
     if len(rows) > 1:
         out.append(Block("table", rows=tuple(rows)))
     for t, v in recovery.items():
@@ -167,6 +174,8 @@ def to_markdown(blocks: list[Block]) -> str:
             out.append(f"{b.text}\n")
         elif b.kind == "img":
             out.append(f"![{b.text}]({b.src})\n")
+        elif b.kind == "code":
+            out.append(f"```\n{b.text}\n```\n")
         elif b.kind == "table":
             head, *rows = b.rows
             out.append("| " + " | ".join(_md_cell(h) for h in head) + " |")
@@ -185,6 +194,8 @@ def to_html(blocks: list[Block], image_dir: Path) -> str:
             body.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
         elif b.kind == "p":
             body.append(f"<p>{e(b.text)}</p>")
+        elif b.kind == "code":
+            body.append(f"<pre>{e(b.text)}</pre>")
         elif b.kind == "img":
             data = base64.b64encode((image_dir / b.src).read_bytes()).decode()
             body.append(f'<figure><img alt="{e(b.text)}" src="data:image/png;base64,{data}"><figcaption>{e(b.text)}'
