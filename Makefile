@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test bench clean install
+.PHONY: demo test bench clean install slurm-up slurm-down
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,13 @@ test: install
 bench: install
 	$(PY) benchmarks/refit_local.py
 	$(PY) benchmarks/plan_scale.py
+
+# a real Slurm cluster on this machine for the Slurm tests (root; Debian/Ubuntu): see tests/slurm/
+slurm-up:
+	tests/slurm/cluster-up.sh
+
+slurm-down:
+	tests/slurm/cluster-down.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -53,6 +53,7 @@ from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
 from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
 from reshardctl.commands import runbook as _runbook  # noqa: E402
 from reshardctl.commands.report import report_cmd as _report_cmd  # noqa: E402
+from reshardctl.commands import slurm as _slurm  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_layout.app, name="layout")
@@ -64,6 +65,9 @@ app.command("status")(_runbook.status_cmd)
 app.command("promote")(_runbook.promote_cmd)
 app.command("rollback")(_runbook.rollback_cmd)
 app.command("report")(_report_cmd)
+app.command("jobs")(_slurm.jobs_cmd)
+app.command("cancel")(_slurm.cancel_cmd)
+app.command("collect")(_slurm.collect_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

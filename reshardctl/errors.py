@@ -61,6 +61,12 @@ class LaunchError(ReshardError):
     """Starting processes or talking to Slurm failed (carries the command and its output)."""
 
 
+class Interrupted(ReshardError):
+    """The user interrupted a run (Ctrl-C); what was cancelled is in the message. Exit code 130."""
+
+    exit_code = 130
+
+
 class TransferError(ReshardError):
     """A refit failed at run time (a rank died, a timeout, a backend error)."""
 

@@ -8,6 +8,7 @@ Reference: docs/plan-format.md.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import List, Optional
 
 import typer
@@ -132,11 +133,23 @@ def plan_cmd(
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
                   bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []))
     plans, result = plan_report(inp)
+    extra = None
+    if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)
+        from pathlib import Path
+
+        from reshardctl.runs.session import slurm_files
+
+        extra = slurm_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()))
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
         paths, n = write_outputs(plans, result, out=out, export=export,
-                                 export_plan=plans[result["primary_transport"]] if export is not None else None)
+                                 export_plan=plans[result["primary_transport"]] if export is not None else None,
+                                 extra=extra)
         for p in paths:
             output.info(f"wrote {escape(str(p))}")
+        if out is not None:
+            script = next(p for p in paths if p.suffix == ".sbatch")
+            output.info(f"to run it on Slurm by hand: sbatch {escape(shlex.quote(str(script)))}, then "
+                        f"reshardctl collect {escape(shlex.quote(str(out)))} --job <id> --wait")
         if export is not None:
             output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {escape(str(export))}")
     if as_json:

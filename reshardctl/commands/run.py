@@ -1,7 +1,8 @@
 """`reshardctl run` (one transport, for real) and `reshardctl bench` (all three side by side).
 
-Both run every rank as a process on this machine (gloo on CPU, NCCL where each rank has a GPU),
-verify every byte, and leave a run directory (see reshardctl/runs/rundir.py).
+Both run every rank as a process on this machine (gloo on CPU, NCCL where each rank has a GPU) or, with
+the Slurm launcher, as tasks of Slurm jobs (trainer and inference on separate allocations); both verify
+every byte and leave a run directory (see reshardctl/runs/rundir.py and docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.errors import InputError
 from reshardctl.plan.inputs import prepare
 from reshardctl.plan.model import TRANSPORTS
-from reshardctl.runs.session import run_session
+from reshardctl.runs.session import LAUNCHERS, run_session
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
 OUT = typer.Option(None, "--out", help="Run directory (default runs/<UTC time>-<label>).")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="safetensors checkpoint (file or dir): trainer ranks read their slices from it.")
 FULL_CHECK = typer.Option(False, "--full-check", help="Also compare every destination box with the weight source (timed apart).")
+LAUNCHER = typer.Option(None, "--launcher", help="local | slurm (default: the profile's launcher, else local).")
+SLURM_MODE = typer.Option(None, "--slurm-mode", help="hetjob | two-jobs (default: the profile's slurm.mode, else hetjob).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Slurm: print the job scripts and the sbatch argv; submit nothing, write nothing.")
+DETACH = typer.Option(False, "--detach", help="Slurm: submit, print the job ids and the run directory, return (see `reshardctl collect`).")
 
 
 def _s(x) -> str:
@@ -39,24 +45,50 @@ def _b(n) -> str:
 
 
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
-             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json):
+             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
+             launcher=None, slurm_mode=None, dry_run=False, detach=False):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay)
+    launcher = launcher or inp.site.launcher
+    if launcher not in LAUNCHERS:
+        raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    if launcher != "slurm" and (dry_run or detach or slurm_mode):
+        flag = "--dry-run" if dry_run else ("--detach" if detach else "--slurm-mode")
+        raise InputError(f"{flag} is a Slurm launcher option, but the launcher is {launcher!r} "
+                         f"(add --launcher slurm, or set launcher: slurm in the site profile)")
+    if dry_run:
+        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json)
+    where = "Slurm tasks" if launcher == "slurm" else "processes"
     if not as_json and not output.quiet():
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
-                    f"({inp.topology.world} processes), transports {', '.join(transports)}")
-        if not inp.site.cpu_only:
+                    f"({inp.topology.world} {where}), transports {', '.join(transports)}")
+        if not inp.site.cpu_only and launcher == "local":
             output.info(f"note: site {inp.site.name} describes GPUs; here every rank is a process on this machine "
                         f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
                         f"this machine's, not the site's; `reshardctl plan` predicts the site")
     show = not as_json and not output.quiet()
-    with Progress(TextColumn("refits"), BarColumn(), TextColumn("{task.completed}/{task.total} rank commits"),
+    with Progress(TextColumn("{task.fields[state]}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} rank commits"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
-        task = prog.add_task("refit", total=None)
+        task = prog.add_task("refit", total=None, state="refits")
         res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out,
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(),
-                          progress=lambda done, total: prog.update(task, completed=done, total=total))
+                          progress=lambda done, total: prog.update(task, completed=done, total=total),
+                          launcher=launcher, slurm_mode=slurm_mode, detach=detach,
+                          on_slurm_state=lambda states, sides: prog.update(
+                              task, state=slurm_state_line(states, sides)))
+    if res.summary is None:  # detached
+        run = res.slurm
+        info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
+        if as_json:
+            output.print_json(info)
+        else:
+            ids = ", ".join(f"{k} {v}" if k != "het" else v for k, v in run.job_ids.items())
+            output.console().print(f"submitted Slurm job(s) {ids} ({run.mode}); run directory: {res.run_dir}\n"
+                                   f"follow: reshardctl jobs; summary once ended: reshardctl collect {res.run_dir}",
+                                   markup=False, highlight=False)
+        return res
     if as_json:
         output.print_json(res.summary)
     else:
@@ -64,6 +96,52 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     if res.error is not None:
         raise res.error
     return res
+
+
+def slurm_state_line(states: dict, sides: dict | None = None) -> str:
+    """``job 12 PENDING (Resources)`` / ``job 12 RUNNING on n1,n2; train 4, infer 4 commits``: the live
+    line of a Slurm run."""
+    if not states:
+        return "submitted"
+    parts = []
+    for j, s in states.items():
+        if s.state == "PENDING":
+            parts.append(f"job {j} PENDING ({s.reason or 'queued'})")
+        else:
+            parts.append(f"job {j} {s.state}" + (f" on {s.nodes}" if s.nodes else ""))
+    if sides and any(sides.values()):
+        parts.append(f"commits: train {sides.get('train', 0)}, infer {sides.get('infer', 0)}")
+    return escape("; ".join(parts))
+
+
+def _dry_run(inp, transports, *, out, slurm_mode, as_json):
+    """The job scripts and the argv that would submit them, for the run directory that would be used."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from reshardctl.launch.slurm_request import build_request
+    from reshardctl.runs.rundir import DEFAULT_BASE
+
+    label = "bench" if len(transports) > 1 else transports[0]
+    run_dir = Path(out) if out else Path(DEFAULT_BASE) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}"
+    req = build_request(inp.site, inp.topology, str(run_dir.absolute()), mode=slurm_mode, label=label,
+                        python=sys.executable)
+    scripts = req.materialize()
+    argvs = [req.submit_argv(n) for n in scripts]
+    if as_json:
+        output.print_json({"mode": req.mode, "run_dir": req.run_dir, "scripts": scripts, "submit": argvs})
+        return None
+    import shlex
+
+    con = output.console()
+    for name, text in scripts.items():
+        con.print(f"# ---- {req.script_path(name)}", markup=False, highlight=False)
+        con.print(text, markup=False, highlight=False, end="")
+    con.print("# ---- submit (dry run: nothing was submitted or written)", markup=False, highlight=False)
+    for a in argvs:
+        con.print(shlex.join(a), markup=False, highlight=False)
+    return None
 
 
 def render(summary: dict) -> None:
@@ -85,6 +163,13 @@ def render(summary: dict) -> None:
             _s(s["predicted_s"]), _b(s["peak_staging_bytes"]), "yes" if s["verified"] else "NO",
         )
     con.print(table)
+    sl = summary.get("slurm")
+    if sl:
+        ids = ", ".join(sl.get("job_ids", {}).values())
+        states = ", ".join(f"{j} {st}" for j, st in sl.get("states", {}).items())
+        times = " ".join(f"{k[:-2]} {_s(sl[k])}" for k in ("queue_s", "startup_s", "run_s") if sl.get(k) is not None)
+        con.print(f"slurm ({sl.get('mode')}): job(s) {ids}: {states or 'no final state'}"
+                  + (f"; {times}" if times else ""), markup=False, highlight=False)
     con.print(f"run directory: {summary['run_dir']}", markup=False, highlight=False)
     for name, s in trs.items():
         for f in s["failures"][:5]:
@@ -101,9 +186,10 @@ def run_cmd(
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
+    launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
+    detach: bool = DETACH,
 ) -> None:
-    """Run the refit for real on this machine: every rank a process, every byte verified."""
-    from reshardctl.errors import InputError
+    """Run the refit for real (processes here, or Slurm jobs): every byte verified."""
     from reshardctl.site import load_profile
 
     t = transport or load_profile(site).refit.transport
@@ -112,7 +198,8 @@ def run_cmd(
     _session([t], site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
-             full_check=full_check, as_json=as_json)
+             full_check=full_check, as_json=as_json, launcher=launcher, slurm_mode=slurm_mode, dry_run=dry_run,
+             detach=detach)
 
 
 def bench_cmd(
@@ -122,9 +209,12 @@ def bench_cmd(
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, as_json: bool = opt.JSON,
+    launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
+    detach: bool = DETACH,
 ) -> None:
-    """All three transports on the same processes, side by side, with the raw-transfer ceiling."""
+    """All three transports on the same processes (or Slurm allocation), side by side, with the raw ceiling."""
     _session(list(TRANSPORTS), site=site, model=model, layers=layers, train=train, infer=infer,
              train_style=train_style, infer_style=infer_style, train_layout=train_layout,
              infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
-             baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json)
+             baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, launcher=launcher,
+             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach)

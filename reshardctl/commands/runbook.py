@@ -162,14 +162,14 @@ def rollback_cmd(
         return
     d = res.decision
     if verify:
-        s = (res.validation.summary.get("transports") or {}).get("gather_broadcast") or {}
+        s = ((res.validation.summary or {}).get("transports") or {}).get("gather_broadcast") or {}
         med = (s.get("refit_s") or {}).get("median")
         con.print(f"validation refit: {res.validation.run_dir}: gather_broadcast median {seconds(med)}, "
                   f"{'verified' if res.verified else 'NOT verified'}", markup=False)
     if res.verified is False:
         raise RefusedError(
             f"rollback on site {name} not done: the gather_broadcast validation refit was not verified "
-            f"({res.validation.summary.get('error') or 'see summary.json'}); run {res.validation.run_dir}",
+            f"({(res.validation.summary or {}).get('error') or 'see summary.json'}); run {res.validation.run_dir}",
             hint=f"recorded as verify_failed in {operations.ledger.ledger_path(res.profile)}; the active transport "
                  f"stays {res.active_before}. Without --verify the rollback is recorded unproven")
     output.info(f"site {name}: {res.active_before} -> gather_broadcast rolled back; recorded at {d.time}")

@@ -63,8 +63,10 @@ def _output_errors(flag: str, path: str | os.PathLike):
         raise OutputError(f"{flag} {path}: cannot write: {e.strerror or e}", hint="choose a path in an existing, writable directory") from None
 
 
-def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for) -> list[tuple[Path, str]]:
-    """Write every output file for directory ``d`` to ``file_for(final path)``; return (written, final name)."""
+def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for,
+                 extra: dict[str, str | bytes] | None = None) -> list[tuple[Path, str]]:
+    """Write every output file for directory ``d`` to ``file_for(final path)``; return (written, final name).
+    ``extra``: more files by relative name (``slurm/hetjob.sbatch``), text or bytes."""
     from reshardctl.plan.serialize import save_plan
 
     done = []
@@ -74,18 +76,27 @@ def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for) -> lis
     js = file_for(d / "plan.json")
     js.write_text(json.dumps(result, indent=2, default=str) + "\n")
     done.append((js, "plan.json"))
+    for name, content in (extra or {}).items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        f = file_for(d / name)
+        if isinstance(content, bytes):
+            f.write_bytes(content)
+        else:
+            f.write_text(content)
+        done.append((f, name))
     return done
 
 
-def _stage_out(staged: StagedWrites, out: Path, plans: dict[str, Plan], result: dict) -> list[Path]:
+def _stage_out(staged: StagedWrites, out: Path, plans: dict[str, Plan], result: dict,
+               extra: dict[str, str | bytes] | None = None) -> list[Path]:
     """A new DIR is filled under a temp name next to it; into an existing DIR every file goes to a temp
     name inside it. Returns the final paths (valid after ``staged.commit()``)."""
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = staged.dir(out)
-        files = _write_files(tmp, plans, result, lambda p: p)
+        files = _write_files(tmp, plans, result, lambda p: p, extra)
     else:
-        files = _write_files(out, plans, result, staged.file)
+        files = _write_files(out, plans, result, staged.file, extra)
     return [out / name for _, name in files]
 
 
@@ -105,8 +116,8 @@ def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> l
 
 
 def write_outputs(plans: dict[str, Plan], result: dict, *, out: str | os.PathLike | None = None,
-                  export: str | os.PathLike | None = None, export_plan: Plan | None = None
-                  ) -> tuple[list[Path], int | None]:
+                  export: str | os.PathLike | None = None, export_plan: Plan | None = None,
+                  extra: dict[str, str | bytes] | None = None) -> tuple[list[Path], int | None]:
     """``--out DIR`` and ``--export-transfers FILE`` together, all-or-nothing across BOTH: everything is
     written under temporary names first and renamed only when every output was written, so a failing
     export leaves no new DIR behind (and vice versa). Returns (DIR's files, export line count).
@@ -120,7 +131,7 @@ def write_outputs(plans: dict[str, Plan], result: dict, *, out: str | os.PathLik
                     n = _write_lines(export_plan, f)
         if out is not None:
             with _output_errors("--out", out):
-                paths = _stage_out(staged, Path(out), plans, result)
+                paths = _stage_out(staged, Path(out), plans, result, extra)
         with _output_errors("--out" if out is not None else "--export-transfers", out if out is not None else export):
             staged.commit()
     if out is not None and Path(out).is_dir():

@@ -153,7 +153,11 @@ def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_
             before_refit(inp, origin)
         result.validation = validation.validation_refit(inp, iterations=iterations, warmup=warmup, out=out, argv=argv)
         result.verified = validation.verified(result.validation)
-        run = load_run(result.validation.run_dir)
+        try:
+            run = load_run(result.validation.run_dir)
+        except InputError:  # a session that died before its summary: recorded as not verified
+            run = None
+            result.verified = False
     with ledger.transaction(path) as txn:
         result.active_before, _ = ledger.active(txn.entries, profile)
         if run is not None:
@@ -163,13 +167,13 @@ def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_
         result.decision = txn.append(stamped(dict(
             site=profile.name, action="rollback", transport=validation.TRANSPORT,
             verdict="rolled_back" if ok else "verify_failed",
-            run_dir=None if run is None else str(run.run_dir),
+            run_dir=None if result.validation is None else str(Path(result.validation.run_dir).resolve()),
             plan_fingerprint=None if run is None else run.fingerprint(validation.TRANSPORT),
             median_s=None if run is None else run.figure(validation.TRANSPORT),
             p90_s=None if run is None else run.figure(validation.TRANSPORT, "p90"),
             budget_s=profile.refit.latency_budget_s, reason=reason,
             details={"active_before": result.active_before, "verify": verify, "verified": result.verified,
-                     "inputs": inputs, "error": None if result.validation is None else result.validation.summary.get("error")})))
+                     "inputs": inputs, "error": None if result.validation is None else (result.validation.summary or {}).get("error")})))
     return result
 
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from reshardctl.layout.placement import Box
@@ -152,6 +152,18 @@ class RankReport:
             raise cls(f"rank {self.global_rank} ({self.side} {self.side_rank}): {self.error_message}")
 
 
+def rank_report_from_dict(data: Mapping) -> RankReport:
+    """A ``RankReport`` back from its JSON form (``dataclasses.asdict``), e.g. a Slurm rank's report file.
+    Unknown keys are ignored (a newer rank), missing ones take their defaults."""
+    names = {f.name for f in fields(RankReport)}
+    it_names = {f.name for f in fields(IterationReport)}
+    kw = {k: v for k, v in data.items() if k in names}
+    kw["iterations"] = tuple(IterationReport(**{k: v for k, v in it.items() if k in it_names})
+                             for it in data.get("iterations", ()))
+    kw["baseline"] = dict(data.get("baseline") or {})
+    return RankReport(**kw)
+
+
 def world_of(plan: ExecutablePlan) -> int:
     return plan.train_world + plan.infer_world
 
@@ -167,6 +179,7 @@ __all__: Sequence[str] = (
     "RankReport",
     "RunOptions",
     "StaticPlan",
+    "rank_report_from_dict",
     "side_of",
     "world_of",
 )

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from reshardctl.atomic_write import write_json_atomic
 from reshardctl.errors import LaunchError, ReshardError, TransferError
 from reshardctl.runtime import commit as _commit
 from reshardctl.runtime.baseline import raw_transfer
@@ -300,8 +301,10 @@ def report_dict(report: RankReport) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reshardctl.runtime.worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--plan", required=True, help="pickled plan (StaticPlan.freeze(plan))")
-    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--session", default=None,
+                    help="a launcher's session file (pickle of plans, run options, warm-up; run_dir from the options)")
+    ap.add_argument("--plan", default=None, help="pickled plan (StaticPlan.freeze(plan))")
+    ap.add_argument("--run-dir", default=None)
     ap.add_argument("--iterations", type=int, default=1)
     ap.add_argument("--first-step", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=60.0)
@@ -315,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", action="store_true")
     ap.add_argument("--faults", default=None)
     a = ap.parse_args(argv)
+    if a.session is not None:
+        return _main_session(a.session)
+    if a.plan is None or a.run_dir is None:
+        ap.error("give --session FILE, or --plan FILE and --run-dir DIR")
     with open(a.plan, "rb") as fh:
         plan = pickle.load(fh)
     options = RunOptions(
@@ -337,6 +344,45 @@ def main(argv: list[str] | None = None) -> int:
     if not report.ok:
         print(f"reshardctl worker rank {env.global_rank}: {report.error_type}: {report.error_message}", file=sys.stderr)
     return 0 if report.ok else 1
+
+
+def _threads_per_task() -> int:
+    """CPU threads for this rank: Slurm's ``--cpus-per-task`` when given, else this task's CPUs shared by
+    the tasks of its node (ranks on one node must not oversubscribe its cores)."""
+    import os
+
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "1").split(",")[0].split("(")[0]
+    return max(1, cpus // max(1, int(per_node) if per_node.isdigit() else 1))
+
+
+def _main_session(path: str) -> int:
+    """One rank of a launcher's session (``reshardctl run --launcher slurm``): the plans, options and
+    warm-up from ``path``; the rank from the environment; ``{plan: report}`` into
+    ``<run_dir>/reports/rank-<N>.json``. Exit status 0 = every refit of every plan committed."""
+    try:
+        with open(path, "rb") as fh:
+            spec = pickle.load(fh)
+        plans, options, warmup = spec["plans"], spec["options"], spec["warmup"]
+        first = next(iter(plans.values()))
+        env = read_rank_env(first.train_world, first.infer_world, force_cpu=options.device == "cpu")
+    except (OSError, pickle.UnpicklingError, KeyError, StopIteration) as exc:
+        print(f"reshardctl worker: cannot read the session file {path}: {exc}", file=sys.stderr)
+        return 2
+    except ReshardError as exc:
+        print(f"reshardctl worker: {exc}", file=sys.stderr)
+        return 2 if exc.exit_code == 2 else 1
+    torch.set_num_threads(_threads_per_task())
+    reports = run_session(env, plans, options, warmup=warmup)
+    out = Path(options.run_dir) / "reports" / f"rank-{env.global_rank}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out, {n: report_dict(r) for n, r in reports.items()}, indent=1, default=str)
+    bad = [r for r in reports.values() if not r.ok]
+    for r in bad[:1]:
+        print(f"reshardctl worker rank {env.global_rank}: {r.error_type}: {r.error_message}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

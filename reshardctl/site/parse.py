@@ -19,7 +19,9 @@ from typing import Any
 from reshardctl.errors import ProfileError
 from reshardctl.site.hostlist import MAX_HOSTS, expand_hostlist
 from reshardctl.site.spec import (
+    LAUNCHERS,
     ROLES,
+    SLURM_MODES,
     TRANSPORTS,
     LinkSpec,
     RefitSpec,
@@ -62,6 +64,11 @@ SLURM = {
     "env": Key("strmap", {}, "a mapping of NAME: value, e.g. {NCCL_IB_HCA: mlx5}"),
     "extra_sbatch": Key("strlist", (), "a list of sbatch flags, e.g. ['--exclusive']"),
     "setup": Key("strlist", (), "a list of shell lines"),
+    "mode": Key("str", "hetjob", "one of " + ", ".join(SLURM_MODES)),
+    "python": Key("str", None, "the ranks' Python interpreter, e.g. /shared/venv/bin/python"),
+    "port_min": Key("int", 1400, "a TCP port number, e.g. 1400", 1024),
+    "port_max": Key("int", 1999, "a TCP port number, e.g. 1999", 1024),
+    "extra_srun": Key("strlist", (), "a list of srun flags, e.g. ['--mpi=pmix']"),
 }
 REFIT = {
     "transport": Key("str", "reshard", "one of " + ", ".join(TRANSPORTS)),
@@ -76,6 +83,7 @@ TOP = {
     "gpus_per_node": Key("int", REQUIRED, "a whole number of GPUs (ranks) per node, e.g. 8", 1),
     "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1),
     "cpu_only": Key("bool", False, "true or false"),
+    "launcher": Key("str", "local", "one of " + ", ".join(LAUNCHERS)),
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
     "slurm": Key("section", None, "a mapping (the slurm: section)"),
     "refit": Key("section", None, "a mapping (the refit: section)"),
@@ -196,6 +204,9 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
         if not v.strip():
             c.add(path, f"is empty (expected {spec.form})")
             return default
+        if "\x00" in v:
+            c.add(path, "holds a NUL byte (no shell or Slurm value can carry one)")
+            return default
         return v
     if spec.kind == "strlist":
         if not isinstance(v, (list, tuple)):
@@ -204,7 +215,10 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
         bad = [i for i, item in enumerate(v) if not isinstance(item, str)]
         for i in bad:
             c.add(f"{path}[{i}]", f"expected a string, got {describe(v[i])}")
-        return tuple(v) if not bad else default
+        nul = [i for i, item in enumerate(v) if isinstance(item, str) and "\x00" in item]
+        for i in nul:
+            c.add(f"{path}[{i}]", "holds a NUL byte (no shell or Slurm value can carry one)")
+        return tuple(v) if not (bad or nul) else default
     if spec.kind == "strmap":
         if not isinstance(v, Mapping):
             c.wrong_type(path, spec, v)
@@ -215,6 +229,8 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
                 c.add(f"{path}", f"{describe(name)} is not a valid environment variable name")
             elif isinstance(val, bool) or not isinstance(val, (str, int)):
                 c.add(f"{path}.{name}", f"expected a string (quote it, e.g. '1'), got {describe(val)}")
+            elif isinstance(val, str) and "\x00" in val:
+                c.add(f"{path}.{name}", "holds a NUL byte (no shell or Slurm value can carry one)")
             else:
                 out[name] = str(val)
         return out
@@ -286,6 +302,10 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
     cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
     state_dir = _value(c, top, "", "state_dir", TOP["state_dir"])
+    launcher = _value(c, top, "", "launcher", TOP["launcher"])
+    if launcher not in LAUNCHERS:
+        c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        launcher = "local"
 
     lraw = _section(c, top.get("links"), "links.", LINKS) if "links" in top else {}
     links = {k: _value(c, lraw, "links.", k, spec) for k, spec in LINKS.items()}
@@ -320,8 +340,21 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     for i, flag in enumerate(slurm["extra_sbatch"]):
         if flag.lstrip().upper().startswith("#SBATCH"):
             c.add(f"slurm.extra_sbatch[{i}]", f"give the flag without '#SBATCH': {flag.split(None, 1)[-1]!r}")
-        elif not flag.startswith("-") or "\n" in flag:
+        elif not flag.startswith("-") or "\n" in flag or "\r" in flag:
             c.add(f"slurm.extra_sbatch[{i}]", f"expected one sbatch flag such as '--exclusive', got {flag!r}")
+    for i, flag in enumerate(slurm["extra_srun"]):
+        if not flag.startswith("-") or "\n" in flag or "\r" in flag:
+            c.add(f"slurm.extra_srun[{i}]", f"expected one srun flag such as '--mpi=pmix', got {flag!r}")
+    for i, line in enumerate(slurm["setup"]):
+        if "\n" in line or "\r" in line:
+            c.add(f"slurm.setup[{i}]", "one shell line per item (no newline inside an item)")
+    if slurm["mode"] not in SLURM_MODES:
+        c.add("slurm.mode", f"must be one of {', '.join(SLURM_MODES)}, got {slurm['mode']!r}")
+        slurm["mode"] = "hetjob"
+    if slurm["port_max"] > 65535 or slurm["port_min"] > 65535:
+        c.add("slurm.port_max", f"TCP ports end at 65535 (got {slurm['port_min']}..{slurm['port_max']})")
+    elif slurm["port_min"] > slurm["port_max"]:
+        c.add("slurm.port_min", f"port_min ({slurm['port_min']}) is above port_max ({slurm['port_max']})")
 
     if c.problems:
         if len(c.problems) == 1:
@@ -337,6 +370,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         nvlink_domain_nodes=domain,
         links=LinkSpec(**links),
         cpu_only=cpu_only,
+        launcher=launcher,
         slurm=SlurmSpec(partitions=partitions, **slurm),
         refit=RefitSpec(**refit),
         state_dir=state_dir,

@@ -3,7 +3,7 @@
 Objects are built by ``parse_profile`` (which checks types and collects every problem of a file), but they
 also check their own invariants on construction, so code that builds one by hand cannot make an impossible
 site either. Mappings are stored as ``FrozenMap`` and sequences as tuples: a profile is hashable,
-picklable (submitit) and cannot be changed after loading.
+picklable and cannot be changed after loading.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from reshardctl.errors import ProfileError
 
 TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
 ROLES = ("train", "infer")
+LAUNCHERS = ("local", "slurm")
+SLURM_MODES = ("hetjob", "two-jobs")
 MIB = 2**20
 
 
@@ -115,11 +117,16 @@ class SlurmSpec:
     env: Mapping[str, str] = field(default_factory=FrozenMap)
     extra_sbatch: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
+    mode: str = "hetjob"  # "hetjob" (one job, two components) | "two-jobs" (one job per role)
+    python: str | None = None  # the ranks' Python; None: the one running reshardctl (a shared install)
+    port_min: int = 1400  # rendezvous port range, below the ephemeral range of any common node set-up
+    port_max: int = 1999
+    extra_srun: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _freeze(self, "partitions", FrozenMap(self.partitions))
         _freeze(self, "env", FrozenMap(self.env))
-        for k in ("container_mounts", "modules", "extra_sbatch", "setup"):
+        for k in ("container_mounts", "modules", "extra_sbatch", "setup", "extra_srun"):
             _freeze(self, k, tuple(getattr(self, k)))
         p = []
         bad_roles = [r for r in self.partitions if r not in ROLES]
@@ -129,6 +136,10 @@ class SlurmSpec:
             p.append(f"slurm.time_min must be >= 1 minute, got {self.time_min!r}")
         if self.gpus_per_node is not None and not self.gpus_per_node >= 0:
             p.append(f"slurm.gpus_per_node must be >= 0, got {self.gpus_per_node!r}")
+        if self.mode not in SLURM_MODES:
+            p.append(f"slurm.mode must be one of {', '.join(SLURM_MODES)}, got {self.mode!r}")
+        if not 1024 <= self.port_min <= self.port_max <= 65535:
+            p.append(f"slurm.port_min ({self.port_min}) <= slurm.port_max ({self.port_max}) must lie in 1024..65535")
         _raise(p, "invalid SlurmSpec")
 
 
@@ -172,6 +183,7 @@ class SiteProfile:
     nvlink_domain_nodes: int
     links: LinkSpec
     cpu_only: bool = False
+    launcher: str = "local"  # how `reshardctl run` starts ranks by default: "local" | "slurm"
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     refit: RefitSpec = field(default_factory=RefitSpec)
     state_dir: str | None = None  # where the site's ledger lives (None: the per-user state directory)
@@ -188,6 +200,8 @@ class SiteProfile:
             p.append(f"nodes lists {', '.join(dups[:5])}{' ...' if len(dups) > 5 else ''} more than once")
         if not self.gpus_per_node >= 1:
             p.append(f"gpus_per_node must be >= 1, got {self.gpus_per_node!r}")
+        if self.launcher not in LAUNCHERS:
+            p.append(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         if not self.nvlink_domain_nodes >= 1:
             p.append(f"nvlink_domain_nodes must be >= 1, got {self.nvlink_domain_nodes!r}")
         elif self.nodes and len(self.nodes) % self.nvlink_domain_nodes:
@@ -235,6 +249,7 @@ def profile_to_dict(p: SiteProfile) -> dict:
         "gpus_per_node": p.gpus_per_node,
         "nvlink_domain_nodes": p.nvlink_domain_nodes,
         "cpu_only": p.cpu_only,
+        "launcher": p.launcher,
         "links": {
             "nvlink_gbytes_per_s": l.nvlink_gbytes_per_s,
             "nic_gbits_per_s": l.nic_gbits_per_s,
@@ -255,6 +270,11 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "env": dict(s.env),
             "extra_sbatch": list(s.extra_sbatch),
             "setup": list(s.setup),
+            "mode": s.mode,
+            "python": s.python,
+            "port_min": s.port_min,
+            "port_max": s.port_max,
+            "extra_srun": list(s.extra_srun),
         },
         "refit": {
             "transport": r.transport,

@@ -1,0 +1,83 @@
+"""`reshardctl jobs`, `reshardctl cancel RUN_DIR`, `reshardctl collect RUN_DIR`: detached Slurm runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from reshardctl.commands import options as opt
+from reshardctl.commands import output
+
+
+def jobs_cmd(
+    all_runs: bool = typer.Option(False, "--all", help="Also runs whose jobs ended (default: only those still queued or running)."),
+    as_json: bool = opt.JSON,
+) -> None:
+    """This tool's Slurm runs (from the per-user run index) with their jobs' state."""
+    from reshardctl.launch import slurm
+    from reshardctl.runs.index import list_runs, state_dir
+
+    runs = list_runs()
+    ids = [j for r in runs for j in r["job_ids"].values()]
+    live = slurm.job_states(ids) if ids else {}
+    ended = [j for j in ids if j not in live]
+    acct = slurm.final_states(ended, wait_s=0.0) if (ended and all_runs) else {}
+    rows = []
+    for r in runs:
+        states = {j: (live.get(j) or acct.get(j)) for j in r["job_ids"].values()}
+        active = any(j in live and not live[j].terminal for j in r["job_ids"].values())
+        if not (active or all_runs):
+            continue
+        rows.append({
+            "run_dir": r["run_dir"], "site": r.get("site"), "mode": r.get("mode"), "job_ids": r["job_ids"],
+            "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.get("submitted_at", 0))),
+            "states": {j: (s.state if s else "UNKNOWN") for j, s in states.items()},
+            "reasons": {j: s.reason for j, s in states.items() if s and s.state == "PENDING"},
+        })
+    if as_json:
+        output.print_json(rows)
+        return
+    if not rows:
+        what = "runs" if all_runs else "queued or running runs (--all shows ended ones)"
+        output.console().print(f"no {what} in {state_dir()}", markup=False, highlight=False)
+        return
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for c in ("submitted (UTC)", "site", "mode", "jobs", "state", "run directory"):
+        table.add_column(c, no_wrap=c != "run directory")
+    for r in rows:
+        st = ", ".join(s + (f" ({r['reasons'][j]})" if j in r["reasons"] else "") for j, s in r["states"].items())
+        table.add_row(r["submitted"], str(r["site"]), str(r["mode"]), ", ".join(r["job_ids"].values()), st,
+                      r["run_dir"])
+    output.console().print(table)
+
+
+def cancel_cmd(run_dir: str = typer.Argument(..., help="The run directory of a Slurm run.")) -> None:
+    """Cancel the Slurm jobs of a run (both jobs of a two-jobs run)."""
+    from reshardctl.launch import slurm, slurm_cli
+
+    run = slurm.SlurmRun.load(run_dir)
+    slurm_cli.scancel(run.ids)
+    output.console().print(f"cancelled Slurm job(s) {', '.join(run.ids)} of {run_dir}", markup=False,
+                           highlight=False)
+
+
+def collect_cmd(
+    run_dir: str = typer.Argument(..., help="The run directory of a Slurm run."),
+    wait: bool = typer.Option(False, "--wait", help="Wait until the jobs ended (default: refuse while they run)."),
+    job: Optional[str] = typer.Option(None, "--job", help="Job id of a run submitted by hand from `plan --out DIR` scripts."),
+    as_json: bool = opt.JSON,
+) -> None:
+    """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
+    from reshardctl.commands.run import render
+    from reshardctl.runs.session import collect_session
+
+    res = collect_session(run_dir, wait=wait, job=job)
+    if as_json:
+        output.print_json(res.summary)
+    else:
+        render(res.summary)
+    if res.error is not None:
+        raise res.error

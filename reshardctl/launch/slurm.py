@@ -1,0 +1,347 @@
+"""Run a prepared refit session on Slurm: write the scripts, submit, watch, cancel, collect.
+
+The request (``slurm_request.py``) is pure; this module is the only one that submits it, and every
+Slurm command goes through ``slurm_cli.py``. What a run directory holds for Slurm::
+
+    session.pkl            the plans and run options the ranks load (``python -m reshardctl.runtime.worker --session``)
+    slurm/*.sbatch         the job scripts, as submitted
+    slurm/jobs.json        mode, job ids per role, submit time (written right after submission)
+    slurm/<role>.jobid     two-jobs mode: each job's id, so that each can cancel the other
+    slurm/job-<id>.out     the batch script's own output (two-jobs: train-<id>.out, infer-<id>.out)
+    logs/rank-N.{out,err}  each rank's stdout and stderr
+    reports/rank-N.json    each rank's report (written by the rank)
+    events/rank-N.jsonl    each rank's events (written by the rank)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
+from reshardctl.errors import LaunchError, TransferError
+from reshardctl.launch import slurm_cli
+from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
+from reshardctl.runtime.contract import RankReport, rank_report_from_dict
+
+JOBS_FILE = "slurm/jobs.json"
+POLL_S = 0.5
+SACCT_LAG_S = 15.0  # accounting rows complete up to a few seconds after a job left the queue
+
+
+@dataclass
+class SlurmRun:
+    """The jobs of one run, as recorded in ``slurm/jobs.json``."""
+
+    run_dir: str
+    mode: str
+    job_ids: dict[str, str]  # "het" -> id (hetjob) | "train"/"infer" -> id (two-jobs)
+    submitted_at: float
+    scripts: list[str] = field(default_factory=list)
+    world: int = 0
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.job_ids.values())
+
+    def save(self) -> None:
+        write_json_atomic(Path(self.run_dir) / JOBS_FILE, asdict(self), indent=2)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "SlurmRun":
+        path = Path(run_dir) / JOBS_FILE
+        try:
+            data = json.loads(path.read_text())
+            return cls(**data)
+        except FileNotFoundError:
+            raise LaunchError(f"{run_dir}: not a Slurm run directory (no {JOBS_FILE})") from None
+        except (OSError, ValueError, TypeError) as exc:
+            raise LaunchError(f"{path}: unreadable ({exc})") from None
+
+
+def session_bytes(plans: Mapping[str, object], options, warmup: int) -> bytes:
+    """The content of ``session.pkl``: what every rank loads. The planner's own plans travel (each rank
+    derives its own steps from them), never every rank's steps written out."""
+    return pickle.dumps({"plans": dict(plans), "options": options, "warmup": warmup}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: int) -> Path:
+    path = run_dir / SESSION_FILE
+    with atomic_open(path, binary=True, mode=0o600) as fh:
+        fh.write(session_bytes(plans, options, warmup))
+    return path
+
+
+def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
+    """Record a job submitted by hand (from `reshardctl plan --out DIR`'s scripts) as this run's."""
+    if not job.split("+")[0].isdigit():
+        raise LaunchError(f"--job {job!r} is not a Slurm job id")
+    scripts = sorted(str(p) for p in (Path(run_dir) / "slurm").glob("*.sbatch"))
+    mode = "hetjob" if any(p.endswith("hetjob.sbatch") for p in scripts) else "two-jobs"
+    run = SlurmRun(str(run_dir), mode, {"het" if mode == "hetjob" else "job": job}, time.time(), scripts, world)
+    run.save()
+    return run
+
+
+def write_scripts(request: SlurmRequest) -> list[Path]:
+    d = Path(request.run_dir) / "slurm"
+    d.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in request.materialize().items():
+        out.append(write_text_atomic(d / name, text, mode=0o700))
+    return out
+
+
+def submit(request: SlurmRequest) -> SlurmRun:
+    """Write the scripts and submit them; ``slurm/jobs.json`` records the ids. Two-jobs: the trainer
+    job first; when the inference job cannot be submitted, the trainer job is cancelled."""
+    scripts = write_scripts(request)
+    world = request.train_world + request.infer_world
+    run = SlurmRun(request.run_dir, request.mode, {}, time.time(), [str(p) for p in scripts], world)
+    if request.mode == "hetjob":
+        run.job_ids["het"] = slurm_cli.sbatch(request.submit_argv("hetjob.sbatch"))
+    else:
+        slurm_dir = Path(request.run_dir) / "slurm"
+        for role in ("train", "infer"):
+            try:
+                job = slurm_cli.sbatch(request.submit_argv(f"{role}.sbatch"))
+            except LaunchError:
+                slurm_cli.scancel(run.ids)
+                raise
+            run.job_ids[role] = job
+            write_text_atomic(slurm_dir / f"{role}.jobid", job + "\n")
+    run.save()
+    return run
+
+
+@dataclass
+class Watch:
+    """What watching saw: the final state per job, and when the jobs started and ended."""
+
+    states: dict[str, slurm_cli.JobState]
+    first_running_at: float | None
+    ended_at: float
+    interrupted: bool = False
+    cancelled_peer: str | None = None
+
+
+def job_states(ids: list[str]) -> dict[str, slurm_cli.JobState]:
+    """The state of each job id (a het job: its components' states folded: the worst wins)."""
+    q = slurm_cli.squeue(ids)
+    out = {}
+    for j in ids:
+        comps = [s for k, s in q.items() if k == j or k.startswith(j + "+")]
+        if comps:
+            out[j] = _fold(j, comps)
+    return out
+
+
+_RANK = {"RUNNING": 1, "COMPLETING": 1, "COMPLETED": 0, "PENDING": 2, "CONFIGURING": 1}
+
+
+def _fold(job: str, comps: list[slurm_cli.JobState]) -> slurm_cli.JobState:
+    bad = [c for c in comps if c.terminal and c.state != "COMPLETED"]
+    if bad:
+        return slurm_cli.JobState(job, bad[0].state, bad[0].reason, ",".join(c.nodes for c in comps), bad[0].exit_code,
+                                  comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s)
+    states = {c.state for c in comps}
+    state = "PENDING" if "PENDING" in states else ("RUNNING" if states & {"RUNNING", "CONFIGURING", "COMPLETING"}
+                                                   else comps[0].state)
+    reason = next((c.reason for c in comps if c.state == "PENDING"), comps[0].reason)
+    return slurm_cli.JobState(job, state, reason, ",".join(c.nodes for c in comps if c.nodes), comps[0].exit_code,
+                              comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s)
+
+
+def final_states(ids: list[str], *, wait_s: float = SACCT_LAG_S) -> dict[str, slurm_cli.JobState]:
+    """Accounting's final record of each job (sacct), polled until every job has a terminal state or
+    ``wait_s`` passed (accounting lags the queue by a few seconds)."""
+    end = time.monotonic() + wait_s
+    got: dict[str, slurm_cli.JobState] = {}
+    while True:
+        acct = slurm_cli.sacct(ids)
+        for j in ids:
+            comps = [s for k, s in acct.items() if k == j or k.startswith(j + "+")]
+            if comps:
+                got[j] = _fold(j, comps)
+        if all(j in got and got[j].terminal for j in ids) or time.monotonic() > end:
+            return got
+        time.sleep(0.5)
+
+
+def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], None] | None = None) -> Watch:
+    """Poll the queue until every job of ``run`` has left it (or ended). Two-jobs: when one job ends
+    without success while the other still waits or runs, cancel the other. Ctrl-C cancels every job
+    (the ``KeyboardInterrupt`` is re-raised after the cancel)."""
+    ids = run.ids
+    first_running = None
+    cancelled_peer = None
+    last: dict[str, slurm_cli.JobState] = {}
+    try:
+        while True:
+            states = job_states(ids)
+            if states:
+                last.update(states)
+            if first_running is None and states and all(s.state in ("RUNNING", "COMPLETING", "COMPLETED")
+                                                         or s.terminal for s in states.values()) \
+                    and len(states) == len(ids):
+                first_running = time.time()
+            if on_update is not None:
+                on_update(states)
+            live = {j: s for j, s in states.items() if not s.terminal and s.state != "COMPLETING"}
+            if run.mode == "two-jobs" and cancelled_peer is None:
+                failed = [j for j in ids if (j in states and states[j].terminal and states[j].state != "COMPLETED")]
+                gone = [j for j in ids if j not in states and j in last]
+                if (failed or gone) and live:
+                    cancelled_peer = ",".join(live)
+                    slurm_cli.scancel(list(live))
+            if not live:
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        slurm_cli.scancel(ids)
+        raise
+    if first_running is None and last and any(s.state != "PENDING" for s in last.values()):
+        first_running = time.time()  # started and ended between two polls
+    return Watch(final_states(ids), first_running, time.time(), cancelled_peer=cancelled_peer)
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str, list[RankReport]], dict[int, str]]:
+    """The ranks' reports (``reports/rank-N.json``): ``{plan name: reports in rank order}`` of the ranks
+    that reported, and ``{rank: why}`` for those that did not (with their stderr's last lines)."""
+    by_rank: dict[int, dict[str, RankReport]] = {}
+    lost: dict[int, str] = {}
+    for r in range(world):
+        path = run_dir / "reports" / f"rank-{r}.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            err = _tail(run_dir / "logs" / f"rank-{r}.err")
+            lost[r] = "left no report" + (f"; its stderr ends:\n      " + err.replace("\n", "\n      ") if err else
+                                         " and no stderr (it never started?)")
+            continue
+        if "global_rank" in data:  # a one-plan report
+            data = {names[0]: data}
+        by_rank[r] = {n: rank_report_from_dict(d) for n, d in data.items()}
+    session = {n: [by_rank[r][n] for r in sorted(by_rank) if n in by_rank[r]] for n in names}
+    return session, lost
+
+
+def slurm_record(run: SlurmRun, w: Watch | None, run_dir: Path) -> dict:
+    """The ``slurm`` section of ``summary.json``."""
+    rec: dict = {"mode": run.mode, "job_ids": dict(run.job_ids), "submitted_at": run.submitted_at,
+                 "scripts": [os.path.basename(s) for s in run.scripts]}
+    if w is None:
+        return rec
+    rec["states"] = {j: s.state for j, s in w.states.items()}
+    rec["exit_codes"] = {j: s.exit_code for j, s in w.states.items()}
+    rec["nodes"] = _side_nodes(run, w)
+    rec["interrupted"] = w.interrupted
+    if w.cancelled_peer:
+        rec["cancelled_peer"] = w.cancelled_peer
+    started = w.first_running_at
+    if started is None:  # not watched from the submission (a detached run): accounting's start time
+        started = _earliest_start(w.states)
+    if started is not None:
+        rec["queue_s"] = max(0.0, started - run.submitted_at)
+        ready = _ranks_ready_at(run_dir)
+        if ready is not None:
+            rec["startup_s"] = max(0.0, ready - started)
+            rec["run_s"] = max(0.0, w.ended_at - ready)
+    return rec
+
+
+def _earliest_start(states: Mapping[str, slurm_cli.JobState]) -> float | None:
+    """The earliest ``Start`` of the jobs (sacct's local ISO time, 1 s resolution), unix time."""
+    import datetime as dt
+
+    starts = []
+    for s in states.values():
+        try:
+            starts.append(dt.datetime.fromisoformat(s.start).timestamp())
+        except (TypeError, ValueError):
+            continue
+    return min(starts) if starts else None
+
+
+def _side_nodes(run: SlurmRun, w: Watch) -> dict[str, str]:
+    if run.mode == "hetjob":
+        parts = [s for s in w.states.values()]
+        nodes = parts[0].nodes.split(",") if parts else []
+        # het components fold into "a,b" in component order: trainers first
+        return {"train": nodes[0] if nodes else "", "infer": nodes[1] if len(nodes) > 1 else ""}
+    return {role: w.states[j].nodes if j in w.states else "" for role, j in run.job_ids.items()}
+
+
+def _ranks_ready_at(run_dir: Path) -> float | None:
+    """When the last rank finished setting up its process groups (from the events), unix time."""
+    ends = []
+    for f in (run_dir / "events").glob("rank-*.jsonl"):
+        try:
+            for line in f.read_text().splitlines():
+                if '"group_init"' in line:
+                    e = json.loads(line)
+                    ends.append(e["start"] + e["duration_s"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return max(ends) if ends else None
+
+
+def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: list[RankReport]) -> str | None:
+    """Why the Slurm session failed, in one paragraph, or None when it did not."""
+    bad_jobs = {j: s for j, s in w.states.items() if s.state != "COMPLETED"}
+    missing = [j for j in run.ids if j not in w.states]
+    if not (bad_jobs or lost or failed or w.interrupted):
+        return None
+    lines = []
+    for j, s in bad_jobs.items():
+        extra = f", exit {s.exit_code}" if s.exit_code and s.exit_code != "0:0" else ""
+        reason = f", reason {s.reason}" if s.reason and s.reason != "None" else ""
+        lines.append(f"Slurm job {j}: {s.state}{extra}{reason}")
+    for j in missing:
+        lines.append(f"Slurm job {j}: no accounting record (sacct)")
+    if w.cancelled_peer:
+        lines.append(f"cancelled the other job ({w.cancelled_peer}) when this one ended")
+    for r in failed:
+        lines.append(f"rank {r.global_rank} ({r.side} {r.side_rank}): {r.error_type}: {r.error_message}")
+    by_why: dict[str, list[int]] = {}
+    for r, why in sorted(lost.items()):
+        by_why.setdefault(why, []).append(r)
+    for why, ranks in by_why.items():
+        lines.append(f"{_ranks_text(ranks)}: {why}")
+    if not lines:
+        return None
+    batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
+    tails = [f"{p.name}:\n      " + _tail(p, 5).replace("\n", "\n      ") for p in batch if _tail(p, 5)]
+    if tails and (lost or bad_jobs):
+        lines.append("batch output: " + "\n    ".join(tails))
+    return "Slurm run failed:\n  " + "\n  ".join(lines)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 0-3`` / ``ranks 0, 2, 5``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+class SlurmRunError(TransferError):
+    """A refit session on Slurm failed; ``session`` holds the reports of the ranks that reported."""
+
+    def __init__(self, message: str, session: dict[str, list[RankReport]] | None = None):
+        super().__init__(message)
+        self.session = session or {}

@@ -1,0 +1,263 @@
+"""A Slurm launch request: pure, printable, and the only place job scripts are composed.
+
+``build_request(site, topology, run_dir, ...)`` turns the site profile's ``slurm:`` section, the two
+allocations (trainer ranks, inference ranks; ``topology.py``) and the run options into a
+``SlurmRequest``. ``request.materialize()`` renders its job scripts (``sbatch_templates/``, strict
+renderer) and ``request.submit_argv(script_path)`` is the argv that submits one. Nothing here probes
+the cluster or starts a process (``slurm.py`` submits, ``slurm_cli.py`` runs the commands).
+
+Two modes:
+
+* ``hetjob``: one job with two components (trainer nodes, inference nodes) and one
+  ``srun --het-group=0,1`` step: one world, ranks ordered trainers first.
+* ``two-jobs``: a trainer job and an inference job, submitted separately (a partition per role). The
+  trainer job writes ``slurm/rendezvous`` into the run directory; the inference job waits for it.
+  Each job cancels the other when it fails or is cancelled (``slurm/<role>.jobid``).
+
+Quoting: every value that lands in a shell line is ``shlex.quote``-d; values in ``#SBATCH`` lines (read
+by sbatch, not by a shell) are refused when they hold whitespace, quotes, ``$``, a backtick, ``;``,
+``\\`` or a control character, with the key and the value in the message. ``slurm.setup`` lines are
+the one exception by design: they are shell lines the site writes, run as written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from reshardctl import __version__
+from reshardctl.errors import InputError, ProfileError
+from reshardctl.launch.templates import load_template, render
+
+MODES = ("hetjob", "two-jobs")
+ROLE_TEMPLATES = {"hetjob": ("hetjob.sbatch",), "two-jobs": ("train.sbatch", "infer.sbatch")}
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/@+%&|!*\[\]()<>#^~{}-]+$")
+SESSION_FILE = "session.pkl"
+RENDEZVOUS_FILE = "slurm/rendezvous"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One allocation: a side of the refit."""
+
+    role: str  # "train" | "infer"
+    ranks: int
+    nodes: int
+    tasks_per_node: int
+    partition: str | None
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    mode: str
+    run_dir: str  # absolute, on a filesystem every node sees
+    label: str
+    components: tuple[Component, ...]
+    sbatch: dict  # role -> tuple of "#SBATCH ..." lines
+    prologue: str
+    srun_flags: str
+    ranks_cmd: str
+    rendezvous: str
+    rendezvous_timeout_s: int
+    train_world: int
+    infer_world: int
+
+    @property
+    def script_names(self) -> tuple[str, ...]:
+        return ROLE_TEMPLATES[self.mode]
+
+    def script_path(self, name: str) -> str:
+        return str(PurePosixPath(self.run_dir) / "slurm" / name)
+
+    def materialize(self) -> dict[str, str]:
+        """``{script file name: text}``: every script of this request, rendered."""
+        common = {
+            "version": __version__,
+            "what": f"refit {self.label}",
+            "run_dir_comment": self.run_dir.replace("\n", " "),
+            "train_world": str(self.train_world),
+            "infer_world": str(self.infer_world),
+            "prologue": self.prologue,
+            "rendezvous": self.rendezvous,
+            "srun_flags": self.srun_flags,
+            "ranks": self.ranks_cmd,
+        }
+        out = {}
+        for name in self.script_names:
+            values = dict(common)
+            if name == "hetjob.sbatch":
+                values.update(sbatch_train="\n".join(self.sbatch["train"]),
+                              sbatch_infer="\n".join(self.sbatch["infer"]))
+            else:
+                role = "train" if name.startswith("train") else "infer"
+                values[f"sbatch_{role}"] = "\n".join(self.sbatch[role])
+                peer = "infer" if role == "train" else "train"
+                values["peer_file"] = shlex.quote(self.script_path(f"{peer}.jobid"))
+                values["rendezvous_file"] = shlex.quote(str(PurePosixPath(self.run_dir) / RENDEZVOUS_FILE))
+                if role == "infer":
+                    values["rendezvous_timeout_s"] = str(self.rendezvous_timeout_s)
+                    del values["rendezvous"]
+            out[name] = render(load_template(name), values, name=name)
+        return out
+
+    def submit_argv(self, name: str) -> list[str]:
+        """The argv that submits script ``name`` (``--parsable``: sbatch prints the job id alone)."""
+        return ["sbatch", "--parsable", self.script_path(name)]
+
+
+def _sbatch_value(key: str, value: object, source: str) -> str:
+    text = str(value)
+    if not _SBATCH_SAFE.match(text):
+        raise ProfileError(
+            f"site profile {source}: `{key}`: {text!r} cannot go into an #SBATCH line: only letters, digits and "
+            f"_ . , : = / @ + % & | ! * [ ] ( ) < > # ^ ~ {{ }} - are allowed there (no whitespace, quotes, $, "
+            f"backtick, ; or \\); Slurm names and expressions never need them"
+        )
+    return text
+
+
+def _run_dir_value(run_dir: str) -> str:
+    if not _SBATCH_SAFE.match(run_dir):
+        raise InputError(
+            f"run directory {run_dir!r}: Slurm's #SBATCH --output line cannot carry this path (whitespace, "
+            f"quotes, $, backtick, ; or \\ in it); choose --out with letters, digits, '/', '.', '_' and '-'"
+        )
+    return run_dir
+
+
+def _component(role: str, ranks: int, gpus_per_node: int, partition: str | None) -> Component:
+    nodes = math.ceil(ranks / gpus_per_node)
+    return Component(role, ranks, nodes, min(gpus_per_node, ranks), partition)
+
+
+def _sbatch_lines(c: Component, site, job_name: str, output: str | None) -> tuple[str, ...]:
+    s = site.slurm
+    src = site.source
+    lines = []
+    if job_name:
+        lines.append(f"--job-name={_sbatch_value('job name', job_name, src)}")
+    if output:
+        lines.append(f"--output={output}")
+    if c.partition:
+        key = "slurm.partitions." + c.role if len(set(s.partitions.values())) > 1 else "slurm.partition"
+        lines.append(f"--partition={_sbatch_value(key, c.partition, src)}")
+    lines += [f"--nodes={c.nodes}", f"--ntasks={c.ranks}", f"--ntasks-per-node={c.tasks_per_node}"]
+    if s.gpus_per_node:
+        lines.append(f"--gpus-per-node={s.gpus_per_node}")
+    lines.append(f"--time={s.time_min}")
+    for key in ("account", "qos", "constraint"):
+        v = getattr(s, key)
+        if v:
+            lines.append(f"--{key}={_sbatch_value('slurm.' + key, v, src)}")
+    lines += [_sbatch_value(f"slurm.extra_sbatch[{i}]", f, src) for i, f in enumerate(s.extra_sbatch)]
+    return tuple(f"#SBATCH {x}" for x in lines)
+
+
+def _prologue(site, run_dir: str, mode: str) -> str:
+    s = site.slurm
+    q = shlex.quote
+    lines = []
+    if mode == "two-jobs":
+        lines += [
+            "# the other job of this refit ($peer_file): cancelled when this one fails or is cancelled",
+            'cancel_peer() { local id; id=$(cat "$peer_file" 2>/dev/null) || return 0; '
+            '[ -n "$id" ] && scancel "$id" 2>/dev/null; return 0; }',
+            "trap 'cancel_peer; exit 143' TERM INT",
+        ]
+    else:
+        lines.append("cancel_peer() { :; }  # one job: Slurm ends both components together")
+    lines.append('fail() { echo "reshardctl: $*" >&2; cancel_peer; exit 3; }')
+    if s.modules:
+        lines.append("set +u  # module (Lmod, Environment Modules) may read unset variables")
+        for m in s.modules:
+            lines.append(f"module load {q(m)} || fail {q('module load ' + m + ' failed')}")
+        lines.append("set -u")
+    for name, value in s.env.items():  # names are checked shell names (profile parser)
+        lines.append(f"export {name}={q(value)}")
+    if site.cpu_only:
+        lines.append("export RESHARDCTL_FORCE_CPU=1  # cpu_only site: gloo on CPU whatever GPUs Slurm hands out")
+    lines.append(f"export RESHARDCTL_LOGS={q(str(PurePosixPath(run_dir) / 'logs'))}")
+    lines.append('mkdir -p "$RESHARDCTL_LOGS"')
+    lines.append(f"cd {q(run_dir)} || fail 'cannot enter the run directory'")
+    if s.setup:
+        lines.append("# slurm.setup: the site's own shell lines, as written in the profile")
+        lines.append("set +u  # (activate scripts and the like may read unset variables)")
+        lines += list(s.setup)
+        lines.append("set -u")
+    return "\n".join(lines)
+
+
+def _rendezvous(site) -> str:
+    s = site.slurm
+    span = s.port_max - s.port_min + 1
+    return "\n".join([
+        'RESHARDCTL_MASTER_ADDR=$(getent ahostsv4 "$head_node" | awk \'NR == 1 { print $1 }\')',
+        'if [ -z "$RESHARDCTL_MASTER_ADDR" ]; then  # a node name that does not resolve: ask Slurm for its address',
+        '  RESHARDCTL_MASTER_ADDR=$(scontrol show node "$head_node" | tr \' \' \'\\n\' | sed -n \'s/^NodeAddr=//p\' | head -n 1)',
+        "fi",
+        '[ -n "$RESHARDCTL_MASTER_ADDR" ] || fail "no address for node $head_node"',
+        f"# a port in slurm.port_min..port_max ({s.port_min}..{s.port_max}, below the ephemeral range), spread by job id",
+        f"RESHARDCTL_MASTER_PORT=$(( {s.port_min} + SLURM_JOB_ID % {span} ))",
+        "export RESHARDCTL_MASTER_ADDR RESHARDCTL_MASTER_PORT",
+    ])
+
+
+def _srun_flags(site, timeout_s: float) -> str:
+    s = site.slurm
+    q = shlex.quote
+    # survivors of a failed rank report it themselves within timeout_s; --wait is the backstop that
+    # ends a step whose ranks hang after the first one ended
+    flags = ["--kill-on-bad-exit=0", f"--wait={int(math.ceil(timeout_s)) + 60}"]
+    if s.container_image:
+        flags.append(q(f"--container-image={s.container_image}"))
+        if s.container_mounts:
+            flags.append(q(f"--container-mounts={','.join(s.container_mounts)}"))
+        flags.append("--no-container-mount-home")
+    flags += [q(f) for f in s.extra_srun]
+    return " ".join(flags)
+
+
+def ranks_command(python: str, session_path: str) -> str:
+    """Each task: the worker, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``. The bash
+    string is constant; ``python`` and the path travel as quoted arguments."""
+    redirect = ('exec "$@" >"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).out" '
+                '2>"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).err"')
+    q = shlex.quote
+    return f"bash -c {q(redirect)} rank {q(python)} -m reshardctl.runtime.worker --session {q(session_path)}"
+
+
+def build_request(site, topology, run_dir: str, *, mode: str | None = None, label: str = "refit",
+                  python: str) -> SlurmRequest:
+    """The request for one refit session of ``topology``'s two sides on ``site``. ``run_dir`` must be an
+    absolute path every node sees; ``python`` is the ranks' interpreter when the profile names none."""
+    mode = mode or site.slurm.mode
+    if mode not in MODES:
+        raise InputError(f"--slurm-mode {mode!r}: expected one of {', '.join(MODES)}")
+    if not PurePosixPath(run_dir).is_absolute():
+        raise InputError(f"run directory {run_dir!r} must be an absolute path (every node must find it)")
+    _run_dir_value(run_dir)
+    g = topology.gpus_per_node
+    parts = site.slurm.partitions
+    train = _component("train", topology.train_world, g, parts.get("train"))
+    infer = _component("infer", topology.infer_world, g, parts.get("infer"))
+    out_dir = str(PurePosixPath(run_dir) / "slurm")
+    name = f"reshardctl-{label}"
+    if mode == "hetjob":
+        sbatch = {"train": _sbatch_lines(train, site, name, f"{out_dir}/job-%j.out"),
+                  "infer": _sbatch_lines(infer, site, "", None)}
+    else:
+        sbatch = {"train": _sbatch_lines(train, site, name + "-train", f"{out_dir}/train-%j.out"),
+                  "infer": _sbatch_lines(infer, site, name + "-infer", f"{out_dir}/infer-%j.out")}
+    py = site.slurm.python or python
+    timeout = site.refit.timeout_s
+    req = SlurmRequest(
+        mode=mode, run_dir=run_dir, label=label, components=(train, infer), sbatch=sbatch,
+        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, timeout),
+        ranks_cmd=ranks_command(py, str(PurePosixPath(run_dir) / SESSION_FILE)),
+        rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),
+        train_world=topology.train_world, infer_world=topology.infer_world,
+    )
+    return req

@@ -1,0 +1,215 @@
+"""`reshardctl run` / `bench` / `collect` / `cancel` / `jobs` against a real Slurm cluster.
+
+The cluster is the one `tests/slurm/cluster-up.sh` starts on this machine (`.ci/run` does it before the
+tests): 4 virtual nodes, gloo on CPU, the shipped `slurm-local` profile. Outside CI these tests skip when
+no cluster answers, and say why; with RESHARDCTL_REQUIRE_SLURM=1 (as in CI) a missing cluster fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reshardctl.cli import main
+from reshardctl.site.loading import shipped_dir
+
+from conftest import SMALL_LLAMA
+
+
+def _cluster_problem() -> str | None:
+    if shutil.which("sbatch") is None:
+        return "no Slurm client (sbatch) on PATH: start the test cluster with tests/slurm/cluster-up.sh (root)"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"scontrol ping failed: {exc}"
+    if "UP" not in ping.stdout:
+        return f"slurmctld does not answer (scontrol ping: {ping.stdout.strip() or ping.stderr.strip()})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = _cluster_problem()
+    if why is not None:
+        if os.environ.get("RESHARDCTL_REQUIRE_SLURM", "") not in ("", "0"):
+            pytest.fail(f"RESHARDCTL_REQUIRE_SLURM is set but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture
+def model(tmp_path) -> str:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    return str(d / "config.json")
+
+
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the run index of this test only
+
+
+def _profile(tmp_path, **slurm) -> str:
+    data = yaml.safe_load((shipped_dir() / "slurm-local.yaml").read_text())
+    data["slurm"].update(slurm)
+    data["refit"]["timeout_s"] = 60
+    data["refit"]["rendezvous_timeout_s"] = 60
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+LAYOUT = ["--train", "tp=2", "--infer", "tp=2"]
+
+
+def test_hetjob_bench_runs_all_transports_verified(cluster, tmp_path, model, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "1", "--out", str(out),
+                 "--json"])
+    assert code == 0, capsys.readouterr().err
+    s = json.loads(capsys.readouterr().out)
+    assert s == _summary(out) and s["ok"] and s["launcher"] == "slurm"
+    assert set(s["transports"]) == {"reshard", "gather_broadcast", "hybrid"}
+    for t in s["transports"].values():
+        assert t["verified"] and t["failures"] == [] and t["raw_baseline_s"] > 0
+    sl = s["slurm"]
+    (job,) = sl["job_ids"].values()
+    assert sl["mode"] == "hetjob" and sl["states"] == {job: "COMPLETED"}
+    assert sl["nodes"]["train"] and sl["nodes"]["infer"] and sl["nodes"]["train"] != sl["nodes"]["infer"]
+    assert sl["queue_s"] >= 0 and sl["startup_s"] >= 0 and sl["run_s"] > 0
+    assert "#SBATCH hetjob" in (out / "slurm" / "hetjob.sbatch").read_text()
+    assert json.loads((out / "slurm" / "jobs.json").read_text())["job_ids"] == sl["job_ids"]
+    # 4 ranks, one rendezvous each for all three transports (one world), each with its own logs
+    events = sorted((out / "events").glob("rank-*.jsonl"))
+    assert len(events) == 4
+    for f in events:
+        assert sum('"rendezvous"' in line for line in f.read_text().splitlines()) == 1
+    assert sorted(p.name for p in (out / "logs").glob("*.err")) == [f"rank-{r}.err" for r in range(4)]
+
+
+def test_two_jobs_refit_meets_through_the_rendezvous_file(cluster, tmp_path, model, capsys):
+    out = tmp_path / "two"
+    code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2", "--out", str(out),
+                 "--slurm-mode", "two-jobs"])
+    assert code == 0, capsys.readouterr().err
+    s = _summary(out)
+    assert s["ok"] and s["transports"]["reshard"]["verified"] and s["transports"]["reshard"]["iterations"] == 2
+    ids = s["slurm"]["job_ids"]
+    assert set(ids) == {"train", "infer"} and ids["train"] != ids["infer"]
+    assert set(s["slurm"]["states"].values()) == {"COMPLETED"}
+    addr, port, trainer_job = (out / "slurm" / "rendezvous").read_text().split()
+    assert trainer_job == ids["train"] and 1400 <= int(port) <= 1999
+    assert "slurm (two-jobs)" in capsys.readouterr().out
+
+
+def test_detached_run_is_listed_then_collected(cluster, tmp_path, model, capsys):
+    out = tmp_path / "det"
+    code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "1", "--out", str(out),
+                 "--detach", "--json"])
+    assert code == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["run_dir"] == str(out.resolve()) and not (out / "summary.json").exists()
+    assert main(["jobs", "--all", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["run_dir"] for r in listed] == [str(out.resolve())]
+    assert main(["collect", str(out), "--wait", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["ok"] and s["collected"] and s["transports"]["reshard"]["verified"]
+    assert s["slurm"]["job_ids"] == info["job_ids"]
+
+
+def _wait_for(cond, timeout_s: float = 120.0, what: str = "") -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.3)
+
+
+def _committed(run_dir: Path) -> bool:
+    return any('"phase":"commit"' in f.read_text() for f in (run_dir / "events").glob("rank-*.jsonl")) \
+        if (run_dir / "events").is_dir() else False
+
+
+def test_a_job_cancelled_mid_run_is_reported_cancelled(cluster, tmp_path, model, capsys):
+    out = tmp_path / "cancel"
+    assert main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2000", "--out", str(out),
+                 "--detach"]) == 0
+    _wait_for(lambda: _committed(out), what="a first commit")
+    assert main(["cancel", str(out)]) == 0
+    capsys.readouterr()
+    code = main(["collect", str(out), "--wait"])
+    assert code == 1
+    err = capsys.readouterr().err
+    s = _summary(out)
+    (job,) = s["slurm"]["job_ids"].values()
+    assert s["slurm"]["states"][job] == "CANCELLED" and not s["ok"]
+    assert f"Slurm job {job}: CANCELLED" in err and f"Slurm job {job}: CANCELLED" in s["error"]
+
+
+def test_a_bad_python_path_surfaces_the_failing_ranks_stderr(cluster, tmp_path, model, capsys):
+    out = tmp_path / "badpy"
+    site = _profile(tmp_path, python="/nonexistent/bin/python3")
+    code = main(["run", "--site", site, "--model", model, *LAYOUT, "--iters", "1", "--out", str(out)])
+    assert code == 1
+    err = capsys.readouterr().err
+    s = _summary(out)
+    (job,) = s["slurm"]["job_ids"].values()
+    assert s["slurm"]["states"][job] == "FAILED" and not s["ok"]
+    for text in (err, s["error"]):
+        assert "/nonexistent/bin/python3: No such file or directory" in text
+        assert "ranks 0-3: left no report" in text and f"Slurm job {job}: FAILED" in text
+
+
+def test_hostile_profile_values_never_execute(cluster, tmp_path, model, capsys):
+    """Values holding $(...), backticks, quotes and a newline reach the ranks as text and never run."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    payload = f"$(touch {marks}/a) `touch {marks}/b` '; touch {marks}/c; ' \"; touch {marks}/d\"\ntouch {marks}/e"
+    seen = tmp_path / "seen"
+    site = _profile(tmp_path, env={"HOSTILE": payload},
+                    extra_srun=[f"--comment=$(touch {marks}/f)"],
+                    # slurm.setup is the site's own shell, run as written: here it records what a rank sees
+                    setup=[f"printf '%s' \"$HOSTILE\" > {seen}"])
+    out = tmp_path / "hostile"
+    code = main(["run", "--site", site, "--model", model, *LAYOUT, "--iters", "1", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert _summary(out)["transports"]["reshard"]["verified"]
+    assert seen.read_text() == payload
+    assert sorted(p.name for p in marks.iterdir()) == []
+
+
+def test_ctrl_c_cancels_the_jobs_and_says_so(cluster, tmp_path, model):
+    out = tmp_path / "ctrlc"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reshardctl", "run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters",
+         "2000", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_for(lambda: _committed(out), what="a first commit")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    s = _summary(out)
+    (job,) = s["slurm"]["job_ids"].values()
+    assert f"cancelled Slurm job(s) {job}" in stderr
+    assert s["slurm"]["interrupted"] and not s["ok"]
+    _wait_for(lambda: subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=State"], capture_output=True,
+                                     text=True).stdout.startswith("CANCELLED"), 30, "sacct to say CANCELLED")
