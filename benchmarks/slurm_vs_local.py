@@ -3,7 +3,8 @@
 Runs `reshardctl bench` (reshard and gather-and-broadcast on the same ranks) twice per round, once with
 `--launcher slurm` (het job on the local test cluster: `tests/slurm/cluster-up.sh`) and once with the
 local launcher, alternating, and prints per launcher: the command's wall time split into queue (submit
--> running), start-up (running -> every rank's process group ready), and the rest; and the refit medians.
+-> running), start-up (the rest of command start -> every rank's process groups ready: inputs, plans,
+job start, interpreters, rendezvous) and the rest (weights, refits, exit); and the refit medians.
 Both use the slurm-local profile's links and the same model and layouts, so the refit figures compare the
 launchers, not the links.
 
@@ -24,17 +25,30 @@ from pathlib import Path
 ARGS = ["--model", "tiny-llama", "--train", "tp=2", "--infer", "tp=2"]
 
 
+def _ready_at(run_dir: Path) -> float:
+    """When the last rank had its process groups (unix time, from the events)."""
+    ends = [e["start"] + e["duration_s"] for f in (run_dir / "events").glob("rank-*.jsonl")
+            for e in map(json.loads, f.read_text().splitlines()) if e["phase"] == "group_init"]
+    return max(ends)
+
+
 def _bench(launcher: str, iters: int, mode: str, out: Path) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "reshardctl", "bench", "--site", "slurm-local", *ARGS, "--iters", str(iters),
            "--launcher", launcher, "--out", str(out), "--json"]
     if launcher == "slurm":
         cmd += ["--slurm-mode", mode]
-    t0 = time.perf_counter()
+    t0, start = time.perf_counter(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{launcher}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
-    return wall, json.loads(proc.stdout)
+    s = json.loads(proc.stdout)
+    sl = s.setdefault("slurm", {})
+    if launcher == "local":  # no queue: start-up is command start -> every rank's process groups ready
+        sl["queue_s"], sl["startup_s"] = 0.0, _ready_at(out) - start
+    else:  # the command's own time before submitting (inputs, plans, run directory) counts as start-up too
+        sl["startup_s"] = _ready_at(out) - start - sl["queue_s"]
+    return wall, s
 
 
 def main() -> None:
@@ -57,12 +71,12 @@ def main() -> None:
     for launcher, rs in rows.items():
         wall = med(w for w, _ in rs)
         sl = [s.get("slurm", {}) for _, s in rs]
-        q = med(x.get("queue_s", 0.0) for x in sl) if launcher == "slurm" else 0.0
-        up = med(x.get("startup_s", 0.0) for x in sl) if launcher == "slurm" else float("nan")
+        q = med(x["queue_s"] for x in sl)
+        up = med(x["startup_s"] for x in sl)
         r = med(s["transports"]["reshard"]["refit_s"]["median"] for _, s in rs)
         g = med(s["transports"]["gather_broadcast"]["refit_s"]["median"] for _, s in rs)
         name = f"slurm ({a.mode})" if launcher == "slurm" else "local"
-        rest = wall - q - (up if up == up else 0.0)
+        rest = wall - q - up
         print(f"{name:16s} {wall:7.2f}s {q:7.2f}s {up:8.2f}s {rest:7.2f}s {r * 1e3:7.1f}ms {g * 1e3:8.1f}ms "
               f"{g / r:5.2f}x")
     ws, wl = med(w for w, _ in rows["slurm"]), med(w for w, _ in rows["local"])

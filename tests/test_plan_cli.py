@@ -114,7 +114,11 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
     out = tmp_path / "o" / "plans"
     d = run_json(capsys, "--train", "tp=2,pp=2", "--out", str(out))
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json"]
+    # the plans, and what submitting them by hand on Slurm needs (docs/slurm.md)
+    assert names == ["plan-gather_broadcast.npz", "plan-hybrid.npz", "plan-reshard.npz", "plan.json",
+                     "session.json", "session.pkl", "slurm"]
+    assert [p.name for p in (out / "slurm").iterdir()] == ["hetjob.sbatch"]
+    assert f"--session {out.absolute()}/session.pkl" in (out / "slurm" / "hetjob.sbatch").read_text()
     assert json.loads((out / "plan.json").read_text())["fingerprint"] == d["fingerprint"]
     m = load_model("tiny-llama")
     tr = build_layout(m, "train", "tp=2,pp=2", "megatron")
@@ -125,7 +129,8 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
         assert plan.fingerprint == rep["fingerprint"]
     # rerun into the existing directory: files replaced, no temp files left
     d2 = run_json(capsys, "--train", "tp=2,pp=2", "--transport", "reshard", "--out", str(out))
-    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", "session.json", "session.pkl",
+                                                     "slurm"]
     assert json.loads((out / "plan.json").read_text())["transports"].keys() == {"reshard"}
     assert load_plan(out / "plan-reshard.npz", m, tr, inf, topo).fingerprint == d2["fingerprint"] == d["fingerprint"]
     assert not list(tmp_path.glob("o/.*"))
@@ -176,7 +181,8 @@ def test_outputs_are_written_together_or_not_at_all(capsys, tmp_path):
     # both good: both written
     assert main(["plan", "--transport", "reshard", "--out", str(out), "--export-transfers", str(exp)]) == 0
     capsys.readouterr()
-    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json"] and exp.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["plan-reshard.npz", "plan.json", "session.json", "session.pkl",
+                                                     "slurm"] and exp.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.jsonl"]
 
 

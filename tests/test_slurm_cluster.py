@@ -213,3 +213,26 @@ def test_ctrl_c_cancels_the_jobs_and_says_so(cluster, tmp_path, model):
     assert s["slurm"]["interrupted"] and not s["ok"]
     _wait_for(lambda: subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=State"], capture_output=True,
                                      text=True).stdout.startswith("CANCELLED"), 30, "sacct to say CANCELLED")
+
+
+def test_two_jobs_cancelling_one_cancels_the_other(cluster, tmp_path, model, capsys):
+    """Detached (no reshardctl watching): the inference job's script cancels the trainer job itself."""
+    out = tmp_path / "peer"
+    assert main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2000", "--out", str(out),
+                 "--slurm-mode", "two-jobs", "--detach", "--json"]) == 0
+    ids = json.loads(capsys.readouterr().out)["job_ids"]
+    _wait_for(lambda: _committed(out), what="a first commit")
+    subprocess.run(["scancel", ids["infer"]], check=True)
+    assert main(["collect", str(out), "--wait"]) == 1
+    s = _summary(out)
+    assert s["slurm"]["states"] == {ids["train"]: "CANCELLED", ids["infer"]: "CANCELLED"}
+    assert "CANCELLED" in capsys.readouterr().err
+
+
+def test_a_failing_slurm_command_names_the_command_its_code_and_stderr(cluster):
+    from reshardctl.launch import slurm_cli
+
+    with pytest.raises(slurm_cli.SlurmCommandError) as e:
+        slurm_cli.run(["scontrol", "show", "job", "987654321"])
+    assert e.value.argv == ["scontrol", "show", "job", "987654321"] and e.value.returncode == 1
+    assert "Invalid job id" in e.value.stderr and "`scontrol show job 987654321` failed (exit code 1)" in str(e.value)

@@ -238,3 +238,14 @@ def test_the_rank_command_runs_the_named_python_with_a_hostile_path(tmp_path):
     assert (tmp_path / "argv").read_text().splitlines() == ["-m", "reshardctl.runtime.worker", "--session", session]
     assert (logs / "rank-7.out").read_text() == "out\n" and (logs / "rank-7.err").read_text() == "err\n"
     assert not payload.exists()
+
+
+def test_only_slurm_commands_run_and_a_missing_one_says_where_to_look(monkeypatch):
+    from reshardctl.launch import slurm_cli
+
+    with pytest.raises(LaunchError, match="not a Slurm command"):
+        slurm_cli.run(["rm", "-rf", "/"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(slurm_cli.SlurmCommandError, match="`squeue` is not on PATH") as e:
+        slurm_cli.run(["squeue", "-h"])
+    assert e.value.argv == ["squeue", "-h"] and e.value.returncode is None

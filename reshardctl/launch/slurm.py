@@ -141,9 +141,6 @@ def job_states(ids: list[str]) -> dict[str, slurm_cli.JobState]:
     return out
 
 
-_RANK = {"RUNNING": 1, "COMPLETING": 1, "COMPLETED": 0, "PENDING": 2, "CONFIGURING": 1}
-
-
 def _fold(job: str, comps: list[slurm_cli.JobState]) -> slurm_cli.JobState:
     bad = [c for c in comps if c.terminal and c.state != "COMPLETED"]
     if bad:
@@ -173,6 +170,20 @@ def final_states(ids: list[str], *, wait_s: float = SACCT_LAG_S) -> dict[str, sl
         time.sleep(0.5)
 
 
+def _one_failed(ids: list[str], states: dict[str, slurm_cli.JobState]) -> bool:
+    """Has one of the jobs ended without success? A job that left the queue is judged by accounting
+    (a COMPLETED trainer job that ends a moment before its inference job is no failure)."""
+    for j in ids:
+        s = states.get(j)
+        if s is None:
+            acct = final_states([j], wait_s=0.0).get(j)
+            if acct is not None and acct.terminal and acct.state != "COMPLETED":
+                return True
+        elif s.terminal and s.state != "COMPLETED":
+            return True
+    return False
+
+
 def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], None] | None = None) -> Watch:
     """Poll the queue until every job of ``run`` has left it (or ended). Two-jobs: when one job ends
     without success while the other still waits or runs, cancel the other. Ctrl-C cancels every job
@@ -193,10 +204,8 @@ def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], No
             if on_update is not None:
                 on_update(states)
             live = {j: s for j, s in states.items() if not s.terminal and s.state != "COMPLETING"}
-            if run.mode == "two-jobs" and cancelled_peer is None:
-                failed = [j for j in ids if (j in states and states[j].terminal and states[j].state != "COMPLETED")]
-                gone = [j for j in ids if j not in states and j in last]
-                if (failed or gone) and live:
+            if run.mode == "two-jobs" and cancelled_peer is None and live and len(live) < len(ids):
+                if _one_failed(ids, states):
                     cancelled_peer = ",".join(live)
                     slurm_cli.scancel(list(live))
             if not live:
@@ -218,6 +227,22 @@ def _tail(path: Path, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _last_words(run_dir: Path, rank: int) -> str:
+    """What a rank that left no report said last: its stderr's last lines, else its last event."""
+    err = _tail(run_dir / "logs" / f"rank-{rank}.err")
+    if err:
+        return "; its stderr ends:\n      " + err.replace("\n", "\n      ")
+    last = _tail(run_dir / "events" / f"rank-{rank}.jsonl", 1)
+    try:
+        e = json.loads(last) if last else None
+    except ValueError:
+        e = None
+    if e:
+        step = f" of step {e['step']}" if e.get("step") is not None else ""
+        return f" (stopped after its {e.get('phase')} phase{step}; no stderr)"
+    return " and wrote nothing (it never started?)"
+
+
 def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str, list[RankReport]], dict[int, str]]:
     """The ranks' reports (``reports/rank-N.json``): ``{plan name: reports in rank order}`` of the ranks
     that reported, and ``{rank: why}`` for those that did not (with their stderr's last lines)."""
@@ -228,9 +253,7 @@ def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str,
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
-            err = _tail(run_dir / "logs" / f"rank-{r}.err")
-            lost[r] = "left no report" + (f"; its stderr ends:\n      " + err.replace("\n", "\n      ") if err else
-                                         " and no stderr (it never started?)")
+            lost[r] = "left no report" + _last_words(run_dir, r)
             continue
         if "global_rank" in data:  # a one-plan report
             data = {names[0]: data}
