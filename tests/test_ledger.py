@@ -119,6 +119,11 @@ def test_promote_refuses_runs_of_another_site_model_or_plan_and_force_is_recorde
     # measured once per run and transport, however many promotes looked at the run
     assert sorted(e["transport"] for e in ledger_lines(state) if e["action"] == "measure") == [
         "gather_broadcast", "hybrid", "reshard"]
+    # flags not given are the run's own: --model alone (the run's model) compares the model only
+    capsys.readouterr()
+    main(["promote", "--site", roomy, "--run", run, "--model", model, "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["model and layouts"]["ok"] and "as the command line" in checks["model and layouts"]["detail"]
 
 
 def _waiters(path: Path) -> int:

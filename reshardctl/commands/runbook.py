@@ -111,7 +111,8 @@ def promote_cmd(
     bad = [c for c in res.checks if not c.ok]
     if res.refused:
         raise RefusedError(
-            f"promote {transport} on site {res.profile.name} refused: " + "; ".join(f"{c.name}: {c.detail}" for c in bad),
+            f"promote {transport} on site {res.profile.name} refused: "
+            + "; ".join(f"{c.name}: {c.detail}" for c in bad),
             hint=f"the refusal is recorded in {operations.ledger.ledger_path(res.profile)}; the active transport "
                  f"stays {res.active_before}. --force --reason TEXT overrides (recorded as such)")
     verb = "promoted (FORCED past: " + ", ".join(c.name for c in bad) + ")" if bad else "promoted"
@@ -122,7 +123,8 @@ def promote_cmd(
 def rollback_cmd(
     site: str = SITE,
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded in the ledger)."),
-    verify: bool = typer.Option(False, "--verify", help="First run a gather_broadcast validation refit; refuse (exit 1) unless verified."),
+    verify: bool = typer.Option(False, "--verify",
+                                help="First run a gather_broadcast validation refit; refuse (exit 1) unless verified."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; run and record nothing."),
     model: Optional[str] = MODEL, layers: Optional[int] = opt.LAYERS, train: Optional[str] = TRAIN,
     infer: Optional[str] = INFER, train_style: Optional[str] = TRAIN_STYLE, infer_style: Optional[str] = INFER_STYLE,

@@ -99,7 +99,8 @@ def _slurm(run: RunData) -> list[Block]:
     rows = [("role", "job id", "state", "exit code")]
     listed = set()
     for role, jid in ids.items():
-        for j in sorted(k for k in states if k == str(jid) or k.startswith(f"{jid}+") or k.startswith(f"{jid}_")) or [str(jid)]:
+        mine = sorted(k for k in states if k == str(jid) or k.startswith((f"{jid}+", f"{jid}_")))  # het / array parts
+        for j in mine or [str(jid)]:
             rows.append((str(role), j, str(states.get(j, "-")), str(codes.get(j, "-"))))
             listed.add(j)
     for j in states:
@@ -129,7 +130,8 @@ def build(runs: list[RunData], images: dict[str, str]) -> list[Block]:
             Block("table", rows=(("", ""), ("run directory", str(run.run_dir)), ("command", run.summary.get("command", "-")),
                                  ("site", str(inp.get("site"))), ("model", f"{inp.get('model')} ({inp.get('model_source')})"),
                                  ("train layout", str(inp.get("train"))), ("infer layout", str(inp.get("infer"))),
-                                 ("iterations", f"{run.summary.get('iterations')} timed + {run.summary.get('warmup')} warm-up"),
+                                 ("iterations",
+                                  f"{run.summary.get('iterations')} timed + {run.summary.get('warmup')} warm-up"),
                                  ("session ok", "yes" if run.summary.get("ok") else "NO"))),
             Block("h2", "Predicted vs measured"),
             Block("table", rows=_transport_rows(run)),

@@ -103,13 +103,15 @@ def evaluate(run: RunRecord, transport: str, profile: SiteProfile, *, expected: 
         ok = med < base
         checks.append(Check("beats gather_broadcast", ok,
                             f"median {seconds(med)} vs gather_broadcast {seconds(base)}: "
-                            + (f"{base / med:.2f}x faster" if ok and med > 0 else f"{med / base:.2f}x the baseline's time")))
+                            + (f"{base / med:.2f}x faster" if ok and med > 0 else
+                               f"{med / base:.2f}x the baseline's time")))
 
     fp = run.fingerprint(transport)
     if replan_error is not None:
         checks.append(Check("plan fingerprint", False, f"the run's inputs cannot be planned today: {replan_error}"))
     elif current_fingerprint is None or fp is None:
-        checks.append(Check("plan fingerprint", False, f"no fingerprint to compare (run: {fp}, today: {current_fingerprint})"))
+        checks.append(Check("plan fingerprint", False,
+                            f"no fingerprint to compare (run: {fp}, today: {current_fingerprint})"))
     else:
         ok = fp == current_fingerprint
         checks.append(Check("plan fingerprint", ok,

@@ -90,11 +90,12 @@ def promote(site: str, run_dir: str, transport: str, *, expected_args: dict[str,
             force: bool = False, reason: str | None = None) -> PromoteResult:
     profile = load_profile(site)
     run = load_run(run_dir)
-    expected_cli = None
-    if expected_args:
-        inp = _prepare(site, expected_args, transport)
-        expected_cli = gate.Expected(inp.model.name, inp.train.describe(), inp.infer.describe(), "the command line")
     today, why, args = _fingerprint_today(site, run, transport)
+    expected_cli = None
+    if expected_args:  # flags not given are the run's own (``--model X`` alone compares the model)
+        given = {k: v for k, v in expected_args.items() if v is not None}
+        inp = _prepare(site, {**(args or {}), **given}, transport)
+        expected_cli = gate.Expected(inp.model.name, inp.train.describe(), inp.infer.describe(), "the command line")
     with ledger.transaction(ledger.ledger_path(profile)) as txn:
         before, _ = ledger.active(txn.entries, profile)
         expected = expected_cli
@@ -173,7 +174,8 @@ def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_
             p90_s=None if run is None else run.figure(validation.TRANSPORT, "p90"),
             budget_s=profile.refit.latency_budget_s, reason=reason,
             details={"active_before": result.active_before, "verify": verify, "verified": result.verified,
-                     "inputs": inputs, "error": None if result.validation is None else (result.validation.summary or {}).get("error")})))
+                     "inputs": inputs,
+                     "error": None if result.validation is None else (result.validation.summary or {}).get("error")})))
     return result
 
 
