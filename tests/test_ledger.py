@@ -109,7 +109,11 @@ def test_promote_refuses_runs_of_another_site_model_or_plan_and_force_is_recorde
     n = len(ledger_lines(state))
     assert main(["promote", "--site", stale, "--run", run, "--force"]) == 2
     assert len(ledger_lines(state)) == n
-    assert main(["promote", "--site", stale, "--run", run, "--force", "--reason", "known-good plan change"]) == 0
+    capsys.readouterr()
+    assert main(["promote", "--site", stale, "--run", run, "--force", "--reason", "known-good plan change",
+                 "--json"]) == 0
+    forced = json.loads(capsys.readouterr().out)  # the JSON alone on stdout, the settings inside it
+    assert forced["decision"]["verdict"] == "forced" and "refit_transport: nccl_reshard" in forced["framework_settings"]
     last = ledger_lines(state)[-1]
     assert last["verdict"] == "forced" and last["reason"] == "known-good plan change"
     assert "plan fingerprint" in last["details"]["failed"] and last["details"]["forced"] is True
@@ -121,8 +125,10 @@ def test_promote_refuses_runs_of_another_site_model_or_plan_and_force_is_recorde
         "gather_broadcast", "hybrid", "reshard"]
     # flags not given are the run's own: --model alone (the run's model) compares the model only
     capsys.readouterr()
-    main(["promote", "--site", roomy, "--run", run, "--model", model, "--json"])
-    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    code = main(["promote", "--site", roomy, "--run", run, "--model", model, "--json"])
+    out = json.loads(capsys.readouterr().out)  # stdout is the JSON alone, promoted or refused
+    assert (code == 0) == (out["decision"]["verdict"] == "promoted") == (out["framework_settings"] is not None)
+    checks = {c["name"]: c for c in out["checks"]}
     assert checks["model and layouts"]["ok"] and "as the command line" in checks["model and layouts"]["detail"]
 
 

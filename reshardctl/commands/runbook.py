@@ -30,9 +30,9 @@ def _layout_args(model, layers, train, infer, train_style, infer_style, train_la
     return args if any(v is not None for v in args.values()) else None
 
 
-def _settings(transport: str, site: str, origin: str, write: Optional[str]) -> None:
+def _settings(transport: str, site: str, origin: str, write: Optional[str], show: bool = True) -> None:
     text = framework.nemo_rl_settings(transport, site=site, origin=origin)
-    if not output.quiet():
+    if show and not output.quiet():
         output.console().print(text.rstrip("\n"), markup=False, highlight=False)
     if write:
         operations.write_settings(write, text)
@@ -97,8 +97,11 @@ def promote_cmd(
                              expected_args=_layout_args(model, layers, train, infer, train_style, infer_style,
                                                         train_layout, infer_layout))
     d = res.decision
-    if as_json:
-        output.print_json({"decision": d.to_json(), "checks": d.details["checks"]})
+    origin = f"promoted {d.time} from {d.run_dir}"
+    if as_json:  # stdout is the JSON object alone; the settings ride in it
+        output.print_json({"decision": d.to_json(), "checks": d.details["checks"],
+                           "framework_settings": None if res.refused else
+                           framework.nemo_rl_settings(transport, site=res.profile.name, origin=origin)})
     else:
         con = output.console()
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -117,7 +120,7 @@ def promote_cmd(
                  f"stays {res.active_before}. --force --reason TEXT overrides (recorded as such)")
     verb = "promoted (FORCED past: " + ", ".join(c.name for c in bad) + ")" if bad else "promoted"
     output.info(f"site {res.profile.name}: {res.active_before} -> {transport} {verb}; recorded at {d.time}")
-    _settings(transport, res.profile.name, f"promoted {d.time} from {d.run_dir}", write)
+    _settings(transport, res.profile.name, origin, write, show=not as_json)
 
 
 def rollback_cmd(
