@@ -51,6 +51,8 @@ from reshardctl.commands.plan import plan_cmd as _plan_cmd  # noqa: E402
 from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
 from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
 from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noqa: E402
+from reshardctl.commands import runbook as _runbook  # noqa: E402
+from reshardctl.commands.report import report_cmd as _report_cmd  # noqa: E402
 from reshardctl.commands import slurm as _slurm  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
@@ -59,6 +61,10 @@ app.add_typer(_model.app, name="model")
 app.command("plan")(_plan_cmd)
 app.command("run")(_run_cmd)
 app.command("bench")(_bench_cmd)
+app.command("status")(_runbook.status_cmd)
+app.command("promote")(_runbook.promote_cmd)
+app.command("rollback")(_runbook.rollback_cmd)
+app.command("report")(_report_cmd)
 app.command("jobs")(_slurm.jobs_cmd)
 app.command("cancel")(_slurm.cancel_cmd)
 app.command("collect")(_slurm.collect_cmd)

@@ -73,3 +73,13 @@ class TransferError(ReshardError):
 
 class VerificationError(TransferError):
     """Bytes arrived but do not match what was sent; the refit was not committed."""
+
+
+class LedgerError(InputError):
+    """A site ledger that cannot be trusted: unreadable, corrupt, or written by a newer reshardctl.
+    Names the file and line; the ledger is never rewritten to "repair" it. Exit code 2."""
+
+
+class RefusedError(ReshardError):
+    """A runbook step refused on the evidence (a promotion that fails a condition, a rollback whose
+    validation refit was not verified). Names the condition and its numbers. Exit code 1."""

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -96,6 +97,10 @@ def _render(p: SiteProfile) -> None:
     for key, value in d["refit"].items():
         refit.add(f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value}")
     refit.add(f"[dim]bucket_bytes = {p.refit.bucket_bytes}[/dim]")
+    from reshardctl.runbook.ledger import ledger_path
+
+    tree.add(f"[bold]ledger[/bold] {escape(str(ledger_path(p)))}"
+             + ("" if p.state_dir else " [dim](state_dir not set: the per-user state directory)[/dim]"))
     output.console().print(tree, markup=True)
 
 

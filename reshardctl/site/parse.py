@@ -99,6 +99,7 @@ TOP = {
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
     "slurm": Key("section", None, "a mapping (the slurm: section)"),
     "refit": Key("section", None, "a mapping (the refit: section)"),
+    "state_dir": Key("str", None, "a directory path for the site's ledger, e.g. /shared/reshardctl-state"),
 }
 SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT}
 ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
@@ -328,6 +329,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     gpus = _value(c, top, "", "gpus_per_node", TOP["gpus_per_node"])
     domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
     cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
+    state_dir = _value(c, top, "", "state_dir", TOP["state_dir"])
     launcher = _value(c, top, "", "launcher", TOP["launcher"])
     if launcher not in LAUNCHERS:
         c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {short(launcher)}")
@@ -409,4 +411,5 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         slurm=SlurmSpec(partitions=partitions, **slurm),
         refit=RefitSpec(**refit),
         measured=measured,
+        state_dir=state_dir,
     )

@@ -226,6 +226,7 @@ class SiteProfile:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     refit: RefitSpec = field(default_factory=RefitSpec)
     measured: str | None = None  # a calibration file (``reshardctl calibrate --out``), as written in the profile
+    state_dir: str | None = None  # where the site's ledger lives (None: the per-user state directory)
 
     def __post_init__(self) -> None:
         _freeze(self, "nodes", tuple(self.nodes))
@@ -328,4 +329,5 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "timeout_s": r.timeout_s,
             "rendezvous_timeout_s": r.rendezvous_timeout_s,
         },
+        "state_dir": p.state_dir,
     }

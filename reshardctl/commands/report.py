@@ -1,0 +1,21 @@
+"""`reshardctl report RUN_DIR...`: the runbook page of one or several runs (before/after)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from reshardctl.commands import output
+from reshardctl.report.render import write_report
+
+
+def report_cmd(
+    run_dirs: List[str] = typer.Argument(..., help="Run directories (several: a before/after comparison, in order)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Report directory (default: <last RUN_DIR>/report)."),
+    fmt: str = typer.Option("md", "--format", help="md (report.md + PNGs) | html (one self-contained report.html)."),
+) -> None:
+    """Markdown or HTML page with plots: predicted vs measured, speedup, lower bound, verification, timelines."""
+    files = write_report(run_dirs, out, fmt)
+    for f in files:
+        output.console().print(str(f), markup=False, highlight=False)

@@ -1,0 +1,112 @@
+"""What a report needs from one run directory: summary.json (read defensively) and the ranks' events.
+
+``events/rank-N.jsonl`` gives the per-iteration phase timeline and the bytes through each rank's
+transfer phases (a trainer rank logs what it sent, an inference rank what it received; a
+gather-and-broadcast root logs both its gather and its broadcast).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reshardctl.errors import InputError
+from reshardctl.runbook.run_record import load_run
+
+TRANSFER_PHASES = ("round/transfer", "bucket/gather", "bucket/broadcast")
+# phases of one refit, in the order the timeline's legend shows them
+REFIT_PHASES = ("materialise", "round/pack", "round/transfer", "round/unpack", "bucket/gather", "bucket/broadcast",
+                "bucket/unpack", "verify", "verify/full", "commit")
+
+
+@dataclass
+class Segment:
+    rank: int
+    side: str
+    transport: str
+    phase: str
+    step: int | None
+    start: float  # seconds since the run's first event
+    duration: float
+    error: str | None = None
+    bytes: int = 0
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    summary: dict[str, Any]
+    segments: list[Segment] = field(default_factory=list)
+    bad_event_lines: int = 0
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        return self.summary.get("inputs") or {}
+
+    @property
+    def transports(self) -> dict[str, dict]:
+        return self.summary.get("transports") or {}
+
+    @property
+    def label(self) -> str:
+        return self.run_dir.name
+
+    def bytes_per_rank(self) -> dict[str, dict[int, float]]:
+        """transport -> rank -> median over refits of the bytes through the rank's transfer phases."""
+        per: dict[tuple[str, int, int | None], int] = defaultdict(int)
+        for s in self.segments:
+            if s.phase in TRANSFER_PHASES:
+                per[(s.transport, s.rank, s.step)] += s.bytes
+        out: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+        for (t, rank, _), n in per.items():
+            out[t][rank].append(n)
+        return {t: {r: float(statistics.median(v)) for r, v in sorted(ranks.items())} for t, ranks in out.items()}
+
+    def ranks(self) -> list[tuple[int, str]]:
+        return sorted({(s.rank, s.side) for s in self.segments})
+
+
+def _read_events(run_dir: Path) -> tuple[list[dict], int]:
+    rows, bad = [], 0
+    for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
+        try:
+            text = f.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1  # a rank killed mid-line: the report says how many lines it skipped
+                continue
+            if isinstance(d, dict) and isinstance(d.get("start"), (int, float)) and isinstance(d.get("rank"), int):
+                rows.append(d)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def load_run_data(run_dir: str | Path) -> RunData:
+    rec = load_run(run_dir, flag="report")
+    rows, bad = _read_events(rec.run_dir)
+    data = RunData(rec.run_dir, rec.summary, bad_event_lines=bad)
+    if rows:
+        t0 = min(r["start"] for r in rows)
+        only = next(iter(data.transports)) if len(data.transports) == 1 else "unknown"  # run: events name no plan
+        for r in rows:
+            seg = Segment(rank=r["rank"], side=str(r.get("side", "")), transport=str(r.get("plan") or only),
+                          phase=str(r.get("phase", "")), step=r.get("step") if isinstance(r.get("step"), int) else None,
+                          start=float(r["start"]) - t0, duration=float(r.get("duration_s") or 0.0),
+                          error=r.get("error_type"), bytes=int(r.get("bytes") or 0))
+            data.segments.append(seg)
+    return data
+
+
+def load_runs(run_dirs: list[str]) -> list[RunData]:
+    if not run_dirs:
+        raise InputError("report: give at least one run directory")
+    return [load_run_data(d) for d in run_dirs]

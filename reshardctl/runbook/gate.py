@@ -1,0 +1,125 @@
+"""The promotion gate: may this run's transport become the site's active refit transport?
+
+Pure given its inputs (the run, the site profile, what is expected, today's plan fingerprint). Every
+condition is evaluated, so a refusal lists all that failed, each with its numbers:
+
+1. ``site``: the run was made for this site.
+2. ``model and layouts``: the run's model and layouts are the ones being promoted (named on the command
+   line, else those of the site's last promotion).
+3. ``verified``: the run measured the transport and verified every byte of every iteration.
+4. ``budget``: its median refit is within the site's ``refit.latency_budget_s``.
+5. ``beats gather_broadcast``: gather-and-broadcast was measured in the same run (a `bench` run),
+   verified, and slower than the transport.
+6. ``plan fingerprint``: planning the run's inputs today gives the plan the run measured (a run of an
+   older plan, e.g. before a profile or planner change, is stale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reshardctl.runbook.run_record import RunRecord
+from reshardctl.site.spec import SiteProfile
+
+BASELINE = "gather_broadcast"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What is being promoted: model name and layout descriptions, and where that came from."""
+
+    model: str
+    train: str
+    infer: str
+    origin: str  # "the command line" or "the last promotion (<time>)"
+
+
+def seconds(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.1f} ms"
+
+
+def evaluate(run: RunRecord, transport: str, profile: SiteProfile, *, expected: Expected | None,
+             current_fingerprint: str | None, replan_error: str | None = None) -> list[Check]:
+    checks: list[Check] = []
+    checks.append(Check("site", run.site == profile.name,
+                        f"run made for site {run.site!r}, promoting on site {profile.name!r}"))
+
+    train, infer = run.layouts
+    if expected is None:
+        checks.append(Check("model and layouts", True,
+                            f"{run.model}: train {train} -> infer {infer} (no earlier promotion to compare with)"))
+    else:
+        diffs = [f"{what} {got!r} != {want!r}" for what, got, want in
+                 (("model", run.model, expected.model), ("train", train, expected.train),
+                  ("infer", infer, expected.infer)) if got != want]
+        checks.append(Check("model and layouts", not diffs,
+                            (f"{run.model}: train {train} -> infer {infer}, as {expected.origin}" if not diffs else
+                             f"the run differs from {expected.origin}: " + "; ".join(diffs))))
+
+    s = run.transports.get(transport)
+    med = run.figure(transport)
+    if s is None:
+        checks.append(Check("verified", False, f"the run did not measure {transport} (it measured "
+                                               f"{', '.join(run.transports) or 'nothing'})"))
+    elif run.verified(transport):
+        checks.append(Check("verified", True, f"{s.get('iterations')} iterations, every byte verified"))
+    else:
+        fails = s.get("failures") or []
+        first = (f"; first failure: rank {fails[0].get('rank')}: {fails[0].get('error')}: {fails[0].get('message')}"
+                 if fails else "")
+        checks.append(Check("verified", False, f"{transport} was not verified ({len(fails)} failing ranks, "
+                                               f"{s.get('iterations') or 0} iterations){first}"))
+
+    budget = profile.refit.latency_budget_s
+    if med is None:
+        checks.append(Check("budget", False, f"no median refit time for {transport} in the run"))
+    else:
+        ok = med <= budget
+        checks.append(Check("budget", ok, f"median {seconds(med)} {'<=' if ok else '>'} budget {seconds(budget)} "
+                                          f"(refit.latency_budget_s of {profile.source})"))
+
+    base = run.figure(BASELINE)
+    if transport == BASELINE:
+        checks.append(Check("beats gather_broadcast", False, "gather_broadcast is the rollback target: use "
+                                                             "`reshardctl rollback`"))
+    elif base is None:
+        checks.append(Check("beats gather_broadcast", False, "gather_broadcast was not measured in the same run "
+                                                             "(use `reshardctl bench`, which measures all transports)"))
+    elif not run.verified(BASELINE):
+        checks.append(Check("beats gather_broadcast", False, "gather_broadcast in the same run was not verified, "
+                                                             "so there is nothing sound to compare with"))
+    elif med is None:
+        checks.append(Check("beats gather_broadcast", False, f"no median for {transport}"))
+    else:
+        ok = med < base
+        checks.append(Check("beats gather_broadcast", ok,
+                            f"median {seconds(med)} vs gather_broadcast {seconds(base)}: "
+                            + (f"{base / med:.2f}x faster" if ok and med > 0 else
+                               f"{med / base:.2f}x the baseline's time")))
+
+    fp = run.fingerprint(transport)
+    if replan_error is not None:
+        checks.append(Check("plan fingerprint", False, f"the run's inputs cannot be planned today: {replan_error}"))
+    elif current_fingerprint is None or fp is None:
+        checks.append(Check("plan fingerprint", False,
+                            f"no fingerprint to compare (run: {fp}, today: {current_fingerprint})"))
+    else:
+        ok = fp == current_fingerprint
+        checks.append(Check("plan fingerprint", ok,
+                            f"run {fp} == today's plan" if ok else
+                            f"run measured plan {fp}, but these inputs plan to {current_fingerprint} today (the "
+                            "profile, the bucket or the planner changed since): the run is stale, bench again"))
+    return checks
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if not c.ok]
