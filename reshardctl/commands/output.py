@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 from reshardctl.errors import ReshardError
 
-_state = {"verbose": False, "quiet": False, "argv": None, "json_errors": False}
+_state = {"verbose": False, "quiet": False, "argv": None, "json_errors": False, "json_printed": False}
 
 
 def configure(*, verbose: bool, quiet: bool) -> None:
@@ -29,6 +29,7 @@ def set_argv(argv: list[str]) -> None:
 def set_json_errors(on: bool) -> None:
     """``--json`` was given: errors are printed as one JSON object on stdout (``error``)."""
     _state["json_errors"] = bool(on)
+    _state["json_printed"] = False
 
 
 def argv() -> list[str]:
@@ -62,9 +63,12 @@ def info(message: str) -> None:
 
 
 def print_json(data: Any) -> None:
-    """Machine-readable output on stdout (never mixed with rich markup)."""
+    """Machine-readable output on stdout (never mixed with rich markup). One object per command: a
+    command that printed its report (a failed run's summary, a refused promotion) carries its error in
+    it, so ``error`` prints no second object."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+    _state["json_printed"] = True
 
 
 def error_json(kind: str, message: str, exit_code: int, **extra: Any) -> None:
@@ -74,6 +78,8 @@ def error_json(kind: str, message: str, exit_code: int, **extra: Any) -> None:
 
 def error(exc: ReshardError) -> None:
     if _state["json_errors"]:
+        if _state["json_printed"]:  # the report on stdout says what failed (its "error"/"decision")
+            return
         extra = {"problems": exc.violations} if len(getattr(exc, "violations", ())) > 1 else {}
         if exc.hint:
             extra["hint"] = exc.hint
