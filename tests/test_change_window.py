@@ -149,7 +149,14 @@ def test_a_whole_change_window(tmp_path, medium_llama, capsys):
 def test_a_failing_validation_refit_refuses_the_rollback(tmp_path, small_llama, capsys, monkeypatch):
     state = tmp_path / "state"
     site = site_profile(tmp_path, "site", budget_s=60, state_dir=state)
-    monkeypatch.setenv("RESHARDCTL_TEST_CORRUPT", "rank=3,step=2")  # test-only hook: flips a received byte
+    # a validation refit whose bytes arrive corrupted: the worker-layer drill (docs/runbook-faults.md) put
+    # into the runbook's one call of run_session (the rollback command itself has no --inject)
+    import functools
+
+    from reshardctl.runbook import validation
+
+    monkeypatch.setattr(validation, "run_session",
+                        functools.partial(validation.run_session, inject=["corrupt:rank=3:step=2"]))
     code = main(["rollback", "--site", site, "--verify", "--model", small_llama, *LAYOUT, "--iters", "2",
                  "--out", str(tmp_path / "check")])
     assert code == 1
