@@ -1,5 +1,6 @@
-"""Checksum rate on the CPU, single-threaded: the previous implementation (``reference``, the int64
-index-gather code as it was before the float64-matmul rewrite, copied below) vs the current
+"""Checksum rate on the CPU, single-threaded: the previous implementation (``reference``: the int64
+index-gather code as it was before the float64-matmul rewrite, copied below; the helpers it imports,
+``_table``, ``_mix``, ``_row_length``, ``_combine`` and ``_encode``, are unchanged) vs the current
 ``segment_checksums``, side by side in one process (the machine is shared: compare only within a run).
 Each case also checks that the two give the same values.
 
