@@ -8,13 +8,16 @@ checked in one ``segment_checksums`` call (one segment per variant)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reshardctl.runtime import checksum as checksum_module
 from reshardctl.runtime.checksum import P, SUM_BYTES, WORDS, checksum, segment_checksums
 
 
@@ -233,3 +236,73 @@ def test_structured_corruptions_are_all_caught(dtype, kind):
         assert miss == 0, (family, dtype, kind, checked)
         total += checked
     assert total > 500
+
+
+# ---- the fast implementation against the definition, in plain Python integers ---------------------------
+_M64 = (1 << 64) - 1
+_LEN_WEIGHTS = (0x2545F4914F6CDD1D % P, 0x9E3779B97F4A7C15 % P, 0xBF58476D1CE4E5B9 % P)
+
+
+def _splitmix(i: int, seed: int) -> int:
+    """splitmix64 of ``i`` with the stream ``seed``, reduced to [0, p) (the weights' definition)."""
+    x = (i * 0x9E3779B97F4A7C15 + seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return ((x ^ (x >> 31)) & 0x7FFFFFFF) % P
+
+
+def reference_checksum(data: bytes) -> list[int]:
+    """The checksum straight from its definition (module docstring, docs/checksums.md)."""
+    n = len(data)
+    padded = data + b"\0" * (n % 2)
+    x = [int.from_bytes(padded[i : i + 2], "little") for i in range(0, len(padded), 2)]
+    res = [sum((i + 1) ** m * v for i, v in enumerate(x)) % P for m in range(5)]
+    for k in range(3):
+        r = sum(_splitmix(i % 64, 1 + k) * _splitmix(i // 64, 101 + k) * v for i, v in enumerate(x))
+        res.append((r + n * _LEN_WEIGHTS[k]) % P)
+    return [(res[2 * w] << 31) | res[2 * w + 1] for w in range(WORDS)]
+
+
+def test_reference_matches_the_pinned_value():
+    assert reference_checksum(bytes(range(256)) * 37) == PINNED_ARANGE
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), length=st.integers(1, 6000), shift=st.integers(0, 1), chunk=st.sampled_from([None, 1, 200]),
+       cuts=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 2000)), min_size=1, max_size=70))
+def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts):
+    """Any even offsets and any sizes (odd, empty, overlapping, up to the buffer's odd end), in a buffer
+    at an odd or even address, in passes of the default size, of one row or of a few rows: every
+    segment's value is the definition's. Many segments make the rows non-consecutive (the gather path),
+    few the view path; segments that end near the buffer's end take the padded tail."""
+    raw = data.draw(st.binary(min_size=length, max_size=length))
+    big = torch.zeros(length + 1, dtype=torch.uint8)
+    big[shift : shift + length] = torch.tensor(list(raw), dtype=torch.uint8)
+    buf = big[shift : shift + length]
+    offsets = [2 * (o % (length // 2 + 1)) for o, _ in cuts]
+    sizes = [min(n, length - o) for o, (_, n) in zip(offsets, cuts)]
+    with _passes_of(chunk):
+        got = segment_checksums(buf, offsets, sizes)
+    assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 5000])
+def test_many_packed_regions_match_the_definition(chunk):
+    """300 packed regions of odd and even sizes (more non-consecutive and partial rows per pass than are
+    copied one by one) and a last one to the buffer's odd end, in passes of each size."""
+    g = torch.Generator().manual_seed(5)
+    sizes = torch.randint(0, 900, (300,), generator=g).tolist()
+    offsets = [sum((n + 7) & ~7 for n in sizes[:k]) for k in range(len(sizes) + 1)]
+    sizes.append(1001)
+    buf = _buf(offsets[-1] + 1001, seed=6)
+    with _passes_of(chunk):
+        got = segment_checksums(buf, offsets, sizes)
+    raw = bytes(buf.tolist())
+    assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
+
+
+def _passes_of(limbs: int | None):
+    """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
+    if limbs is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(checksum_module, "_chunk_limbs", lambda device: limbs)

@@ -29,9 +29,23 @@ buffers of fewer than ``p - 1`` limbs (4 GiB):
    high-bit flips, swapped words and regions, zeroed tails, NaN payloads) for fp32, bf16, fp16, fp8 and
    int dtypes and finds no miss.
 
-Integer arithmetic only (every partial sum stays below 2**63), so CPU and CUDA give the same value bit
-for bit. ``segment_checksums`` computes every region of a packed message or bucket in one pass of a
-few kernels (no per-region launches); ``checksum`` is the one-segment case.
+Exact arithmetic, so CPU and CUDA give the same value bit for bit (one code path for both).
+``segment_checksums`` cuts every segment into rows of ``R <= 2**15`` limbs (segment-local positions; a
+segment's last row zero padded), converts the rows to float64 and multiplies them by two weight
+matrices (a few kernels per pass of 1 M limbs, 16 M on CUDA, whatever the number of segments):
+
+* moments: ``[rows, R] @ [R, 10]``, the weights ``w = (t+1)**m mod p < 2**31`` split into halves
+  ``w = w_hi * 2**16 + w_lo`` (``w_lo < 2**16``, ``w_hi < 2**15``): each product ``x * w_half < 2**32``,
+  each row sum ``< R * 2**32 <= 2**47``;
+* random sums: ``[rows * R / 64, 64] @ [64, 3]``, one block of 64 limbs times the whole in-block weights
+  ``table_k[i % 64] < 2**31``: each product ``< 2**47``, each block sum ``< 64 * 2**47 = 2**53``.
+
+Every product and every partial sum of these matmuls is then an integer below ``2**53``, which float64
+holds exactly, so the result is exact whatever the BLAS's summation order, blocking or use of FMA (CPU
+BLAS and cuBLAS alike; float64 has no TF32-style reduced mode). The rest is int64: ``w_hi`` sums times
+``2**16`` plus ``w_lo`` sums (``< 2**63``) mod p; block sums mod p times ``mix_k(block)`` (``< 2**62``),
+summed per row mod p; then each row's moments shifted to its place in the segment (binomial) and the rows
+summed per segment. ``checksum`` is the one-segment case.
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ MOMENTS = 5
 RANDOM = 3
 WORDS = (MOMENTS + RANDOM) // 2  # int64 words per checksum
 SUM_BYTES = 8 * WORDS
-ROW = 1 << 15  # limbs per row: a row's sum of (limb < 2**16) * (weight < 2**31) stays below 2**63
+ROW = 1 << 15  # limbs per row: a row's float64 sum of (limb < 2**16) * (16-bit weight half) stays < 2**47
 _MASK64 = (1 << 64) - 1
 _L = (0x2545F4914F6CDD1D % P, 0x9E3779B97F4A7C15 % P, 0xBF58476D1CE4E5B9 % P)
 _BINOM = [[1], [1, 1], [1, 2, 1], [1, 3, 3, 1], [1, 4, 6, 4, 1]]
@@ -84,16 +98,6 @@ def _table(device: torch.device) -> torch.Tensor:
     return tab
 
 
-def _limb_view(buf: torch.Tensor) -> torch.Tensor:
-    """The buffer as int16 limbs (a copy only when unaligned, empty or of odd length; pad bytes are zero)."""
-    n = buf.numel()
-    if n % 2 or n == 0 or buf.data_ptr() % 2 or not buf.is_contiguous():
-        padded = torch.zeros(max(2, n + n % 2), dtype=torch.uint8, device=buf.device)
-        padded[:n] = buf
-        buf = padded
-    return buf.view(torch.int16)
-
-
 def _row_length(limbs: list[int]) -> int:
     """Limbs per row (a power of two in [GRAIN, ROW]) that minimises the padded work of these segments."""
     best, best_cost = ROW, None
@@ -106,38 +110,108 @@ def _row_length(limbs: list[int]) -> int:
     return best
 
 
-def _row_sums(x16: torch.Tensor, first: torch.Tensor, k: torch.Tensor, odd: torch.Tensor, rin: torch.Tensor,
-              R: int, tab: torch.Tensor) -> torch.Tensor:
-    """[rows, 8] residues per row (R limbs of one segment, zero padded past its end): the five moments
-    with row-local positions, and the three random sums (already at their global positions)."""
-    dev = x16.device
-    rows = rin.numel()
-    out = torch.empty(rows, MOMENTS + RANDOM, dtype=torch.int64, device=dev)
-    ar = torch.arange(R, dtype=torch.int64, device=dev)[None, :]
+def _chunk_limbs(device: torch.device) -> int:
+    """Limbs per pass (bounds the float64 temporaries: 8 bytes a limb)."""
+    return 1 << 24 if device.type == "cuda" else 1 << 20
+
+
+_weights: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _float_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [R, 10]: the five moment weights' low 16 bits, then their high 15 bits; float64 [GRAIN, 3]:
+    the random in-block weights (whole, < 2**31)."""
+    key = (device.type, device.index if device.index is not None else -1, R)
+    if key not in _weights:
+        tab = _table(device)
+        w = tab[:R, :MOMENTS]
+        _weights[key] = (torch.cat([w & 0xFFFF, w >> 16], 1).double(), tab[:GRAIN, MOMENTS:].double())
+    return _weights[key]
+
+
+_mixes: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _block_mix(blocks: int, device: torch.device) -> torch.Tensor:
+    """int64 [>= blocks, 3]: mix_k(b) for the random sums k = 0..2 (cached, grown by doubling)."""
+    key = (device.type, device.index if device.index is not None else -1)
+    mix = _mixes.get(key)
+    if mix is None or mix.shape[0] < blocks:
+        b = torch.arange(1 << max(blocks - 1, 1).bit_length(), dtype=torch.int64)
+        mix = torch.stack([_mix(b, 101 + j) for j in range(RANDOM)], 1).to(device)
+        _mixes[key] = mix
+    return mix
+
+
+_VIEW_RUNS = 32  # up to this many runs of consecutive rows (or partial rows) per pass: one by one
+
+
+def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, count: torch.Tensor,
+          last: torch.Tensor, R: int) -> None:
+    """``out`` (float64 [m, R]) <- m rows of limbs as unsigned values: row i holds the ``count[i]`` limbs
+    from limb ``start[i]`` of ``buf``, then, where ``last[i] >= 0``, the byte ``buf[last[i]]`` (an odd
+    segment's last limb), then zeros. ``start``, ``count``, ``last``: int64 on the CPU (no host sync).
+    A few runs of consecutive rows are copied as views; otherwise one gather of R-limb windows (a padded
+    copy of the buffer's last R limbs serves the rows that run past its end). Then the limbs past
+    ``count`` are zeroed (row by row when few rows are partial)."""
+    dev = buf.device
+    n16 = buf.numel() // 2
+    x16 = buf[: 2 * n16].view(torch.int16)
+    inside = start + R <= n16
+    runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + R])).flatten().tolist()
+    if len(runs) <= _VIEW_RUNS and bool(inside.all()):
+        for a, b in zip(runs, runs[1:] + [start.numel()]):
+            s0 = int(start[a])
+            out[a:b].copy_(x16[s0 : s0 + (b - a) * R].view(b - a, R).view(torch.uint16))
+    else:
+        lo = max(0, n16 - R)
+        tail = torch.zeros(2 * R, dtype=torch.int16, device=dev)
+        tail[: n16 - lo] = x16[lo:]
+        for rows, src, shift in ((torch.nonzero(inside).flatten(), x16, 0),
+                                 (torch.nonzero(~inside).flatten(), tail, lo)):
+            if rows.numel():
+                win = src.unfold(0, R, 1)[(start[rows] - shift).to(dev)]
+                out.index_copy_(0, rows.to(dev), win.view(torch.uint16).double())
+    part = torch.nonzero(count < R).flatten()
+    if part.numel() <= _VIEW_RUNS:
+        for i in part.tolist():
+            out[i, int(count[i]):] = 0
+    else:
+        keep = torch.arange(R, device=dev)[None, :] < count[part].to(dev)[:, None]
+        pdev = part.to(dev)
+        out.index_copy_(0, pdev, out.index_select(0, pdev) * keep)
+    if part.numel():
+        odd = torch.nonzero(last >= 0).flatten()
+        if odd.numel():
+            out[odd.to(dev), count[odd].to(dev)] = buf[last[odd].to(dev)].double()
+
+
+def _row_sums(buf: torch.Tensor, start: torch.Tensor, count: torch.Tensor, last: torch.Tensor,
+              rin: torch.Tensor, R: int) -> torch.Tensor:
+    """[rows, 8] residues per row (see ``_fill``): the five moments with row-local positions, and the three
+    random sums (at their positions in the segment, row ``rin``). Exact float64 matmuls: see the module."""
+    dev = buf.device
+    rows = start.numel()
+    res = torch.empty(rows, MOMENTS + RANDOM, dtype=torch.int64, device=dev)
+    if rows == 0:
+        return res
+    wm, wr = _float_weights(R, dev)
     nb = R // GRAIN
-    step = max(1, (_block_limbs(dev)) // R)
+    rin_d = rin.to(dev)
+    mix = _block_mix((int(rin.max()) + 1) * nb, dev)
+    blk_in_row = torch.arange(nb, dtype=torch.int64, device=dev)[None, :]
+    step = max(1, _chunk_limbs(dev) // R)
+    xf = torch.empty(min(rows, step), R, dtype=torch.float64, device=dev)
     for r0 in range(0, rows, step):
-        sl = slice(r0, min(rows, r0 + step))
-        t = rin[sl, None] * R + ar  # limb position inside its segment
-        kk = k[sl, None]
-        valid = t < kk
-        x = x16[torch.where(valid, first[sl, None] + t, 0)].to(torch.int64) & 0xFFFF
-        x = torch.where(valid, x, 0)
-        x = torch.where((t == kk - 1) & odd[sl, None], x & 0xFF, x)  # an odd segment's last limb: one byte
-        for c in range(MOMENTS):
-            out[sl, c] = (x * tab[:R, c]).sum(1) % P  # < R * 2**47 <= 2**62
-        xg = x.view(-1, nb, GRAIN)
-        blk = rin[sl, None] * nb + torch.arange(nb, dtype=torch.int64, device=dev)[None, :]
-        for j in range(RANDOM):
-            c = MOMENTS + j
-            s = (xg * tab[:GRAIN, c]).sum(-1) % P
-            out[sl, c] = (s * _mix(blk, 101 + j) % P).sum(1) % P
-    return out
-
-
-def _block_limbs(device: torch.device) -> int:
-    """Limbs per pass (bounds the temporaries: a few int64 arrays of this length)."""
-    return 1 << 24 if device.type == "cuda" else 1 << 19
+        r1 = min(rows, r0 + step)
+        x = xf[: r1 - r0]
+        _fill(x, buf, start[r0:r1], count[r0:r1], last[r0:r1], R)
+        m = (x @ wm).to(torch.int64)  # < R * 2**32 <= 2**47 each
+        res[r0:r1, :MOMENTS] = (m[:, MOMENTS:] * 65536 + m[:, :MOMENTS]) % P  # hi * 2**16 < 2**62
+        s = (x.view(-1, GRAIN) @ wr).to(torch.int64).view(r1 - r0, nb, RANDOM) % P  # < 64 * 2**47 = 2**53
+        b = mix[rin_d[r0:r1, None] * nb + blk_in_row]  # [rows, nb, 3]
+        res[r0:r1, MOMENTS:] = (s * b % P).sum(1) % P
+    return res
 
 
 def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Tensor, R: int, nseg: int,
@@ -179,21 +253,21 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
         return torch.empty(0, WORDS, dtype=torch.int64, device=dev)
     if any(o % 2 for o in offsets) or any(o < 0 or n < 0 or o + n > buf.numel() for o, n in zip(offsets, sizes)):
         raise ValueError("segments must start at even offsets inside the buffer")
-    tab = _table(dev)
-    x16 = _limb_view(buf)
-    limbs = [(n + 1) // 2 for n in sizes]
-    R = _row_length(limbs)
-    nrows = [max(1, -(-k // R)) for k in limbs]
-    rows_t = torch.tensor(nrows, dtype=torch.int64)
-    seg_of_row = torch.repeat_interleave(torch.arange(len(sizes)), rows_t)
-    starts = torch.cumsum(rows_t, 0) - rows_t
-    row_in_seg = torch.arange(int(rows_t.sum()), dtype=torch.int64) - starts[seg_of_row]
-    seg_d, rin_d = seg_of_row.to(dev), row_in_seg.to(dev)
-    first = torch.tensor([o // 2 for o in offsets], dtype=torch.int64, device=dev)[seg_d]
-    k = torch.tensor(limbs, dtype=torch.int64, device=dev)[seg_d]
-    odd = torch.tensor([n % 2 for n in sizes], dtype=torch.bool, device=dev)[seg_d]
-    rows = _row_sums(x16, first, k, odd, rin_d, R, tab)
-    res = _combine(rows, seg_d, rin_d, R, len(sizes), torch.tensor(sizes, dtype=torch.int64, device=dev))
+    if buf.data_ptr() % 2 or not buf.is_contiguous():
+        buf = buf.clone(memory_format=torch.contiguous_format)  # limbs need a 2-byte aligned start
+    R = _row_length([(n + 1) // 2 for n in sizes])
+    off = torch.tensor(offsets, dtype=torch.int64)
+    nbytes = torch.tensor(sizes, dtype=torch.int64)
+    limbs = (nbytes + 1) // 2
+    nrows = -(-limbs // R)  # the last row of a segment may be partial (none for an empty segment)
+    seg = torch.repeat_interleave(torch.arange(len(sizes)), nrows)
+    rin = torch.arange(seg.numel(), dtype=torch.int64) - (torch.cumsum(nrows, 0) - nrows)[seg]
+    start = off[seg] // 2 + rin * R
+    count = (nbytes[seg] // 2 - rin * R).clamp(max=R)  # whole limbs in the row
+    odd_row = (nbytes[seg] % 2 == 1) & (rin == nrows[seg] - 1)
+    last = torch.where(odd_row, off[seg] + nbytes[seg] - 1, -1)
+    rows = _row_sums(buf, start, count, last, rin, R)
+    res = _combine(rows, seg.to(dev), rin.to(dev), R, len(sizes), nbytes.to(dev))
     return _encode(res)
 
 
