@@ -252,3 +252,21 @@ def test_a_fault_drill_through_slurm_names_the_root_cause(cluster, tmp_path, mod
     assert s["detection_s"] is not None and s["detection_s"] <= 10 + 5
     assert "root cause: rank 3: left no report" in err
     assert not s["transports"]["reshard"]["verified"]
+
+
+def test_calibrate_through_slurm_measures_two_of_the_sites_nodes(cluster, tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    code = main(["calibrate", "--site", "slurm-local", "--reps", "2", "--out", str(out),
+                 "--run-dir", str(tmp_path / "caljob"), "--json"])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["launcher"] == "slurm" and data["ranks"] == 8  # two whole nodes of 4 ranks
+    assert len(data["hosts"]) == 2 and set(data["hosts"]) <= {"n1", "n2", "n3", "n4"}  # Slurm's node names
+    (job,) = data["slurm"]["job_ids"].values()
+    assert data["slurm"]["states"] == {job: "COMPLETED"}
+    assert all(v > 0 for v in data["figures"].values())
+    assert len(list((tmp_path / "caljob" / "results").glob("rank-*.json"))) == 8
+    # the file is a calibration the planner reads for this site
+    from reshardctl.site.measured import read_measured
+
+    assert read_measured(out, "slurm-local").ranks == 8

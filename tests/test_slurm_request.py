@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reshardctl import __version__
 from reshardctl.cli import main
 from reshardctl.errors import InputError, LaunchError, ProfileError
-from reshardctl.launch.slurm_request import build_request, ranks_command
+from reshardctl.launch.slurm_request import build_request, ranks_command, worker_args
 from reshardctl.launch.templates import load_template, render
 from reshardctl.site import load_profile
 from reshardctl.site.parse import parse_profile
@@ -229,7 +229,7 @@ def test_the_rank_command_runs_the_named_python_with_a_hostile_path(tmp_path):
     py.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "argv"))}\necho out; echo err >&2\n')
     py.chmod(0o755)
     session = str(weird / "session.pkl")
-    cmd = ranks_command(str(py), session)
+    cmd = ranks_command(str(py), worker_args(session))
     logs = tmp_path / "logs"
     logs.mkdir()
     env = dict(os.environ, RESHARDCTL_LOGS=str(logs), SLURM_PROCID="3", RESHARDCTL_RANK_OFFSET="4")

@@ -1,8 +1,12 @@
 """Start a calibration world, collect rank 0's measurements, fit the figures, build the calibration file.
 
-Ranks start through the site's launcher: local processes (gloo on CPU, NCCL where every rank has a
-GPU). A site of GPU nodes cannot be calibrated from processes on this machine (its figures would be
-this machine's): that waits for a launcher that reaches the site's nodes, and is refused here.
+Ranks start through the site's launcher:
+
+* ``measure``: local processes (gloo on CPU, NCCL where every rank has a GPU). A site of GPU nodes
+  cannot be calibrated from processes on this machine (its figures would be this machine's): refused.
+* ``measure_slurm``: a Slurm het job of two whole nodes of the site (component 0 and 1 are the two nodes
+  of ``microbench.py``), each rank ``python -m reshardctl.calibrate.worker``; the site's own nodes,
+  GPUs and fabric are measured, so GPU sites are calibrated this way.
 """
 
 from __future__ import annotations
@@ -93,6 +97,53 @@ def measure(site, reps: int = 5, deadline_s: float = 600.0) -> dict:
     return out
 
 
+def measure_slurm(site, run_dir, *, python: str, reps: int = 5,
+                  on_state=None) -> tuple[dict, object]:
+    """Run the microbenchmarks as a Slurm het job on two of the site's nodes (every GPU, or
+    ``gpus_per_node`` CPU ranks, of each); rank 0's raw results plus every rank's host; and the
+    ``SlurmRun``. ``run_dir`` (absolute, seen by every node) receives the script, logs and results."""
+    import json
+    from pathlib import Path
+
+    from reshardctl.atomic_write import write_json_atomic
+    from reshardctl.launch import slurm
+    from reshardctl.launch.slurm_request import build_request
+    from reshardctl.topology import Topology
+
+    run_dir = Path(run_dir)
+    per_node = site.gpus_per_node
+    spec = {"per_node": per_node, "reps": reps, "run_dir": str(run_dir), "cpu_only": site.cpu_only,
+            "timeout_s": site.refit.timeout_s, "rendezvous_timeout_s": site.refit.rendezvous_timeout_s}
+    spec_path = write_json_atomic(run_dir / "calibrate.json", spec, indent=2)
+    request = build_request(site, Topology.from_site(site, per_node, per_node), str(run_dir), mode="hetjob",
+                            label="calibrate", python=python, what="calibration microbenchmarks",
+                            rank_args=["-m", "reshardctl.calibrate.worker", "--spec", str(spec_path)])
+    run = slurm.submit(request)
+    w = slurm.watch(run, on_state)
+    world = 2 * per_node
+    got, errors = {}, []
+    for r in range(world):
+        try:
+            rec = json.loads((run_dir / "results" / f"rank-{r}.json").read_text())
+        except (OSError, ValueError):
+            errors.append(f"rank {r}: no result" + slurm._last_words(run_dir, r))
+            continue
+        if rec.get("ok"):
+            got[r] = rec["result"]
+        else:
+            errors.append(f"rank {r}: {rec.get('error')}")
+    bad = {j: s.state for j, s in w.states.items() if s.state != "COMPLETED"}
+    if errors or bad or 0 not in got:
+        jobs = "; ".join(f"Slurm job {j}: {st}" for j, st in bad.items())
+        raise LaunchError("calibration on Slurm failed: " + "; ".join(x for x in (jobs, *errors[:8]) if x),
+                          hint=f"the job's output and the ranks' logs are in {run_dir}")
+    out = dict(got[0])
+    out["hosts"] = sorted({r["host"] for r in got.values()})
+    out["world"], out["per_node"], out["backend"] = world, per_node, out["versions"]["backend"]
+    out["slurm"] = {"job_ids": run.job_ids, "states": {j: s.state for j, s in w.states.items()}}
+    return out, run
+
+
 def fit_alpha_beta(points) -> tuple[float, float]:
     """``seconds = latency + bytes / bandwidth`` by least squares over (bytes, seconds) points; a
     non-physical fit (negative latency or slope from noise) falls back to the smallest message's time
@@ -132,14 +183,18 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
     from reshardctl import __version__
 
     now = now or _dt.datetime.now(_dt.timezone.utc)
-    versions = {"reshardctl": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                "backend": raw["backend"]}
-    if raw["backend"] == "nccl":
-        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    versions = raw.get("versions")  # a launcher's ranks report their own (the site's nodes)
+    if versions is None:
+        versions = {"reshardctl": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                    "backend": raw["backend"]}
+        if raw["backend"] == "nccl":
+            versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    cores = raw.get("cores") or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    extra = {"slurm": raw["slurm"]} if "slurm" in raw else {}
     return {
         "format": FORMAT, "site": site.name, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "hosts": raw["hosts"],
         "versions": versions, "ranks": raw["world"], "cores": cores, "figures": figures(raw),
         "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_side",
                                           "checksum_side")},
+        "launcher": "slurm" if extra else "local", **extra,
     }

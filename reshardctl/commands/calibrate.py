@@ -45,8 +45,10 @@ def figures_table(figs: dict) -> Table:
 
 def calibrate_cmd(
     site: str = opt.SITE,
-    out: Optional[str] = typer.Option(None, "--out", help="Write the calibration to FILE (default: the per-user state directory)."),
-    reps: int = typer.Option(5, "--reps", min=1, help="Timed repetitions per microbenchmark (the median is kept)."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Write the calibration to FILE (default: the per-user state directory)."),
+    reps: int = typer.Option(5, "--reps", min=1, metavar="N", help="Timed repetitions per microbenchmark (the median is kept)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help="local | slurm (default: the profile's launcher). Slurm measures two of the site's own nodes."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", metavar="DIR", help="Slurm: the job's directory, seen by every node (default runs/<UTC time>-calibrate)."),
     as_json: bool = opt.JSON,
 ) -> None:
     """Run microbenchmarks on the site's ranks and write a calibration file for its predictions."""
@@ -57,14 +59,23 @@ def calibrate_cmd(
     from reshardctl.site.measured import default_path
 
     prof = load_profile(site)
+    launcher = launcher or prof.launcher
+    if launcher not in ("local", "slurm"):
+        raise InputError(f"--launcher {launcher!r}: expected local or slurm")
+    if run_dir is not None and launcher != "slurm":
+        raise InputError("--run-dir is for the Slurm launcher (--launcher slurm)")
     path = Path(out) if out is not None else default_path(prof.name)
     if path.is_dir():
         raise InputError(f"--out {path}: is a directory")
     if out is not None and not path.parent.is_dir():
         raise InputError(f"--out {path}: directory {path.parent} does not exist")
-    if not as_json and not output.quiet():
-        output.info(f"calibrating site {prof.name}: microbenchmarks on {2 * min(prof.gpus_per_node, 4)} local ranks")
-    data = calibration(prof, measure(prof, reps=reps))
+    if launcher == "slurm":
+        raw = _measure_on_slurm(prof, reps, run_dir, quiet=as_json or output.quiet())
+    else:
+        if not as_json and not output.quiet():
+            output.info(f"calibrating site {prof.name}: microbenchmarks on {2 * min(prof.gpus_per_node, 4)} local ranks")
+        raw = measure(prof, reps=reps)
+    data = calibration(prof, raw)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data, indent=2)
     if as_json:
@@ -72,6 +83,26 @@ def calibrate_cmd(
         return
     output.console().print(figures_table(data["figures"]))
     output.console().print(f"wrote {path}", markup=False, highlight=False)
+
+
+def _measure_on_slurm(prof, reps: int, run_dir: str | None, *, quiet: bool) -> dict:
+    import sys
+
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    from reshardctl.calibrate.runner import measure_slurm
+    from reshardctl.commands.run import slurm_state_line
+    from reshardctl.runs.rundir import new_run_dir
+
+    d = new_run_dir(run_dir, "calibrate").resolve()
+    if not quiet:
+        output.info(f"calibrating site {prof.name} on Slurm: two nodes x {prof.gpus_per_node} ranks; job files in {d}")
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=output.err_console(),
+                  disable=quiet, transient=True) as prog:
+        task = prog.add_task("submitting", total=None)
+        raw, _ = measure_slurm(prof, d, python=sys.executable, reps=reps,
+                               on_state=lambda states: prog.update(task, description=slurm_state_line(states)))
+    return raw
 
 
 __all__ = ["calibrate_cmd", "figures_table", "figure_text"]

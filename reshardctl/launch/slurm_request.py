@@ -64,6 +64,7 @@ class SlurmRequest:
     rendezvous_timeout_s: int
     train_world: int
     infer_world: int
+    what: str = "refit"  # the scripts' first comment line
 
     @property
     def script_names(self) -> tuple[str, ...]:
@@ -76,7 +77,7 @@ class SlurmRequest:
         """``{script file name: text}``: every script of this request, rendered."""
         common = {
             "version": __version__,
-            "what": f"refit {self.label}",
+            "what": self.what,
             "run_dir_comment": self.run_dir.replace("\n", " "),
             "train_world": str(self.train_world),
             "infer_world": str(self.infer_world),
@@ -220,19 +221,25 @@ def _srun_flags(site, timeout_s: float) -> str:
     return " ".join(flags)
 
 
-def ranks_command(python: str, session_path: str) -> str:
-    """Each task: the worker, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``. The bash
-    string is constant; ``python`` and the path travel as quoted arguments."""
+def worker_args(session_path: str) -> list[str]:
+    """The refit worker on a session file: what each task of a refit runs after ``python``."""
+    return ["-m", "reshardctl.runtime.worker", "--session", session_path]
+
+
+def ranks_command(python: str, args: list[str]) -> str:
+    """Each task: ``python args...``, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``. The
+    bash string is constant; ``python`` and the arguments travel as quoted arguments."""
     redirect = ('exec "$@" >"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).out" '
                 '2>"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).err"')
     q = shlex.quote
-    return f"bash -c {q(redirect)} rank {q(python)} -m reshardctl.runtime.worker --session {q(session_path)}"
+    return f"bash -c {q(redirect)} rank {q(python)} " + " ".join(q(a) for a in args)
 
 
 def build_request(site, topology, run_dir: str, *, mode: str | None = None, label: str = "refit",
-                  python: str) -> SlurmRequest:
+                  python: str, rank_args: list[str] | None = None, what: str | None = None) -> SlurmRequest:
     """The request for one refit session of ``topology``'s two sides on ``site``. ``run_dir`` must be an
-    absolute path every node sees; ``python`` is the ranks' interpreter when the profile names none."""
+    absolute path every node sees; ``python`` is the ranks' interpreter when the profile names none;
+    ``rank_args``: what each task runs after it (default: the refit worker on ``run_dir/session.pkl``)."""
     mode = mode or site.slurm.mode
     if mode not in MODES:
         raise InputError(f"--slurm-mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -256,8 +263,8 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
     req = SlurmRequest(
         mode=mode, run_dir=run_dir, label=label, components=(train, infer), sbatch=sbatch,
         prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, timeout),
-        ranks_cmd=ranks_command(py, str(PurePosixPath(run_dir) / SESSION_FILE)),
+        ranks_cmd=ranks_command(py, rank_args or worker_args(str(PurePosixPath(run_dir) / SESSION_FILE))),
         rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),
-        train_world=topology.train_world, infer_world=topology.infer_world,
+        train_world=topology.train_world, infer_world=topology.infer_world, what=what or f"refit {label}",
     )
     return req
