@@ -23,7 +23,8 @@ from reshardctl.runs.session import LAUNCHERS, run_session
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
-OUT = typer.Option(None, "--out", help="Run directory (default runs/<UTC time>-<label>).")
+OUT = typer.Option(None, "--out", help="Run directory (default runs/<UTC time>-<label>); an existing non-empty one is refused unless --force.")
+FORCE = typer.Option(False, "--force", help="With --out: empty an existing non-empty run directory first.")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="safetensors checkpoint (file or dir): trainer ranks read their slices from it.")
 FULL_CHECK = typer.Option(False, "--full-check", help="Also compare every destination box with the weight source (timed apart).")
 LAUNCHER = typer.Option(None, "--launcher", help="local | slurm (default: the profile's launcher, else local).")
@@ -51,7 +52,7 @@ def _b(n) -> str:
 def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
              infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
              launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False, inject=None, retries=0,
-             on_failure="abort", timeout_s=None):
+             on_failure="abort", timeout_s=None, force=False):
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,
@@ -77,7 +78,7 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
         task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
-        res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out,
+        res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
                           retries=retries, on_failure=on_failure, timeout_s=timeout_s,
                           progress=lambda done, total, what: prog.update(task, completed=done, total=total,
@@ -220,7 +221,7 @@ def run_cmd(
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
     transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid (default: the profile's refit.transport)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
-    iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, checkpoint: Optional[str] = CHECKPOINT,
+    iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH, inject: Optional[list[str]] = INJECT,
@@ -236,7 +237,8 @@ def run_cmd(
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
              relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
              full_check=full_check, as_json=as_json, launcher=launcher, slurm_mode=slurm_mode, dry_run=dry_run,
-             detach=detach, mtp=mtp, inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s)
+             detach=detach, mtp=mtp, inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s,
+             force=force)
 
 
 def bench_cmd(
@@ -245,7 +247,7 @@ def bench_cmd(
     train_style: str = opt.TRAIN_STYLE, infer_style: str = opt.INFER_STYLE,
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
-    iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, as_json: bool = opt.JSON,
+    iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, as_json: bool = opt.JSON,
     mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH,
@@ -255,4 +257,4 @@ def bench_cmd(
              train_style=train_style, infer_style=infer_style, train_layout=train_layout,
              infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
              baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, launcher=launcher,
-             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach, mtp=mtp)
+             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach, mtp=mtp, force=force)
