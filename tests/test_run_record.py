@@ -50,6 +50,14 @@ def test_run_record_and_phases(tmp_path, small, capsys):
     assert {k: v for k, v in rec["site_profile"].items() if k != "source"} == \
         {k: v for k, v in json.loads(json.dumps(prof)).items() if k != "source"}
 
+    events = [json.loads(line) for f in (out / "events").glob("rank-*.jsonl") for line in f.read_text().splitlines()]
+    commits = [e for e in events if e["phase"] == "commit"]
+    assert len(commits) == 4 * 3 and all(e["transport"] == "reshard" for e in commits)
+    assert sum(bool(e.get("warmup")) for e in commits) == 4  # --warmup 1: one warm-up refit per rank, marked
+    assert all(e["transport"] == "reshard" for e in events if e["phase"] in ("verify", "round/transfer", "attempt"))
+    assert all(e["step"] == 1 for e in events if e.get("warmup") and "step" in e)  # the warm-up is step 1
+    assert all("transport" not in e for e in events if e["phase"] == "agreement")
+
     s = summary["transports"]["reshard"]
     for ph in ("refit_s", "transfer_s", "verify_s", "commit_s"):
         assert set(s[ph]) >= {"median", "p90", "min", "all", "slowest_rank"}, ph
