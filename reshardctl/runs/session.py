@@ -249,7 +249,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
 
         memory = check_memory(plans, gpus=choose_local_backend(inp.topology.world, "auto") == "nccl")["total"]
     # absolute: every Slurm node must find it, and summary.json names it wherever it is read
-    run_dir = new_run_dir(out, "bench" if len(transports) > 1 else transports[0], force=force).resolve()
+    run_dir = new_run_dir(out, "bench" if baseline else transports[0], force=force).resolve()
     who, started = started_by(), time.time()
     mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
     write_command(run_dir, argv)
