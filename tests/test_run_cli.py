@@ -41,7 +41,51 @@ def test_run_writes_a_complete_run_directory(tmp_path, small, capsys):
     phases = {json.loads(line)["phase"] for f in events for line in f.read_text().splitlines()}
     assert {"rendezvous", "group_init", "materialise", "verify", "commit"} <= phases
     commits = [json.loads(line) for f in events for line in f.read_text().splitlines() if '"commit"' in line]
-    assert len(commits) == 8 * 3 and all(c.get("committed") for c in commits)  # 1 warm-up + 2 timed, 8 ranks
+    # no --transport: the profile's transport (reshard) and gather_broadcast beside it, on the same processes
+    # (one rendezvous per rank); per transport 1 warm-up + 2 timed refits on 8 ranks
+    assert set(summary["transports"]) == {"reshard", "gather_broadcast"}
+    assert summary["transports"]["gather_broadcast"]["verified"]
+    assert summary["speedup_vs_reshard"]["gather_broadcast"] > 0
+    assert len(commits) == 8 * 6 and all(c.get("committed") for c in commits)
+    assert sorted(c["transport"] for c in commits) == ["gather_broadcast"] * 24 + ["reshard"] * 24
+    for f in events:
+        assert sum('"rendezvous"' in line for line in f.read_text().splitlines()) == 1
+    assert out.name == "run" and (out / "plan-gather_broadcast.npz").is_file()
+
+
+def test_run_with_transport_runs_that_one_only_and_says_faster_or_slower(tmp_path, small, capsys):
+    out = tmp_path / "one"
+    code = main(["run", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
+                 "--transport", "hybrid", "--out", str(out), "--json"])
+    assert code == 0
+    assert set(json.loads(capsys.readouterr().out)["transports"]) == {"hybrid"}
+
+
+def test_render_hides_empty_columns_and_names_faster_or_slower(capsys):
+    from reshardctl.commands.run import NEXT_STEPS, render
+
+    def tr(median, verified=True):
+        st = {"median": median, "p90": median, "min": median, "all": [median]}
+        return {"refit_s": st, "transfer_s": st, "verify_s": st, "effective_gbps": 1.0, "predicted_s": 0.5,
+                "measured_vs_predicted": 2.0, "peak_staging_bytes": 10, "verified": verified, "failures": []}
+
+    summary = {"ok": True, "run_dir": "/r", "transports": {"reshard": tr(1.0), "gather_broadcast": tr(4.0)},
+               "speedup_vs_reshard": {"reshard": 1.0, "gather_broadcast": 4.0}}
+    render(summary)
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert "raw ceiling" not in header and "of ceiling" not in header  # not measured by run: not shown
+    assert "vs reshard" in header and "predicted" in header
+    assert "4.00x slower" in out and "predicted" in out and "measured/pred." in out
+    assert "reshard was 4.00x faster than gather_broadcast" in out and "both verified" in out
+    assert out.rstrip().endswith(NEXT_STEPS) and "--launcher slurm" in NEXT_STEPS and "reshardctl bench" in NEXT_STEPS
+    summary["speedup_vs_reshard"]["gather_broadcast"] = 0.5
+    render(summary)
+    out = capsys.readouterr().out
+    assert "2.00x faster" in out and "reshard was 2.00x slower than gather_broadcast" in out
+    render({**summary, "transports": {"reshard": tr(1.0)}, "speedup_vs_reshard": {"reshard": 1.0}})
+    out = capsys.readouterr().out
+    assert "vs reshard" not in out.splitlines()[0] and "reshard was" not in out
 
 
 def test_bench_runs_all_transports_on_the_same_processes(tmp_path, small, capsys):

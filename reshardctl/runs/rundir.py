@@ -33,12 +33,62 @@ from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 DEFAULT_BASE = "runs"
 
 
-def new_run_dir(out: str | os.PathLike | None, label: str) -> Path:
-    """``out`` if given (created; must be empty or absent), else ``runs/<UTC time>-<label>[-k]``; private
-    to the user (0700)."""
+def _refuse_to_empty(path: Path) -> str | None:
+    """Why ``--force`` must not empty ``path`` (the filesystem root, the home directory, or the working
+    directory or one above it), else None."""
+    p = path.resolve()
+    if p == Path(p.anchor) or p == Path.home().resolve():
+        return "it is the filesystem root or the home directory"
+    cwd = Path.cwd().resolve()
+    if p == cwd or p in cwd.parents:
+        return "it is the working directory or holds it"
+    return None
+
+
+def _empty_dir(path: Path) -> None:
+    import shutil
+
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def check_out_dir(out: str | os.PathLike | None, force: bool = False) -> None:
+    """Refuse (``InputError``, exit 2) an ``--out`` that is an existing non-empty directory unless
+    ``force`` (then it is emptied by ``new_run_dir``), or that exists and is not a directory. Nothing is
+    written: callers check this before any side effect."""
+    if out is None:
+        return
+    from reshardctl.errors import InputError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if path.is_dir():
+        try:
+            nonempty = any(path.iterdir())
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot read the directory: {exc.strerror or exc}") from exc
+        if nonempty and not force:
+            raise InputError(f"--out {out}: the directory is not empty (an old run's events and plan files would "
+                             f"mix with this run's); choose another directory, or add --force to empty it first")
+        if nonempty:
+            why = _refuse_to_empty(path)
+            if why:
+                raise InputError(f"--out {out}: --force will not empty it: {why}")
+
+
+def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) -> Path:
+    """``out`` if given (created; an existing non-empty directory is refused unless ``force``, which
+    empties it first), else ``runs/<UTC time>-<label>[-k]``; private to the user (0700)."""
     if out is not None:
+        check_out_dir(out, force)
         path = Path(out)
         try:
+            if force and path.is_dir():
+                _empty_dir(path)
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)
         except OSError as exc:

@@ -28,7 +28,9 @@ from reshardctl.plan.model import Plan
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
 from reshardctl.plan.serialize import save_plan
-from reshardctl.runs.rundir import mark_run, new_run_dir, run_state, started_by, write_command, write_json
+from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, run_state, started_by, write_command, write_json
+from reshardctl.runs.failures import failure_summary
+from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
@@ -153,9 +155,17 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "cost_figures": ctx.get("cost_figures", "datasheet"),
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
+        "record": full_record(ctx.get("record"), reports),
     }
     summary.update(extra or {})
     return summary
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    """``record.json`` (with the ranks' hosts and backend), then ``summary.json``."""
+    if summary.get("record"):
+        write_record(run_dir, summary["record"])
+    write_json(run_dir / "summary.json", summary)
 
 
 def _failed_transport(reports, names) -> str | None:
@@ -163,18 +173,6 @@ def _failed_transport(reports, names) -> str | None:
         if any(not r.ok for r in (reports or {}).get(t, [])):
             return t
     return next(iter(names), None)
-
-
-def _events_of(run_dir: Path) -> list[dict]:
-    from reshardctl.runtime.events import read_events
-
-    out = []
-    for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
-        try:
-            out += read_events(f)
-        except (OSError, ValueError):
-            pass
-    return out
 
 
 def _set_up_done(events_dir: Path) -> int:
@@ -186,33 +184,6 @@ def _set_up_done(events_dir: Path) -> int:
         except OSError:
             pass
     return n
-
-
-def failure_summary(failures: list[dict], run_dir: Path, timeout_s: float) -> dict:
-    """Root cause first, knock-on failures counted, and detection times measured from the drill (or the
-    root cause's own time) to each survivor's failure record."""
-    drills = [e for e in _events_of(run_dir) if e.get("phase") == "drill"]
-    t0 = min((e["start"] for e in drills), default=None)
-    if t0 is None and failures and failures[0].get("at"):
-        t0 = failures[0]["at"]
-    rows = []
-    for k, f in enumerate(failures):
-        row = {key: f.get(key) for key in ("rank", "host", "side", "side_rank", "phase", "step", "round", "peers",
-                                           "error", "message")}
-        row["root_cause"] = k == 0
-        row["knock_on"] = k > 0
-        if t0 is not None and f.get("at") and f.get("error") != "RankLost":
-            row["detected_after_s"] = round(f["at"] - t0, 3)
-        rows.append(row)
-    detected = [r["detected_after_s"] for r in rows if "detected_after_s" in r]
-    return {
-        "root_cause": rows[0] if rows else None,
-        "knock_on_failures": max(0, len(rows) - 1),
-        "failures": rows,
-        "drills": [{"rank": e.get("rank"), "drill": e.get("drill"), "at": e.get("start")} for e in drills],
-        "detection_s": max(detected) if detected else None,
-        "timeout_s": timeout_s,
-    }
 
 
 class _Signals:
@@ -246,7 +217,8 @@ class _Prepared:
 
 def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int, baseline: bool,
              out: str | None, checkpoint: str | None, full_check: bool, argv: list[str] | None, launcher: str,
-             inject: list[str] | None, retries: int, on_failure: str, timeout_s: float | None) -> _Prepared:
+             inject: list[str] | None, retries: int, on_failure: str, timeout_s: float | None,
+             force: bool = False) -> _Prepared:
     """Every check that can refuse the run (exit 2, nothing started), then the run directory."""
     from reshardctl.runtime.contract import RunOptions
     from reshardctl.runtime.drills import check_ranks, parse_faults
@@ -259,6 +231,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         raise InputError(f"--on-failure {on_failure!r}: use abort or fallback")
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    check_out_dir(out, force)
     faults = ";".join(inject or []) or None
     check_ranks(parse_faults(faults), inp.topology.world)
     plans = plan_transports(inp, transports, launcher)
@@ -275,9 +248,8 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         from reshardctl.runs.memory_check import check_memory
 
         memory = check_memory(plans, gpus=choose_local_backend(inp.topology.world, "auto") == "nccl")["total"]
-    run_dir = new_run_dir(out, "bench" if len(transports) > 1 else transports[0])
-    if launcher == "slurm":
-        run_dir = run_dir.resolve()  # every node must find it
+    # absolute: every Slurm node must find it, and summary.json names it wherever it is read
+    run_dir = new_run_dir(out, "bench" if baseline else transports[0], force=force).resolve()
     who, started = started_by(), time.time()
     mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
     write_command(run_dir, argv)
@@ -299,6 +271,9 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
                           command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
                           retries=retries, on_failure=on_failure, who=who, memory_bytes=memory)
+    ctx["record"] = static_record(site, started=started, timeout_s=timeout,
+                                  rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
+    write_record(run_dir, ctx["record"])
     write_json(run_dir / SESSION_JSON, ctx)
     return _Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
@@ -311,6 +286,7 @@ def run_session(
     warmup: int = 1,
     baseline: bool = False,
     out: str | None = None,
+    force: bool = False,
     checkpoint: str | None = None,
     full_check: bool = False,
     argv: list[str] | None = None,
@@ -333,7 +309,7 @@ def run_session(
         raise InputError("--detach needs the Slurm launcher (--launcher slurm, or launcher: slurm in the profile)")
     pre = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
                    checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher, inject=inject,
-                   retries=retries, on_failure=on_failure, timeout_s=timeout_s)
+                   retries=retries, on_failure=on_failure, timeout_s=timeout_s, force=force)
     if launcher == "slurm":
         return _run_slurm(inp, pre, warmup, slurm_mode=slurm_mode, detach=detach, progress=progress,
                           on_state=on_slurm_state)
@@ -413,7 +389,7 @@ def _run_local(inp: Inputs, pre: _Prepared, warmup: int, *, progress, stop) -> S
         err = TransferError("interrupted")
     summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
                             run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
-    write_json(run_dir / "summary.json", summary)
+    _write_summary(run_dir, summary)
     mark_run(run_dir, "interrupted" if interrupted else ("finished" if err is None else "failed"), pre.who,
              pre.started)
     return SessionResult(run_dir, summary, err, plans)
@@ -474,7 +450,7 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
                             run_dir=run_dir, extra={"slurm": slurm.slurm_record(run, w, run_dir)})
     if lost:
         summary["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
-    write_json(run_dir / "summary.json", summary)
+    _write_summary(run_dir, summary)
     mark_run(run_dir, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
              ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at)
     return summary, err
@@ -511,7 +487,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
         w = slurm.Watch(slurm.final_states(run.ids), None, time.time())
     summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0)
     summary["collected"] = True
-    write_json(run_dir / "summary.json", summary)
+    _write_summary(run_dir, summary)
     return SessionResult(run_dir, summary, err, {}, slurm=run)
 
 

@@ -1,9 +1,16 @@
 """Turn the ranks' reports of one transport into the figures a runbook quotes (``summary.json``).
 
-Per iteration, a refit lasts as long as its slowest rank: ``refit_s = max over ranks of
-(transfer + verify + commit)`` measured from the common start; ``transfer_s`` is the same maximum of the
-transfer phase alone (the bytes moving), ``verify_s`` the cost of verification (checksums, coverage,
-the verdict vote). Effective GB/s = bytes the inference ranks end up holding / refit seconds.
+A rank's refit time is, by definition, the sum of its three phases, measured back to back from the
+common start (a barrier): ``transfer`` (the bytes moving, to this rank's last step finished), ``verify``
+(checksums, coverage, the full check if asked, the verdict vote) and ``commit`` (the swap to the new
+weights). ``per_rank`` keeps every rank's phases and their sum. Per iteration a refit lasts as long as its
+slowest rank: ``refit_s`` is the maximum over ranks of that sum, and ``transfer_s``/``verify_s``/
+``commit_s`` the maximum of each phase alone (possibly different ranks, so these three need not add up
+to ``refit_s``); each carries ``slowest_rank``, the rank that had that maximum per iteration.
+``wire_bytes_per_refit`` (median over iterations) is the sum over ranks of the bytes each rank posted
+to send or to receive (padding and trailers included): a point-to-point message is counted twice, once
+by its sender and once by its receiver. Effective GB/s = bytes the inference ranks end up holding /
+refit seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +38,22 @@ def _finite(x):
     return x
 
 
+PHASES = ("transfer_s", "verify_s", "commit_s")
+
+
+def _rank_value(it, phase: str) -> float:
+    """One rank's seconds in ``phase`` of one refit; ``refit_s`` is by definition the sum of its phases."""
+    if phase == "refit_s":
+        return it.transfer_s + it.verify_s + it.commit_s
+    return getattr(it, phase)
+
+
+def _stats(values: list[float], slowest_rank: list[int]) -> dict[str, Any]:
+    """median, p90, min and all (per iteration the slowest rank's value) and which rank that was."""
+    return {"median": statistics.median(values) if values else float("nan"), "p90": _pct(values, 0.9),
+            "min": min(values, default=float("nan")), "all": values, "slowest_rank": slowest_rank}
+
+
 def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, predicted_s: float | None = None,
                         lower_bound_s: float | None = None, bucket_bytes: int | None = None,
                         fingerprint: str = "", predicted_breakdown_s: dict | None = None) -> dict[str, Any]:
@@ -40,15 +63,21 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         for r in reports if not r.ok
     ]
     n_iter = min((len(r.iterations) for r in reports), default=0)
-    refit, transfer, verify, commit = [], [], [], []
+    ranks = sorted(reports, key=lambda r: r.global_rank)
+    per_rank = {str(r.global_rank): {ph: [] for ph in PHASES + ("refit_s",)} for r in ranks}
+    series: dict[str, list[float]] = {ph: [] for ph in PHASES + ("refit_s",)}
+    slowest: dict[str, list[int]] = {ph: [] for ph in PHASES + ("refit_s",)}
     committed = n_iter > 0
     for k in range(n_iter):
-        its = [r.iterations[k] for r in reports]
-        refit.append(max(i.transfer_s + i.verify_s + i.commit_s for i in its))
-        transfer.append(max(i.transfer_s for i in its))
-        verify.append(max(i.verify_s for i in its))
-        commit.append(max(i.commit_s for i in its))
-        committed = committed and all(i.committed for i in its)
+        for ph in PHASES + ("refit_s",):
+            vals = [(_rank_value(r.iterations[k], ph), r.global_rank) for r in ranks]
+            for v, g in vals:
+                per_rank[str(g)][ph].append(v)
+            v, g = max(vals, key=lambda x: (x[0], -x[1]))
+            series[ph].append(v)
+            slowest[ph].append(g)
+        committed = committed and all(r.iterations[k].committed for r in ranks)
+    refit, transfer = series["refit_s"], series["transfer_s"]
     wire = [sum(i.wire_bytes for i in (r.iterations[k] for r in reports)) for k in range(n_iter)]
     base_s = max((r.baseline.get("seconds", 0.0) for r in reports if r.baseline), default=None)
     med = statistics.median(refit) if refit else float("nan")
@@ -57,10 +86,8 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "transport": name,
         "fingerprint": fingerprint,
         "iterations": n_iter,
-        "refit_s": {"median": med, "p90": _pct(refit, 0.9), "min": min(refit, default=float("nan")), "all": refit},
-        "transfer_s": {"median": med_t, "p90": _pct(transfer, 0.9), "all": transfer},
-        "verify_s": {"median": statistics.median(verify) if verify else float("nan"), "all": verify},
-        "commit_s": {"median": statistics.median(commit) if commit else float("nan")},
+        **{ph: _stats(series[ph], slowest[ph]) for ph in ("refit_s",) + PHASES},
+        "per_rank": per_rank,
         "bytes_needed": int(bytes_needed),
         "wire_bytes_per_refit": int(statistics.median(wire)) if wire else 0,
         "effective_gbps": (bytes_needed / med / 1e9) if refit and med > 0 else 0.0,

@@ -180,7 +180,12 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                                 direct_min=options.direct_min_bytes)
 
             ex, ex_plan = executor(plan), plan
+            events.common["transport"] = plan.transport  # every event says which transport it belongs to
             for it in range(warmup + options.iterations):
+                if it < warmup:  # events of warm-up (untimed) refits say so
+                    events.common["warmup"] = True
+                else:
+                    events.common.pop("warmup", None)
                 if st.src is not None and step != st.src_step:
                     with events.phase("materialise", step=step):
                         advance_source(plan, st, source, step)
@@ -206,10 +211,12 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                     with events.phase("group_init", backend=env.backend, attempt=attempt):
                         groups = rebuild(groups, all_plans, store, timeout)
                     ex_plan = fallback if use_fallback else plan
+                    events.common["transport"] = ex_plan.transport
                     ex = executor(ex_plan)
                 if it >= warmup:
                     rec["iterations"].append(report)
                 step += 1
+            events.common.pop("warmup", None)
             rec["peak"] = pool.peak
             if options.baseline:
                 with events.phase("baseline") as ph:
@@ -218,6 +225,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
             pool.clear()
             prev = plan
         failed_plan = None
+        events.common.pop("transport", None)  # the agreement closes the session, not one transport
         with events.phase("agreement") as ph:  # every inference rank ends on the same committed step
             _, steps = _commit.gather_steps(groups, 1, st.committed_step)
             low, ahead = _commit.agree(steps, first.train_world)
