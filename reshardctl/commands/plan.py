@@ -152,7 +152,7 @@ def plan_cmd(
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)
         from pathlib import Path
 
-        from reshardctl.runs.session import slurm_files
+        from reshardctl.runs.slurm_session import slurm_files
 
         extra = slurm_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()))
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)

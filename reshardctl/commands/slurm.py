@@ -72,7 +72,7 @@ def collect_cmd(
 ) -> None:
     """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
     from reshardctl.commands.run import render
-    from reshardctl.runs.session import collect_session
+    from reshardctl.runs.slurm_session import collect_session
 
     res = collect_session(run_dir, wait=wait, job=job)
     if as_json:

@@ -12,7 +12,6 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Sequence
 
 RECORD_JSON = "record.json"
 
