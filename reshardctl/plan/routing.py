@@ -73,16 +73,25 @@ def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: To
     return relay_of
 
 
+def _same_rows(best: np.ndarray) -> list[np.ndarray]:
+    """The rows of ``best`` (bool [m, k]) grouped by equal content, each group ascending."""
+    m, k = best.shape
+    if k <= 62:
+        key = best.astype(np.int64) @ (np.int64(1) << np.arange(k, dtype=np.int64))
+    else:
+        key = np.unique(best, axis=0, return_inverse=True)[1].reshape(-1)
+    order = np.argsort(key, kind="stable")
+    cut = np.nonzero(key[order][1:] != key[order][:-1])[0] + 1
+    return np.split(order, cut)
+
+
 def _pick_balanced(best: np.ndarray, weight: np.ndarray, rotation: int) -> np.ndarray:
     """Index of the chosen candidate per row of ``best`` (bool [m, k]): rows with the same set of best
     candidates are split among them into runs of equal bytes (prefix sums of ``weight``), so replicas
     share the load by bytes, not by piece count; ``rotation`` shifts the split between instances."""
     pick = np.empty(best.shape[0], dtype=np.int64)
-    sigs, inv = np.unique(best, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    for g in range(len(sigs)):
-        rows = np.nonzero(inv == g)[0]
-        cols = np.nonzero(sigs[g])[0]
+    for rows in _same_rows(best):
+        cols = np.nonzero(best[rows[0]])[0]
         w = weight[rows].astype(np.float64)
         total = w.sum()
         mid = (np.cumsum(w) - w / 2) / total if total > 0 else (np.arange(rows.size) + 0.5) / rows.size
