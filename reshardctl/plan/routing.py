@@ -51,13 +51,15 @@ def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: To
     if n == 0:
         return relay_of
     # does any source replica of the piece's class sit in the destination's domain?
+    ndom = int(dom.max()) + 1
     in_domain = np.zeros(n, dtype=bool)
     for c, slots in enumerate(pieces.src_classes):
         idx = np.nonzero(pieces.src_class == c)[0]
         if idx.size:
-            cand_doms = np.unique(dom[src_ranks[np.asarray(slots)]])
-            in_domain[idx] = np.isin(dom[dst[idx]], cand_doms)
-    key = pieces.piece_key.astype(np.int64) * (int(dom.max()) + 1) + dom[dst]
+            has_source = np.zeros(ndom, dtype=bool)  # per domain: holds a replica of class c
+            has_source[dom[src_ranks[np.asarray(slots)]]] = True
+            in_domain[idx] = has_source[dom[dst[idx]]]
+    key = pieces.piece_key.astype(np.int64) * ndom + dom[dst]
     order = np.lexsort((dst, key))
     k_sorted = key[order]
     first = np.ones(n, dtype=bool)
