@@ -9,6 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Literal
 
+import numpy as np
+
 from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, box_shape
 from reshardctl.models.spec import ModelSpec
 
@@ -31,6 +33,41 @@ class SideLayout(ABC):
     def placement(self, index: int) -> Placement:
         """Placement of ``model.tensors[index]``. Must be cheap and return interned templates: it is
         called once per tensor (90k tensors for DeepSeek-V3)."""
+
+    def placement_classes(self) -> tuple[np.ndarray, list[Placement]]:
+        """Per tensor, the class of its placement (classes: same template object and same ranks,
+        numbered in model order of first appearance), and one placement per class. Computed once
+        (the layout is immutable); the representatives keep the template ids stable."""
+        cached = self.__dict__.get("_placement_classes")
+        if cached is None:
+            by_id: dict[int, int] = {}
+            by_key: dict[tuple, int] = {}
+            reps: list[Placement] = []
+            keep: list[Placement] = []
+            classes = np.empty(len(self.model.tensors), dtype=np.int64)
+            for i in range(len(classes)):
+                p = self.placement(i)
+                k = by_id.get(id(p))
+                if k is None:
+                    key = (id(p.template), p.ranks)
+                    k = by_key.get(key)
+                    if k is None:
+                        k = by_key[key] = len(reps)
+                        reps.append(p)
+                    by_id[id(p)] = k
+                    keep.append(p)  # alive while keyed by id
+                classes[i] = k
+            cached = self.__dict__["_placement_classes"] = (classes, reps)
+        return cached
+
+    def stage_array(self) -> np.ndarray:
+        """``stage_of`` of every tensor, as an int64 array (computed once)."""
+        cached = self.__dict__.get("_stage_array")
+        if cached is None:
+            cached = self.__dict__["_stage_array"] = np.fromiter(
+                (self.stage_of(i) for i in range(len(self.model.tensors))), dtype=np.int64,
+                count=len(self.model.tensors))
+        return cached
 
     # Pipeline structure (gather-and-broadcast gathers per stage). Default: a single stage.
     def num_stages(self) -> int:

@@ -63,18 +63,18 @@ class TensorSpec:
     layer: int | None = None  # global decoder layer index (MTP layers continue after the last one)
     expert: int | None = None  # global routed-expert index
     scale_of: str | None = None  # for kind == "scale_inv": the weight it scales
+    # derived once from shape and dtype (hot: the planner reads them per tensor many times)
+    numel: int = field(init=False, repr=False, compare=False)
+    nbytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def numel(self) -> int:
-        return prod(self.shape)
+    def __post_init__(self) -> None:
+        numel = prod(self.shape)
+        object.__setattr__(self, "numel", numel)
+        object.__setattr__(self, "nbytes", numel * DTYPE_BYTES[self.dtype])
 
     @property
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,18 @@ class ModelSpec:
     @cached_property
     def num_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    @cached_property
+    def itemsizes(self) -> "np.ndarray":
+        """Bytes per element of every tensor, as an int64 array."""
+        import numpy as np
+
+        return np.fromiter((t.itemsize for t in self.tensors), dtype=np.int64, count=len(self.tensors))
+
+    @cached_property
+    def inventory_text(self) -> str:
+        """``name|shape|dtype`` of every tensor, one a line (what plan fingerprints hash)."""
+        return "\n".join(f"{t.name}|{t.shape}|{t.dtype}" for t in self.tensors)
 
     def __reduce__(self):
         """Pickle with a plain dict for ``config`` (a mappingproxy does not pickle); caches dropped."""

@@ -53,8 +53,8 @@ def drop_scales(model: ModelSpec, dtype: str) -> ModelSpec:
     """The training view of an fp8 checkpoint: no ``weight_scale_inv``, fp8 weights as ``dtype``."""
     if not any(t.kind == "scale_inv" for t in model.tensors):
         return model
-    kept = [
-        replace(t, dtype=dtype) if t.dtype in _FP8 else t
+    kept = [  # the constructor, not dataclasses.replace (several times slower over ~45k tensors)
+        TensorSpec(t.name, t.shape, dtype, t.role, t.kind, t.layer, t.expert, t.scale_of) if t.dtype in _FP8 else t
         for t in model.tensors
         if t.kind != "scale_inv"
     ]

@@ -86,28 +86,22 @@ def fingerprint(plan: Plan) -> str:
         h.update(b"\0")
 
     put((plan.transport, plan.bucket_bytes, plan.relay, plan.model.name))
-    h.update("\n".join(f"{t.name}|{t.shape}|{t.dtype}" for t in plan.model.tensors).encode())
+    h.update(plan.model.inventory_text.encode())
     put((plan.train.describe(), plan.infer.describe(), sorted(plan.topology.describe().items())))
     # the placements themselves: describe() need not determine them (a layout file edited in place
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
-        by_id: dict[int, int] = {}  # id(placement) -> content ordinal (placements are interned)
+        classes, reps = layout.placement_classes()
         by_content: dict[tuple, int] = {}
-        keep: list = []  # alive, so ids stay unique
-        rows = np.empty((len(plan.model.tensors), 2), dtype=np.int64)
-        for i in range(len(plan.model.tensors)):
-            p = layout.placement(i)
-            k = by_id.get(id(p))
+        ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
+        for c, p in enumerate(reps):
+            content = (p.template.shape, p.template.holdings, p.ranks)
+            k = by_content.get(content)
             if k is None:
-                keep.append(p)
-                content = (p.template.shape, p.template.holdings, p.ranks)
-                k = by_content.get(content)
-                if k is None:
-                    k = by_content[content] = len(by_content)
-                    put(content)
-                by_id[id(p)] = k
-            rows[i] = k, layout.stage_of(i)
-        h.update(rows.tobytes())
+                k = by_content[content] = len(by_content)
+                put(content)
+            ordinal[c] = k
+        h.update(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
     for u in plan.units:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):

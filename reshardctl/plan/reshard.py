@@ -20,34 +20,27 @@ from reshardctl.topology import Topology
 def group_tensors(
     model: ModelSpec, train: SideLayout, infer: SideLayout, select: Callable[[TensorSpec], bool] | None
 ) -> list[tuple[object, object, list[int]]]:
-    """Tensors with the same (trainer placement, inference placement, itemsize), in model order.
-
-    Layouts intern their Placement objects, so the first pass keys on object identity (the
-    placements stay referenced, so identities are stable); the second merges equal placements that
-    are distinct objects."""
-    by_id: dict[tuple[int, int, int], tuple[object, object, list[int]]] = {}
-    for i, t in enumerate(model.tensors):
-        if select is not None and not select(t):
-            continue
-        sp, dp = train.placement(i), infer.placement(i)
-        key = (id(sp), id(dp), t.itemsize)
-        g = by_id.get(key)
-        if g is None:
-            by_id[key] = (sp, dp, [i])
-        else:
-            g[2].append(i)
-    merged: dict[tuple, tuple[object, object, list[int]]] = {}
-    for (_, _, itemsize), (sp, dp, members) in by_id.items():
-        key = (id(sp.template), sp.ranks, id(dp.template), dp.ranks, itemsize)
-        g = merged.get(key)
-        if g is None:
-            merged[key] = (sp, dp, list(members))
-        else:
-            g[2].extend(members)
-    out = list(merged.values())
-    for g in out:
-        g[2].sort()
-    out.sort(key=lambda g: g[2][0])
+    """Tensors with the same (trainer placement, inference placement, itemsize), in model order of
+    their first member, members ascending. Placements are the same when they share the template
+    object and the ranks (``SideLayout.placement_classes``)."""
+    tcls, treps = train.placement_classes()
+    icls, ireps = infer.placement_classes()
+    index = np.arange(len(model.tensors))
+    if select is not None:
+        index = index[np.fromiter(map(select, model.tensors), dtype=bool, count=len(model.tensors))]
+    if not index.size:
+        return []
+    key = (tcls[index] * len(ireps) + icls[index]) * 16 + model.itemsizes[index]  # itemsize <= 8
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # groups in order of first member
+    group = rank[inverse.reshape(-1)]
+    order = np.argsort(group, kind="stable")  # index is ascending, so members stay ascending
+    bounds = np.cumsum(np.bincount(group, minlength=first.size))[:-1]
+    out = []
+    for members in np.split(index[order], bounds):
+        i = int(members[0])
+        out.append((treps[tcls[i]], ireps[icls[i]], members.tolist()))
     return out
 
 

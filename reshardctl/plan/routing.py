@@ -51,13 +51,15 @@ def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: To
     if n == 0:
         return relay_of
     # does any source replica of the piece's class sit in the destination's domain?
+    ndom = int(dom.max()) + 1
     in_domain = np.zeros(n, dtype=bool)
     for c, slots in enumerate(pieces.src_classes):
         idx = np.nonzero(pieces.src_class == c)[0]
         if idx.size:
-            cand_doms = np.unique(dom[src_ranks[np.asarray(slots)]])
-            in_domain[idx] = np.isin(dom[dst[idx]], cand_doms)
-    key = pieces.piece_key.astype(np.int64) * (int(dom.max()) + 1) + dom[dst]
+            has_source = np.zeros(ndom, dtype=bool)  # per domain: holds a replica of class c
+            has_source[dom[src_ranks[np.asarray(slots)]]] = True
+            in_domain[idx] = has_source[dom[dst[idx]]]
+    key = pieces.piece_key.astype(np.int64) * ndom + dom[dst]
     order = np.lexsort((dst, key))
     k_sorted = key[order]
     first = np.ones(n, dtype=bool)
@@ -73,16 +75,25 @@ def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: To
     return relay_of
 
 
+def _same_rows(best: np.ndarray) -> list[np.ndarray]:
+    """The rows of ``best`` (bool [m, k]) grouped by equal content, each group ascending."""
+    m, k = best.shape
+    if k <= 62:
+        key = best.astype(np.int64) @ (np.int64(1) << np.arange(k, dtype=np.int64))
+    else:
+        key = np.unique(best, axis=0, return_inverse=True)[1].reshape(-1)
+    order = np.argsort(key, kind="stable")
+    cut = np.nonzero(key[order][1:] != key[order][:-1])[0] + 1
+    return np.split(order, cut)
+
+
 def _pick_balanced(best: np.ndarray, weight: np.ndarray, rotation: int) -> np.ndarray:
     """Index of the chosen candidate per row of ``best`` (bool [m, k]): rows with the same set of best
     candidates are split among them into runs of equal bytes (prefix sums of ``weight``), so replicas
     share the load by bytes, not by piece count; ``rotation`` shifts the split between instances."""
     pick = np.empty(best.shape[0], dtype=np.int64)
-    sigs, inv = np.unique(best, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    for g in range(len(sigs)):
-        rows = np.nonzero(inv == g)[0]
-        cols = np.nonzero(sigs[g])[0]
+    for rows in _same_rows(best):
+        cols = np.nonzero(best[rows[0]])[0]
         w = weight[rows].astype(np.float64)
         total = w.sum()
         mid = (np.cumsum(w) - w / 2) / total if total > 0 else (np.arange(rows.size) + 0.5) / rows.size

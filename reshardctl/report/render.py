@@ -7,7 +7,7 @@ from pathlib import Path
 
 from reshardctl.atomic_write import StagedWrites
 from reshardctl.errors import InputError, OutputError
-from reshardctl.report import page, plots
+from reshardctl.report import page
 from reshardctl.report.collect import load_runs
 
 FORMATS = ("md", "html")
@@ -32,6 +32,8 @@ def write_report(run_dirs: list[str], out: str | None = None, fmt: str = "md") -
         names[f"timeline-{i}"] = f"timeline-{i + 1}.png"
         names[f"bytes-{i}"] = f"bytes-{i + 1}.png"
     blocks = page.build(runs, names)
+    from reshardctl.report import plots  # matplotlib: imported only when a report is drawn (~0.5 s)
+
     with tempfile.TemporaryDirectory(prefix=".report-", dir=target) as tmp:
         d = Path(tmp)
         plots.latency(runs, d / names["latency"])
