@@ -190,3 +190,15 @@ def test_a_bad_checkpoint_is_bad_input_before_any_process_starts(tmp_path, small
     err = capsys.readouterr().err
     assert str(ckpt) in err.replace("\n", "")
     assert not out.exists()
+
+
+def test_bench_runs_a_subset_of_transports_and_refuses_unknown_ones(tmp_path, small, capsys):
+    out = tmp_path / "two"
+    code = main(["bench", "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
+                 "--transport", "gather_broadcast", "--transport", "reshard", "-o", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert list(summary["transports"]) == ["reshard", "gather_broadcast"]  # the usual order, each once
+    assert all(s["verified"] for s in summary["transports"].values())
+    assert main(["bench", "--model", small, "--transport", "m2n", "-o", str(tmp_path / "never")]) == 2
+    assert "'m2n'" in capsys.readouterr().err and not (tmp_path / "never").exists()

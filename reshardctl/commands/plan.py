@@ -131,7 +131,7 @@ def plan_cmd(
     bucket_mb: Optional[float] = opt.BUCKET_MB,
     relay: str = opt.RELAY,
     as_json: bool = opt.JSON,
-    out: Optional[str] = typer.Option(None, "--out", metavar="DIR",
+    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR",
                                       help="Write plan-<transport>.npz, plan.json and the Slurm scripts into DIR (created with its parents)."),
     export: Optional[str] = typer.Option(None, "--export-transfers", metavar="FILE",
                                          help="Write every transfer as JSON lines to FILE (- for stdout; the report then goes to stderr)."),

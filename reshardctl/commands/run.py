@@ -7,7 +7,7 @@ every byte and leave a run directory (see reshardctl/runs/rundir.py and docs/slu
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -23,7 +23,7 @@ from reshardctl.runs.session import LAUNCHERS, run_session
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
-OUT = typer.Option(None, "--out", help="Run directory (default runs/<UTC time>-<label>); an existing non-empty one is refused unless --force.")
+OUT = typer.Option(None, "--out", "-o", metavar="DIR", help="Run directory (default runs/<UTC time>-<label>); an existing non-empty one is refused unless --force.")
 FORCE = typer.Option(False, "--force", help="With --out: empty an existing non-empty run directory first.")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="safetensors checkpoint (file or dir): trainer ranks read their slices from it.")
 FULL_CHECK = typer.Option(False, "--full-check", help="Also compare every destination box with the weight source (timed apart).")
@@ -309,9 +309,17 @@ def bench_cmd(
     mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH,
+    transports: Optional[List[str]] = typer.Option(None, "--transport", metavar="NAME",
+                                                   help="Only this transport (repeatable; default: all three)."),
 ) -> None:
     """All three transports on the same processes (or Slurm allocation), side by side, with the raw ceiling."""
-    _session(list(TRANSPORTS), site=site, model=model, layers=layers, train=train, infer=infer,
+    chosen = list(TRANSPORTS)
+    if transports:
+        bad = [t for t in transports if t not in TRANSPORTS]
+        if bad:
+            raise InputError(f"--transport {', '.join(map(repr, bad))}: expected one of {', '.join(TRANSPORTS)}")
+        chosen = [t for t in TRANSPORTS if t in transports]  # the usual order, each once
+    _session(chosen, site=site, model=model, layers=layers, train=train, infer=infer,
              train_style=train_style, infer_style=infer_style, train_layout=train_layout,
              infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
              baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, launcher=launcher,
