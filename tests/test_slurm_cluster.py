@@ -22,7 +22,6 @@ import yaml
 from reshardctl.cli import main
 from reshardctl.site.loading import shipped_dir
 
-from conftest import SMALL_LLAMA
 
 
 def _cluster_problem() -> str | None:
@@ -47,11 +46,8 @@ def cluster():
 
 
 @pytest.fixture
-def model(tmp_path) -> str:
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(SMALL_LLAMA))
-    return str(d / "config.json")
+def model(small_llama) -> str:
+    return small_llama  # conftest's small llama: 2 layers, whole tensors small
 
 
 @pytest.fixture(autouse=True)

@@ -98,13 +98,18 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                                    f"follow: reshardctl jobs; summary once ended: reshardctl collect {res.run_dir}",
                                    markup=False, highlight=False)
         return res
+    show_summary(res, as_json)
+    return res
+
+
+def show_summary(res, as_json: bool) -> None:
+    """The summary of a finished session (JSON, or the refit table), then its error, if any, raised."""
     if as_json:
         output.print_json(res.summary)
     else:
         render(res.summary)
     if res.error is not None:
         raise res.error
-    return res
 
 
 def slurm_state_line(states: dict, sides: dict | None = None) -> str:

@@ -71,13 +71,7 @@ def collect_cmd(
     as_json: bool = opt.JSON,
 ) -> None:
     """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
-    from reshardctl.commands.run import render
+    from reshardctl.commands.run import show_summary
     from reshardctl.runs.slurm_session import collect_session
 
-    res = collect_session(run_dir, wait=wait, job=job)
-    if as_json:
-        output.print_json(res.summary)
-    else:
-        render(res.summary)
-    if res.error is not None:
-        raise res.error
+    show_summary(collect_session(run_dir, wait=wait, job=job), as_json)
