@@ -12,7 +12,8 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from reshardctl.layout.placement import Box
 from reshardctl.models.spec import ModelSpec
-from reshardctl.plan.schedule import Step
+from reshardctl.plan.schedule import BroadcastBucket, Step
+from reshardctl.runtime.mirror import check_mirror
 
 Holdings = Mapping[int, tuple[Box, ...]]  # tensor index -> boxes (in a fixed order)
 
@@ -32,6 +33,10 @@ class ExecutablePlan(Protocol):
 
     def dst_holdings(self, infer_rank: int) -> Holdings: ...
 
+    def boxes_of(self, global_rank: int, tensor: int) -> tuple[Box, ...]: ...
+
+    def broadcast_groups(self) -> list[tuple[int, ...]]: ...
+
 
 @dataclass(frozen=True)
 class StaticPlan:
@@ -46,6 +51,9 @@ class StaticPlan:
     steps: Mapping[int, tuple[Step, ...]]  # global rank -> steps (missing = no steps)
     src: Mapping[int, Holdings]  # train rank -> holdings
     dst: Mapping[int, Holdings]  # infer rank -> holdings
+
+    def __post_init__(self) -> None:
+        check_mirror(self.steps)
 
     @property
     def world_size(self) -> int:
@@ -66,6 +74,15 @@ class StaticPlan:
 
     def dst_holdings(self, infer_rank: int) -> Holdings:
         return self.dst.get(infer_rank, {})
+
+    def boxes_of(self, global_rank: int, tensor: int) -> tuple[Box, ...]:
+        T = self.train_world
+        held = self.src.get(global_rank, {}) if global_rank < T else self.dst.get(global_rank - T, {})
+        return tuple(held.get(tensor, ()))
+
+    def broadcast_groups(self) -> list[tuple[int, ...]]:
+        return sorted({tuple(sorted(s.group)) for steps in self.steps.values() for s in steps
+                       if isinstance(s, BroadcastBucket)})
 
     @classmethod
     def freeze(cls, plan: ExecutablePlan) -> "StaticPlan":
