@@ -35,6 +35,7 @@ from reshardctl.runtime.groups import attach_groups, settle
 from reshardctl.runtime.pack import BufferPool, LocalWeights
 from reshardctl.runtime.refit import State, refit_once
 from reshardctl.runtime.weights import empty_like_holdings
+from reshardctl.topology import side_of_global
 
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
@@ -65,7 +66,7 @@ class Refitter:
         if world != T + I:
             raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
         backend = dist.get_backend()
-        side, side_rank = ("train", rank) if rank < T else ("infer", rank - T)
+        side, side_rank = side_of_global(rank, T)
         local = torch.cuda.current_device() if backend == "nccl" else 0
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         self.plan, self.model = plan, plan.model

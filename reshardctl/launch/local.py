@@ -35,6 +35,7 @@ from reshardctl.launch.failures import failure_line, order_failures
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
+from reshardctl.topology import side_of_global
 
 GRACE_S = 5.0  # after the first failure: survivors report within timeout_s + this, or are killed
 QUIET_S = 2.0  # ... and once no rank has reported for this long, the silent ones are killed (hung)
@@ -139,7 +140,7 @@ def _last_event(run_dir: str | None, rank: int) -> dict:
 
 
 def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | None) -> dict:
-    side, side_rank = ("train", rank) if rank < world_t else ("infer", rank - world_t)
+    side, side_rank = side_of_global(rank, world_t)
     last = _last_event(run_dir, rank)
     phase = last.get("at") or last.get("phase")
     return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank, "phase": phase,

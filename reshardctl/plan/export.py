@@ -12,6 +12,7 @@ from pathlib import Path
 from reshardctl.atomic_write import StagedWrites, atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
 from reshardctl.errors import OutputError
 from reshardctl.plan.model import Plan
+from reshardctl.topology import infer_rank_of, side_of_global
 
 
 def _region(box) -> list[list[int]]:
@@ -23,9 +24,10 @@ def transfer_lines(plan: Plan):
     names = [t.name for t in plan.model.tensors]
     T = plan.train_world
     for inst, src, dst, box, nb, stage in plan.iter_transfers():
+        src_side, src_side_rank = side_of_global(src, T)
         yield {"op": "p2p", "tensor": names[inst], "src": src, "dst": dst,
-               "src_side": "train" if src < T else "infer", "src_side_rank": src if src < T else src - T,
-               "dst_side_rank": dst - T, "stage": stage, "region": _region(box), "bytes": nb}
+               "src_side": src_side, "src_side_rank": src_side_rank,
+               "dst_side_rank": infer_rank_of(dst, T), "stage": stage, "region": _region(box), "bytes": nb}
     for b in plan.buckets:
         for pr in b.gather:
             for reg in pr.regions:
@@ -36,7 +38,7 @@ def transfer_lines(plan: Plan):
         for i in b.tensors:
             t = plan.model.tensors[i]
             yield {"op": "broadcast", "bucket": b.index, "tensor": t.name, "src": b.root, "dst": receivers,
-                   "src_side": "train", "src_side_rank": b.root, "dst_side_rank": [r - T for r in receivers],
+                   "src_side": "train", "src_side_rank": b.root, "dst_side_rank": [infer_rank_of(r, T) for r in receivers],
                    "region": [[0, n] for n in t.shape], "bytes": t.nbytes}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from reshardctl.errors import InputError
 from reshardctl.layout.placement import box_numel
+from reshardctl.topology import infer_rank_of, is_trainer
 
 PROCESS_BYTES = 256 << 20
 RESERVE = 0.10
@@ -54,9 +55,9 @@ def rank_bytes(plan, rank: int) -> int:
     """One rank's weights (inference: served + staged) and buffer pool."""
     T = plan.train_world
     pool = max(4 * plan.bucket_bytes, 64 << 20)
-    if rank < T:
+    if is_trainer(rank, T):
         return _holding_bytes(plan.model, plan.src_holdings(rank)) + pool
-    return 2 * _holding_bytes(plan.model, plan.dst_holdings(rank - T)) + pool
+    return 2 * _holding_bytes(plan.model, plan.dst_holdings(infer_rank_of(rank, T))) + pool
 
 
 def check_gpu_memory(plans: dict, free_bytes) -> None:
