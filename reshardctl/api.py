@@ -33,7 +33,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import attach_groups, settle
 from reshardctl.runtime.pack import BufferPool, LocalWeights
-from reshardctl.runtime.refit import State, refit_once
+from reshardctl.runtime.refit import RefitContext, State, refit_once
 from reshardctl.runtime.weights import empty_like_holdings
 from reshardctl.topology import side_of_global
 
@@ -170,8 +170,8 @@ class Refitter:
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
             local_error, st = exc, State(committed_step=self._committed)
-        report = refit_once(self.plan, self.groups, self.executor, st, None, self.options, self.events, step,
-                            not_ready=None if local_error is None else local_error.message)
+        ctx = RefitContext(self.plan, self.groups, self.executor, self.options, self.events)
+        report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
         # committed: every rank voted OK and learned it. Only now the caller's tensors change.
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.

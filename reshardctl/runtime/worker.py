@@ -37,7 +37,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.pack import BufferPool, LocalWeights
-from reshardctl.runtime.refit import HOST, State, advance_source, failure_record, refit_once
+from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.weights import (
     SyntheticWeights,
     empty_like_holdings,
@@ -193,8 +193,8 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                 while True:
                     with events.phase("attempt", step=step, attempt=attempt, transport=ex_plan.transport) as ph:
                         try:
-                            report = refit_once(ex_plan, groups, ex, st, source, options, events, step,
-                                                drills=drills)
+                            report = refit_once(RefitContext(ex_plan, groups, ex, options, events, drills),
+                                                st, source, step)
                             ph["outcome"] = "committed"
                         except (TransferError, RuntimeError) as exc:
                             ph["outcome"] = f"{type(exc).__name__}: {exc}"
