@@ -183,12 +183,12 @@ def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
 
 
 def test_session_runs_two_plans_in_the_same_processes(tmp_path):
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
     from reshardctl.runtime.baseline import pair_bytes
 
     m, src, dst = rows_cols_case()
     plans = {"p2p": p2p_plan(m, src, dst, per_tensor_rounds=True), "gb": bucket_plan(m, src, dst, [[0, 1], [2, 3]])}
-    out = run_local_session(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
+    out = launch_local_ranks(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
     assert list(out) == ["p2p", "gb"]
     for name, reps in out.items():
         assert all(r.ok for r in reps) and [r.global_rank for r in reps] == [0, 1, 2, 3]
@@ -210,12 +210,12 @@ def test_session_runs_two_plans_in_the_same_processes(tmp_path):
 
 def test_session_refuses_plans_of_different_worlds():
     from reshardctl.errors import LaunchError
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
 
     m, src, dst = rows_cols_case()
     m2, src2, dst2, relay = relay_case()
     with pytest.raises(LaunchError, match="one session has one set of processes"):
-        run_local_session({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
+        launch_local_ranks({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -1,6 +1,6 @@
 """A refit session: plan the transports, launch the ranks (here or on Slurm), summarise, keep the record.
 
-``run_session`` is what `reshardctl run` (one transport) and `reshardctl bench` (all three on the same
+``run_refit_session`` is what `reshardctl run` (one transport) and `reshardctl bench` (all three on the same
 processes, with the raw-transfer ceiling) call. Pure planning first (every input problem is reported
 before a process starts or a job is submitted), then the only side effects: the run directory, and the
 rank processes (``launch/local.py``) or the Slurm jobs (``launch/slurm.py``).
@@ -277,7 +277,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     return Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
 
-def run_session(
+def run_refit_session(
     inp: Inputs,
     transports: list[str],
     *,
@@ -318,7 +318,7 @@ def run_session(
 
 
 def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> SessionResult:
-    from reshardctl.launch.local import LocalRunError, run_local_session
+    from reshardctl.launch.local import LocalRunError, launch_local_ranks
 
     plans, run_dir = pre.plans, pre.run_dir
     result: dict = {}
@@ -327,7 +327,7 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
 
     def target() -> None:
         try:
-            result["reports"] = run_local_session(plans, pre.options, warmup=warmup, fallback=pre.fallback,
+            result["reports"] = launch_local_ranks(plans, pre.options, warmup=warmup, fallback=pre.fallback,
                                                   stop=stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             error.append(exc)

@@ -63,7 +63,7 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
 
 def run_rank(env: RankEnv, plan, options: RunOptions, fallback=None) -> RankReport:
     """Run this rank's part of ``options.iterations`` refits of ``plan``; never raises for a failed refit."""
-    return run_session(env, {"plan": plan}, options, warmup=0, fallback=fallback)["plan"]
+    return run_rank_session(env, {"plan": plan}, options, warmup=0, fallback=fallback)["plan"]
 
 
 def _same_layout(a, b, side: str, rank: int) -> bool:
@@ -117,7 +117,7 @@ def _retry_or_raise(exc: BaseException, attempt: int, options: RunOptions, store
                             f"{options.timeout_s:g} s") from exc
 
 
-def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
+def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                 fallback=None) -> dict[str, RankReport]:
     """One rendezvous and one process group for several plans (same worlds), run in order: per plan
     ``warmup`` untimed refits, then ``options.iterations`` timed ones (every refit committed, the training
@@ -128,7 +128,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
     Never raises for a failed refit: the failing plan's report (and every later plan's) says ``ok=False``."""
     names = list(plans)
     if not names:
-        raise TransferError("run_session needs at least one plan")
+        raise TransferError("run_rank_session needs at least one plan")
     first = plans[names[0]]
     for n in names[1:]:
         q = plans[n]
@@ -376,7 +376,7 @@ def _main_session(path: str) -> int:
         print(f"reshardctl worker: {exc}", file=sys.stderr)
         return 2 if exc.exit_code == 2 else 1
     torch.set_num_threads(_threads_per_task())
-    reports = run_session(env, plans, options, warmup=warmup, fallback=spec.get("fallback"))
+    reports = run_rank_session(env, plans, options, warmup=warmup, fallback=spec.get("fallback"))
     run_dir = Path(options.run_dir)
     out = run_dir / "reports" / f"rank-{env.global_rank}.json"
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
