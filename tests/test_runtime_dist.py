@@ -1,6 +1,6 @@
 """Multi-process refits on gloo (spawned CPU processes, a fresh port per run).
 
-Every destination byte is checked here, in the test process, against ``weights.synthetic_region``
+Every destination byte is checked here, in the test process, against ``synthetic_weights.synthetic_region``
 (independently of the runtime's own checksums), from the weights each inference rank dumps at the end.
 """
 
@@ -20,7 +20,7 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.weights import synthetic_region
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case
 

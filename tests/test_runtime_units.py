@@ -17,7 +17,9 @@ from reshardctl.runtime.mirror import check_mirror
 from reshardctl.runtime.drills import Drills, parse_faults
 from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, pack_message, unpack_message,
                                      verify_message)
-from reshardctl.runtime.weights import CheckpointWeights, materialise, restep_, synthetic_region
+from reshardctl.runtime.checkpoint_weights import CheckpointWeights
+from reshardctl.runtime.synthetic_weights import restep_, synthetic_region
+from reshardctl.runtime.weights import materialise
 
 from runtime_plans import bucket_plan, model, p2p_plan, relay_case, rows_cols_case, zero_copy_case
 

@@ -238,7 +238,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
         fallback = plans.get("gather_broadcast") or plan_transports(inp, ["gather_broadcast"], launcher)["gather_broadcast"]
     if checkpoint is not None:
-        from reshardctl.runtime.weights import check_checkpoint
+        from reshardctl.runtime.checkpoint_check import check_checkpoint
 
         check_checkpoint(inp.model, checkpoint)
     memory = None

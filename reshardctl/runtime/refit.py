@@ -23,7 +23,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import Abandoned, Groups
 from reshardctl.runtime.pack import LocalWeights
-from reshardctl.runtime.weights import SyntheticWeights, restep_
+from reshardctl.runtime.synthetic_weights import SyntheticWeights, restep_
 
 HOST = socket.gethostname()
 

@@ -38,12 +38,8 @@ from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.pack import BufferPool, LocalWeights
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
-from reshardctl.runtime.weights import (
-    SyntheticWeights,
-    empty_like_holdings,
-    materialise,
-    weight_source,
-)
+from reshardctl.runtime.synthetic_weights import SyntheticWeights
+from reshardctl.runtime.weights import empty_like_holdings, materialise, weight_source
 
 
 def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
