@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from reshardctl.atomic_write import StagedWrites, atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
+from reshardctl.atomic_write import StagedWrites
 from reshardctl.errors import OutputError
 from reshardctl.plan.model import Plan
 from reshardctl.topology import infer_rank_of, side_of_global
@@ -49,13 +49,6 @@ def _write_lines(plan: Plan, f) -> int:
         f.write("\n")
         n += 1
     return n
-
-
-def export_transfers(plan: Plan, path: str | os.PathLike) -> int:
-    """Stream the transfer lines into a temp file next to ``path``, then rename. Returns the line count.
-    ``OutputError`` (naming the path) when it cannot be written."""
-    with _output_errors("--export-transfers", path), atomic_open(path) as f:
-        return _write_lines(plan, f)
 
 
 @contextmanager
@@ -107,14 +100,6 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
     for stale in out.glob("plan-*.npz"):  # plans of transports this run did not plan: not ours any more
         if stale.name not in names:
             stale.unlink(missing_ok=True)
-
-
-def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> list[Path]:
-    """All-or-nothing: a new DIR is filled under a temp name and renamed; into an existing DIR every file
-    is written under a temp name first, then each is renamed over its final name (and ``plan-*.npz`` of
-    transports not planned this time are removed, so DIR always matches its plan.json)."""
-    paths, _ = write_outputs(plans, result, out=out)
-    return paths
 
 
 def _make_parents(path: Path, created: list[Path]) -> None:

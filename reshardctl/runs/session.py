@@ -12,7 +12,6 @@ attached one.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -27,7 +26,7 @@ from reshardctl.plan.model import Plan
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
 from reshardctl.plan.serialize import save_plan
-from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, run_state, started_by, write_command, write_json
+from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, started_by, write_command, write_json
 from reshardctl.runs.failures import failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
@@ -372,13 +371,3 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
     mark_run(run_dir, "interrupted" if interrupted else ("finished" if err is None else "failed"), pre.who,
              pre.started)
     return SessionResult(run_dir, summary, err, plans)
-
-
-def load_summary(run_dir: str | Path) -> dict:
-    """summary.json; for a run whose launcher was killed before writing it, a summary that says the run
-    was interrupted (``run.json`` still says running, its launcher is gone)."""
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file() and run_state(run_dir) == "interrupted":
-        return {"run_dir": str(run_dir), "ok": False, "interrupted": True,
-                "error": "interrupted: the launcher was killed before it wrote summary.json"}
-    return json.loads(path.read_text())

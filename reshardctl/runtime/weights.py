@@ -36,12 +36,6 @@ def materialise(
     return {i: [src.region(i, b, step, device) for b in boxes] for i, boxes in holdings.items()}
 
 
-def materialise_source(plan, train_rank: int, step: int, *, source: WeightSource | None = None,
-                       device: torch.device | str = "cpu") -> dict[int, list[torch.Tensor]]:
-    """A trainer rank's weights at ``step``: one tensor per box of ``plan.src_holdings(train_rank)``."""
-    return materialise(plan.model, plan.src_holdings(train_rank), step, source=source, device=device)
-
-
 def empty_like_holdings(model: ModelSpec, holdings: Mapping[int, tuple[Box, ...]], *,
                         device: torch.device | str = "cpu", touch: bool = True) -> dict[int, list[torch.Tensor]]:
     """Uninitialised tensors for a holding (zeroed when ``touch``, so first use pays no page faults)."""
