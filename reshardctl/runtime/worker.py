@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from reshardctl.atomic_write import write_json_atomic
+from reshardctl.atomic_write import atomic_path, write_json_atomic
 from reshardctl.errors import LaunchError, ReshardError, TransferError
 from reshardctl.runtime import commit as _commit
 from reshardctl.runtime.baseline import raw_transfer
@@ -47,14 +47,15 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
         return
     path = Path(options.run_dir) / "weights" / f"rank-{env.global_rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "step": st.committed_step,
-            "holdings": dict(st.current.boxes),
-            "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
-        },
-        path,
-    )
+    with atomic_path(path) as tmp:
+        torch.save(
+            {
+                "step": st.committed_step,
+                "holdings": dict(st.current.boxes),
+                "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
+            },
+            tmp,
+        )
 
 
 def run_rank(env: RankEnv, plan, options: RunOptions, fallback=None) -> RankReport:
