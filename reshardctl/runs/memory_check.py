@@ -67,7 +67,7 @@ def check_gpu_memory(plans: dict, free_bytes) -> None:
         for r in range(p.train_world + p.infer_world):
             need, free = rank_bytes(p, r), free_bytes(r)
             if need > free * (1 - RESERVE):
-                bad.append(f"rank {r}: {need / GiB:.1f} GiB (weights{' x 2' if r >= p.train_world else ''} + pool) "
+                bad.append(f"rank {r}: {need / GiB:.1f} GiB (weights{' x 2' if not is_trainer(r, p.train_world) else ''} + pool) "
                            f"> {free * (1 - RESERVE) / GiB:.1f} GiB free on cuda:{r} after a {RESERVE:.0%} reserve")
     if bad:
         raise InputError("the ranks of this run do not fit on their GPUs; nothing was started: " + "; ".join(bad[:8]))
