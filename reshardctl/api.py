@@ -33,8 +33,9 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import attach_groups, settle
 from reshardctl.runtime.pack import BufferPool, LocalWeights
-from reshardctl.runtime.refit import State, refit_once
+from reshardctl.runtime.refit import RefitContext, State, refit_once
 from reshardctl.runtime.weights import empty_like_holdings
+from reshardctl.topology import side_of_global
 
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
@@ -65,7 +66,7 @@ class Refitter:
         if world != T + I:
             raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
         backend = dist.get_backend()
-        side, side_rank = ("train", rank) if rank < T else ("infer", rank - T)
+        side, side_rank = side_of_global(rank, T)
         local = torch.cuda.current_device() if backend == "nccl" else 0
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         self.plan, self.model = plan, plan.model
@@ -169,8 +170,8 @@ class Refitter:
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
             local_error, st = exc, State(committed_step=self._committed)
-        report = refit_once(self.plan, self.groups, self.executor, st, None, self.options, self.events, step,
-                            not_ready=None if local_error is None else local_error.message)
+        ctx = RefitContext(self.plan, self.groups, self.executor, self.options, self.events)
+        report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
         # committed: every rank voted OK and learned it. Only now the caller's tensors change.
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.

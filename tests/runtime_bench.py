@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reshardctl.launch.local import run_local_session  # noqa: E402
+from reshardctl.launch.local import launch_local_ranks  # noqa: E402
 from reshardctl.runtime.contract import RunOptions, StaticPlan  # noqa: E402
 
 CASES = {
@@ -77,12 +77,12 @@ def main() -> None:
         m, src, dst = big_case(256, 4, 4)
         plans = {"reshard": p2p_plan(m, src, dst),
                  "gather_broadcast": bucket_plan(m, src, dst, [[k] for k in range(len(m.tensors))])}
-        summarise("hand-made 4 matrices", plans, run_local_session(plans, opts, warmup=1))
+        summarise("hand-made 4 matrices", plans, launch_local_ranks(plans, opts, warmup=1))
         return
     for key in a.case or list(CASES):
         model, train, infer = CASES[key]
         plans = {t: StaticPlan.freeze(planner_plan(model, train, infer, t, a.bucket_mb)) for t in TRANSPORTS}
-        summarise(f"{model} megatron {train} -> vllm {infer}", plans, run_local_session(plans, opts, warmup=1))
+        summarise(f"{model} megatron {train} -> vllm {infer}", plans, launch_local_ranks(plans, opts, warmup=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Multi-process refits on gloo (spawned CPU processes, a fresh port per run).
 
-Every destination byte is checked here, in the test process, against ``weights.synthetic_region``
+Every destination byte is checked here, in the test process, against ``synthetic_weights.synthetic_region``
 (independently of the runtime's own checksums), from the weights each inference rank dumps at the end.
 """
 
@@ -20,7 +20,7 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.weights import synthetic_region
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case
 
@@ -183,12 +183,12 @@ def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
 
 
 def test_session_runs_two_plans_in_the_same_processes(tmp_path):
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
     from reshardctl.runtime.baseline import pair_bytes
 
     m, src, dst = rows_cols_case()
     plans = {"p2p": p2p_plan(m, src, dst, per_tensor_rounds=True), "gb": bucket_plan(m, src, dst, [[0, 1], [2, 3]])}
-    out = run_local_session(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
+    out = launch_local_ranks(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
     assert list(out) == ["p2p", "gb"]
     for name, reps in out.items():
         assert all(r.ok for r in reps) and [r.global_rank for r in reps] == [0, 1, 2, 3]
@@ -210,12 +210,12 @@ def test_session_runs_two_plans_in_the_same_processes(tmp_path):
 
 def test_session_refuses_plans_of_different_worlds():
     from reshardctl.errors import LaunchError
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
 
     m, src, dst = rows_cols_case()
     m2, src2, dst2, relay = relay_case()
     with pytest.raises(LaunchError, match="one session has one set of processes"):
-        run_local_session({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
+        launch_local_ranks({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
 
 
 @pytest.mark.parametrize("overlap", [False, True])

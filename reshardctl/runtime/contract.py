@@ -172,14 +172,6 @@ def rank_report_from_dict(data: Mapping) -> RankReport:
     return RankReport(**kw)
 
 
-def world_of(plan: ExecutablePlan) -> int:
-    return plan.train_world + plan.infer_world
-
-
-def side_of(global_rank: int, train_world: int) -> tuple[str, int]:
-    return ("train", global_rank) if global_rank < train_world else ("infer", global_rank - train_world)
-
-
 __all__: Sequence[str] = (
     "ExecutablePlan",
     "Holdings",
@@ -188,6 +180,4 @@ __all__: Sequence[str] = (
     "RunOptions",
     "StaticPlan",
     "rank_report_from_dict",
-    "side_of",
-    "world_of",
 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from reshardctl.errors import LaunchError
+from reshardctl.topology import global_of, side_of_global
 
 SIDES = ("train", "infer")
 
@@ -125,7 +126,7 @@ def read_rank_env(
             source = "slurm-split"
             if side_env not in SIDES:
                 raise LaunchError(f"RESHARDCTL_SIDE={side_env!r}: use train or infer")
-            rank = procid if side_env == "train" else train_world + procid
+            rank = global_of(side_env, procid, train_world)
             size = world
             ntasks = _int(env, "SLURM_NTASKS") if "SLURM_NTASKS" in env else None
             expect = train_world if side_env == "train" else infer_world
@@ -155,8 +156,7 @@ def read_rank_env(
         port_i = int(port)
     except ValueError:
         raise LaunchError(f"master port {port!r} is not an integer") from None
-    side = "train" if rank < train_world else "infer"
-    side_rank = rank if side == "train" else rank - train_world
+    side, side_rank = side_of_global(rank, train_world)
     return RankEnv(
         global_rank=rank,
         world_size=size,
@@ -176,13 +176,13 @@ def make_rank_env(
     *, backend: str = "gloo", local_rank: int | None = None,
 ) -> RankEnv:
     """A RankEnv built directly (the local launcher: one machine, local rank = global rank)."""
-    side = "train" if global_rank < train_world else "infer"
+    side, side_rank = side_of_global(global_rank, train_world)
     return RankEnv(
         global_rank=global_rank,
         world_size=train_world + infer_world,
         local_rank=global_rank if local_rank is None else local_rank,
         side=side,
-        side_rank=global_rank if side == "train" else global_rank - train_world,
+        side_rank=side_rank,
         master_addr=master_addr,
         master_port=master_port,
         backend=backend,

@@ -55,6 +55,7 @@ from reshardctl.runtime.pack import (
     wire_of,
     write_trailer,
 )
+from reshardctl.topology import infer_rank_of, is_trainer
 
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -144,7 +145,7 @@ class Executor(MessageIO, ChecksumExchange):
         got = self._holdings_cache.get(rank)
         if got is None:
             T = self.plan.train_world
-            got = dict(self.plan.src_holdings(rank) if rank < T else self.plan.dst_holdings(rank - T))
+            got = dict(self.plan.src_holdings(rank) if is_trainer(rank, T) else self.plan.dst_holdings(infer_rank_of(rank, T)))
             self._holdings_cache[rank] = got
         return got
 

@@ -24,7 +24,7 @@ import torch
 
 from reshardctl.errors import TransferError
 from reshardctl.layout.indexset import intersect_boxes
-from reshardctl.layout.placement import Box, box_numel, box_shape, full_box
+from reshardctl.layout.placement import Box, box_numel, box_shape, full_box, norm_box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import Region
 from reshardctl.runtime.checksum import SUM_BYTES, WORDS, segment_checksums
@@ -34,10 +34,7 @@ def align8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def _norm(box: Box) -> Box:
-    return box if box else ((0, 1),)
-
-
+_norm = norm_box  # a 0-d tensor's box () as ((0, 1),)
 _intersect = intersect_boxes  # the layout algebra's box overlap (None when empty)
 
 
@@ -324,13 +321,6 @@ class BufferPool:
         self._free.clear()
 
 
-def pack_message(regions: Sequence[Region], layout: Layout, local: LocalWeights, buf: torch.Tensor) -> None:
-    """Regions into ``buf[:layout.size]`` plus their checksums in the trailer."""
-    for r, off in zip(regions, layout.offsets):
-        local.read_into(r.tensor, r.box, buf[off : off + r.nbytes])
-    _write_trailer(buf, layout, item_checksums(layout, buf))
-
-
 def item_checksums(layout: Layout, buf: torch.Tensor, items=None) -> torch.Tensor:
     """Checksums [len, WORDS] of the layout's items (all, or those numbered in ``items``), one pass."""
     ks = range(len(layout.sizes)) if items is None else items
@@ -350,18 +340,6 @@ def _write_trailer(buf: torch.Tensor, layout: Layout, sums) -> None:
             if off + n < nxt:
                 gaps[off + n : nxt].zero_()
         trailer_view(layout, buf).copy_(sums if isinstance(sums, torch.Tensor) else torch.stack(list(sums)))
-
-
-def verify_message(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
-    """Per-item bool tensor: True where the item's checksum does not match the trailer (no host sync)."""
-    if not layout.sizes:
-        return torch.zeros(0, dtype=torch.bool, device=buf.device)
-    return (item_checksums(layout, buf) != trailer_view(layout, buf)).any(1)
-
-
-def unpack_message(regions: Sequence[Region], layout: Layout, buf: torch.Tensor, local: LocalWeights) -> None:
-    for r, off in zip(regions, layout.offsets):
-        local.write_from(r.tensor, r.box, buf[off : off + r.nbytes])
 
 
 def bucket_tensor_view(model: ModelSpec, index: int, layout: Layout, pos: int, buf: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import Abandoned, Groups
 from reshardctl.runtime.pack import LocalWeights
-from reshardctl.runtime.weights import SyntheticWeights, restep_
+from reshardctl.runtime.synthetic_weights import SyntheticWeights, restep_
 
 HOST = socket.gethostname()
 
@@ -108,10 +108,23 @@ def common_start(groups: Groups, st: State, train_world: int, step: int, not_rea
             st.committed_step, st.previous_valid = low, False
 
 
-def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: RunOptions, events: EventLog,
-               step: int, not_ready: str | None = None, drills=None) -> IterationReport:
+@dataclasses.dataclass(frozen=True)
+class RefitContext:
+    """What stays the same across one rank's refits of one plan: the plan, the rank's process groups, its
+    executor, the run options, its event log and (worker only) the fault drills."""
+
+    plan: object
+    groups: Groups
+    executor: Executor
+    options: RunOptions
+    events: EventLog
+    drills: object | None = None
+
+
+def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
     """One refit of this rank. Raises ``VerificationError``/``TransferError`` (with ``.record``) unless
     every rank voted OK and this rank learned that every rank knows it; then this rank committed."""
+    plan, groups, ex, options, events, drills = ctx.plan, ctx.groups, ctx.executor, ctx.options, ctx.events, ctx.drills
     env = groups.env
     phase = "start"
     try:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from reshardctl.atomic_write import write_json_atomic
+from reshardctl.atomic_write import atomic_path, write_json_atomic
 from reshardctl.errors import LaunchError, ReshardError, TransferError
 from reshardctl.runtime import commit as _commit
 from reshardctl.runtime.baseline import raw_transfer
@@ -37,13 +37,9 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.pack import BufferPool, LocalWeights
-from reshardctl.runtime.refit import HOST, State, advance_source, failure_record, refit_once
-from reshardctl.runtime.weights import (
-    SyntheticWeights,
-    empty_like_holdings,
-    materialise,
-    weight_source,
-)
+from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
+from reshardctl.runtime.synthetic_weights import SyntheticWeights
+from reshardctl.runtime.weights import empty_like_holdings, materialise, weight_source
 
 
 def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
@@ -51,19 +47,20 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
         return
     path = Path(options.run_dir) / "weights" / f"rank-{env.global_rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "step": st.committed_step,
-            "holdings": dict(st.current.boxes),
-            "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
-        },
-        path,
-    )
+    with atomic_path(path) as tmp:
+        torch.save(
+            {
+                "step": st.committed_step,
+                "holdings": dict(st.current.boxes),
+                "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
+            },
+            tmp,
+        )
 
 
 def run_rank(env: RankEnv, plan, options: RunOptions, fallback=None) -> RankReport:
     """Run this rank's part of ``options.iterations`` refits of ``plan``; never raises for a failed refit."""
-    return run_session(env, {"plan": plan}, options, warmup=0, fallback=fallback)["plan"]
+    return run_rank_session(env, {"plan": plan}, options, warmup=0, fallback=fallback)["plan"]
 
 
 def _same_layout(a, b, side: str, rank: int) -> bool:
@@ -117,7 +114,7 @@ def _retry_or_raise(exc: BaseException, attempt: int, options: RunOptions, store
                             f"{options.timeout_s:g} s") from exc
 
 
-def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
+def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                 fallback=None) -> dict[str, RankReport]:
     """One rendezvous and one process group for several plans (same worlds), run in order: per plan
     ``warmup`` untimed refits, then ``options.iterations`` timed ones (every refit committed, the training
@@ -128,7 +125,7 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
     Never raises for a failed refit: the failing plan's report (and every later plan's) says ``ok=False``."""
     names = list(plans)
     if not names:
-        raise TransferError("run_session needs at least one plan")
+        raise TransferError("run_rank_session needs at least one plan")
     first = plans[names[0]]
     for n in names[1:]:
         q = plans[n]
@@ -193,8 +190,8 @@ def run_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                 while True:
                     with events.phase("attempt", step=step, attempt=attempt, transport=ex_plan.transport) as ph:
                         try:
-                            report = refit_once(ex_plan, groups, ex, st, source, options, events, step,
-                                                drills=drills)
+                            report = refit_once(RefitContext(ex_plan, groups, ex, options, events, drills),
+                                                st, source, step)
                             ph["outcome"] = "committed"
                         except (TransferError, RuntimeError) as exc:
                             ph["outcome"] = f"{type(exc).__name__}: {exc}"
@@ -376,7 +373,7 @@ def _main_session(path: str) -> int:
         print(f"reshardctl worker: {exc}", file=sys.stderr)
         return 2 if exc.exit_code == 2 else 1
     torch.set_num_threads(_threads_per_task())
-    reports = run_session(env, plans, options, warmup=warmup, fallback=spec.get("fallback"))
+    reports = run_rank_session(env, plans, options, warmup=warmup, fallback=spec.get("fallback"))
     run_dir = Path(options.run_dir)
     out = run_dir / "reports" / f"rank-{env.global_rank}.json"
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
