@@ -23,6 +23,7 @@ import torch
 from reshardctl.errors import ModelError
 from reshardctl.layout.placement import Box, box_shape
 from reshardctl.models.spec import ModelSpec, TensorSpec
+from reshardctl.runtime.pinned_pool import shared_pool
 
 _MASK64 = (1 << 64) - 1
 _K_IDX = 0x9E3779B97F4A7C15
@@ -223,8 +224,8 @@ class CheckpointWeights:
         if out.dtype != torch_dtype(t.dtype):
             raise ModelError(f"{t.name}: checkpoint dtype {out.dtype} != model dtype {t.dtype}")
         out = out.contiguous()
-        if torch.device(device).type == "cuda":
-            out = out.pin_memory().to(device, non_blocking=True)
+        if torch.device(device).type == "cuda":  # through one bounded pinned buffer, not a pinned block per box
+            out = shared_pool().to_device(out, device)
         return out
 
     def close(self) -> None:
