@@ -7,20 +7,15 @@ not the variable, is authoritative: the variable may hold UUIDs or MIG names, or
 cgroup that hides devices). The local rank is the first of ``RESHARDCTL_LOCAL_RANK``, ``LOCAL_RANK``,
 ``SLURM_LOCALID`` that is set (the same order as env.py), else 0.
 
-================================================  ==========  ====================================
-how the rank was started                          visible     device index
-================================================  ==========  ====================================
-``srun --gpus-per-task=1`` / ``--gpu-bind=single:1``  1       0, whatever SLURM_LOCALID is
-``CUDA_VISIBLE_DEVICES=<one entry>`` (per task)    1           0, whatever the local rank is
-one device on the node, one rank                  1           0
-torchrun / ``reshardctl run`` / srun without       N > 1       local rank (torchrun's LOCAL_RANK,
-GPU binding: every rank sees the node's N GPUs                 SLURM_LOCALID, the launcher's own)
-local rank >= N (more ranks per node than GPUs     N > 1       error naming the variables and
-it sees; or ``--gpus-per-task=k``, 1 < k, with                  ``local rank >= visible``
-more than one task per node)
-no device visible (``CUDA_VISIBLE_DEVICES=""``,   0           error
-``-1``, no GPU in the cgroup)
-================================================  ==========  ====================================
+* visible == 1 (``srun --gpus-per-task=1``, ``--gpu-bind=single:1``, ``CUDA_VISIBLE_DEVICES`` with one
+  entry per task, or one GPU and one rank): device 0, whatever the local rank is.
+* visible == N > 1 (torchrun, ``reshardctl run``'s local launcher, srun without GPU binding: every rank
+  sees the node's N GPUs): device ``local_rank``.
+* visible == N > 1 and ``local_rank >= N`` (more ranks per node than GPUs it sees, or
+  ``--gpus-per-task=k`` with 1 < k and several tasks per node): ``LaunchError`` naming the variable,
+  the count, ``CUDA_VISIBLE_DEVICES`` and ``local_rank >= visible``.
+* visible == 0 (``CUDA_VISIBLE_DEVICES=""`` or ``-1``, no GPU in the cgroup): ``LaunchError``.
+* a negative local rank: ``LaunchError``.
 
 One rank per GPU is the only supported binding: with ``--gpus-per-task=k`` (k > 1) a rank would use
 only device ``local_rank`` of its k; bind one GPU per task instead.

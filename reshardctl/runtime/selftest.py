@@ -120,6 +120,7 @@ def _bsl(box, origin, itemsize: int):
 
 
 def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckResult:
+    from reshardctl.layout.placement import box_numel
     from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
     from reshardctl.runtime.pack import LocalWeights, layout_of
     from reshardctl.runtime.weights import torch_dtype
@@ -162,7 +163,7 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
             data[i] = views
     src = LocalWeights(model, src_hold, src_data)
     dst = LocalWeights(model, dst_hold, dst_data)
-    sizes = [(b_numel(box)) * model.tensors[i].itemsize for i, box in regions]
+    sizes = [box_numel(box) * model.tensors[i].itemsize for i, box in regions]
     lay = layout_of(sizes)
     buf = torch.zeros(lay.trailer, dtype=torch.uint8, device=device)
     for (i, box), off, n in zip(regions, lay.offsets, sizes):
@@ -199,13 +200,6 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
     return CheckResult("pack_roundtrip", not bad, what,
                        {"regions": len(regions), "message_bytes": lay.trailer, "dst_bytes_checked": checked},
                        detail="; ".join(bad[:3]))
-
-
-def b_numel(box) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
 
 
 # ---- (b) checksums ----------------------------------------------------------------------------------
