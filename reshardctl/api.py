@@ -28,6 +28,7 @@ from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
 from reshardctl.plan.model import Plan
 from reshardctl.runtime.contract import IterationReport, RunOptions
+from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
@@ -65,15 +66,18 @@ class Refitter:
         T, I = plan.train_world, plan.infer_world
         if world != T + I:
             raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
-        backend = dist.get_backend()
+        # "nccl", "gloo" or a composite "cpu:gloo,cuda:nccl": the data plane is NCCL when CUDA tensors go to NCCL
+        backend = data_plane_backend(dist.get_backend())
         side, side_rank = side_of_global(rank, T)
+        # the framework already chose this process's GPU (torch.cuda.set_device): it is used as it is
         local = torch.cuda.current_device() if backend == "nccl" else 0
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         self.plan, self.model = plan, plan.model
         # the caller already rendezvoused: address and port are only recorded (from the usual variables)
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "1") or 1)
-        self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api")
+        self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api",
+                           cuda_index=local if backend == "nccl" else None)
         self.options = RunOptions(run_dir=events_dir, timeout_s=timeout_s)
         self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
         self.device, self.timeout_s = device, timeout_s

@@ -38,7 +38,7 @@ def test_env_torchrun():
 
 def test_env_own_launcher_wins_and_backend_choice():
     env = {**BASE, "RANK": "0", "WORLD_SIZE": "4", "RESHARDCTL_RANK": "1", "RESHARDCTL_WORLD_SIZE": "4"}
-    e = read_rank_env(2, 2, env, cuda_available=lambda: True)
+    e = read_rank_env(2, 2, env, cuda_available=lambda: True, device_count=lambda: 1)
     assert (e.global_rank, e.side, e.backend, e.source, e.device) == (1, "train", "nccl", "reshardctl", "cuda:0")
     assert read_rank_env(2, 2, {**env, "RESHARDCTL_FORCE_CPU": "1"}, cuda_available=lambda: True).backend == "gloo"
     assert read_rank_env(2, 2, env, force_cpu=True, cuda_available=lambda: True).backend == "gloo"

@@ -14,6 +14,7 @@ from reshardctl.errors import ModelError
 from reshardctl.layout.placement import Box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.runtime.dtypes import torch_dtype
+from reshardctl.runtime.pinned_pool import shared_pool
 
 
 class CheckpointWeights:
@@ -80,7 +81,7 @@ class CheckpointWeights:
             raise ModelError(f"{t.name}: checkpoint dtype {out.dtype} != model dtype {t.dtype}")
         out = out.contiguous()
         if torch.device(device).type == "cuda":
-            out = out.pin_memory().to(device, non_blocking=True)
+            out = shared_pool().to_device(out, device)  # one bounded pinned buffer, not a pinned block per box
         return out
 
     def close(self) -> None:
