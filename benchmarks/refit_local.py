@@ -21,7 +21,7 @@ import tempfile
 
 from reshardctl.plan.inputs import prepare
 from reshardctl.plan.model import TRANSPORTS
-from reshardctl.runs.session import run_session
+from reshardctl.runs.session import run_refit_session
 
 CASES = [
     ("dense tp4->tp4", "tiny-llama", "tp=4", "tp=4"),
@@ -63,7 +63,7 @@ def main() -> None:
                       infer_style="vllm", train_layout=None, infer_layout=None, transport="all",
                       bucket_mb=args.bucket_mb, relay="auto")
         with tempfile.TemporaryDirectory() as d:
-            res = run_session(inp, list(TRANSPORTS), iterations=args.iters, warmup=1, baseline=True, out=d)
+            res = run_refit_session(inp, list(TRANSPORTS), iterations=args.iters, warmup=1, baseline=True, out=d)
         if not res.ok:
             print(f"{label}: FAILED: {res.error}")
             continue

@@ -28,13 +28,15 @@ from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
 from reshardctl.plan.model import Plan
 from reshardctl.runtime.contract import IterationReport, RunOptions
+from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import attach_groups, settle
-from reshardctl.runtime.pack import BufferPool, LocalWeights
-from reshardctl.runtime.refit import State, refit_once
-from reshardctl.runtime.weights import empty_like_holdings
+from reshardctl.runtime.buffer_pool import BufferPool
+from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.refit import RefitContext, State, refit_once
+from reshardctl.topology import side_of_global
 
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
@@ -64,15 +66,18 @@ class Refitter:
         T, I = plan.train_world, plan.infer_world
         if world != T + I:
             raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
-        backend = dist.get_backend()
-        side, side_rank = ("train", rank) if rank < T else ("infer", rank - T)
+        # "nccl", "gloo" or a composite "cpu:gloo,cuda:nccl": the data plane is NCCL when CUDA tensors go to NCCL
+        backend = data_plane_backend(dist.get_backend())
+        side, side_rank = side_of_global(rank, T)
+        # the framework already chose this process's GPU (torch.cuda.set_device): it is used as it is
         local = torch.cuda.current_device() if backend == "nccl" else 0
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         self.plan, self.model = plan, plan.model
         # the caller already rendezvoused: address and port are only recorded (from the usual variables)
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "1") or 1)
-        self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api")
+        self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api",
+                           cuda_index=local if backend == "nccl" else None)
         self.options = RunOptions(run_dir=events_dir, timeout_s=timeout_s)
         self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
         self.device, self.timeout_s = device, timeout_s
@@ -162,15 +167,15 @@ class Refitter:
                 if local_dst is None:
                     raise TransferError(f"inference rank {self.env.side_rank}: refit needs local_dst")
                 st.current = self._local(local_dst, "local_dst")
-                if self._staged is None:
-                    self._staged = LocalWeights(self.model, self._holdings,
-                                                empty_like_holdings(self.model, self._holdings, device=self.groups.device))
+                if self._staged is None:  # the receive side's own arena: messages land in place
+                    self._staged = LocalWeights.in_arena(self.model, self._holdings, self.groups.device,
+                                                         order=self.executor.program.order)
                 st.staged = self._staged
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
             local_error, st = exc, State(committed_step=self._committed)
-        report = refit_once(self.plan, self.groups, self.executor, st, None, self.options, self.events, step,
-                            not_ready=None if local_error is None else local_error.message)
+        ctx = RefitContext(self.plan, self.groups, self.executor, self.options, self.events)
+        report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
         # committed: every rank voted OK and learned it. Only now the caller's tensors change.
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
@@ -179,7 +184,7 @@ class Refitter:
                     dst.copy_(src)
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
-            self._staged = LocalWeights(self.model, self._holdings, st.current.data)
+            self._staged = st.current  # the arena with the new bytes: the next refit's staging copy
         self._committed = step
         return report
 

@@ -83,25 +83,10 @@ def write_json_atomic(path: str | os.PathLike, data: Any, *, mode: int | None = 
     return write_text_atomic(path, json.dumps(data, **dumps) + "\n", mode=mode)
 
 
-@contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temp directory next to ``path`` (which must not exist); when the block succeeds,
-    chmod it to ``dir_mode()`` and rename it to ``path``; when it fails, remove it with its content."""
-    path = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, dir_mode())
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 class StagedWrites:
     """Several outputs that appear together or not at all. ``file(path)`` / ``dir(path)`` return a temp
     file / an empty temp directory next to ``path``; fill them, then ``commit()`` renames every one over
-    its target (files fsynced, modes set as ``atomic_path`` / ``atomic_dir`` do), while ``abort()``
+    its target (files fsynced and given ``file_mode()``, directories ``dir_mode()``), while ``abort()``
     removes them all. As a context manager: commit when the block succeeds, abort when it raises.
     Nothing is renamed before every output has been written."""
 
@@ -160,5 +145,5 @@ class StagedWrites:
             self.abort()
 
 
-__all__ = ["StagedWrites", "atomic_dir", "through_link", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
+__all__ = ["StagedWrites", "through_link", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
            "write_text_atomic"]

@@ -54,6 +54,7 @@ from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noq
 from reshardctl.commands import runbook as _runbook  # noqa: E402
 from reshardctl.commands.report import report_cmd as _report_cmd  # noqa: E402
 from reshardctl.commands import slurm as _slurm  # noqa: E402
+from reshardctl.commands.selftest import selftest_cmd as _selftest_cmd  # noqa: E402
 
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_layout.app, name="layout")
@@ -69,6 +70,7 @@ app.command("jobs")(_slurm.jobs_cmd)
 app.command("cancel")(_slurm.cancel_cmd)
 app.command("collect")(_slurm.collect_cmd)
 app.command("calibrate")(_calibrate_cmd)
+app.command("selftest")(_selftest_cmd)
 
 
 _GLOBAL_FLAGS = ("-v", "--verbose", "-q", "--quiet")

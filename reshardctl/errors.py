@@ -1,4 +1,5 @@
-"""One small exception hierarchy. Library code raises these; only the CLI maps them to exit codes.
+"""One small exception hierarchy. Library code raises these; ``cli.py`` maps them to exit codes
+(docs/architecture.md, "Exit codes").
 
 Exit code 2 = bad input (the user can fix a file or a flag); exit code 1 = runtime failure.
 """

@@ -19,6 +19,38 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# ---- global <-> side ranks: the one home of this arithmetic ----------------------------------------
+# Global ranks 0..T-1 are the trainer ranks, T..T+I-1 the inference ranks (T = train_world). The
+# functions work on ints and, elementwise, on numpy arrays of ranks.
+
+
+def is_trainer(global_rank, train_world: int):
+    """True where ``global_rank`` is a trainer rank."""
+    return global_rank < train_world
+
+
+def infer_global(infer_rank, train_world: int):
+    """The global rank of inference rank ``infer_rank``."""
+    return train_world + infer_rank
+
+
+def infer_rank_of(global_rank, train_world: int):
+    """The inference rank of global rank ``global_rank`` (which must be an inference rank)."""
+    return global_rank - train_world
+
+
+def global_of(side: str, side_rank: int, train_world: int) -> int:
+    """The global rank of rank ``side_rank`` of ``side`` (``"train"`` or ``"infer"``)."""
+    return side_rank if side == "train" else infer_global(side_rank, train_world)
+
+
+def side_of_global(global_rank: int, train_world: int) -> tuple[str, int]:
+    """``(side, side_rank)`` of a global rank: ``("train", r)`` or ``("infer", r)``."""
+    if is_trainer(global_rank, train_world):
+        return "train", global_rank
+    return "infer", infer_rank_of(global_rank, train_world)
+
+
 @dataclass(frozen=True)
 class Topology:
     train_world: int
@@ -74,7 +106,10 @@ class Topology:
         return _ceil_div(self.infer_world, self.gpus_per_node)
 
     def infer_global(self, infer_rank):
-        return self.train_world + infer_rank
+        return infer_global(infer_rank, self.train_world)
+
+    def side_of_global(self, global_rank: int) -> tuple[str, int]:
+        return side_of_global(global_rank, self.train_world)
 
     def describe(self) -> dict:
         return {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from reshardctl.launch.local import run_local_session  # noqa: E402
+from reshardctl.launch.local import launch_local_ranks  # noqa: E402
 from reshardctl.runtime.contract import RunOptions, StaticPlan  # noqa: E402
 
 CASES = {
@@ -66,23 +66,21 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=int, default=None)
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--case", action="append", choices=sorted(CASES))
-    ap.add_argument("--direct-min-kb", type=int, default=None, help="zero-copy threshold (default 64 KiB)")
     ap.add_argument("--hand", action="store_true", help="the hand-made 256 MB 4-matrix plan instead")
     a = ap.parse_args()
-    extra = {} if a.direct_min_kb is None else {"direct_min_bytes": a.direct_min_kb << 10}
-    opts = RunOptions(run_dir=None, iterations=a.iterations, timeout_s=300, baseline=True, **extra)
+    opts = RunOptions(run_dir=None, iterations=a.iterations, timeout_s=300, baseline=True)
     if a.hand:
         from runtime_plans import big_case, bucket_plan, p2p_plan
 
         m, src, dst = big_case(256, 4, 4)
         plans = {"reshard": p2p_plan(m, src, dst),
                  "gather_broadcast": bucket_plan(m, src, dst, [[k] for k in range(len(m.tensors))])}
-        summarise("hand-made 4 matrices", plans, run_local_session(plans, opts, warmup=1))
+        summarise("hand-made 4 matrices", plans, launch_local_ranks(plans, opts, warmup=1))
         return
     for key in a.case or list(CASES):
         model, train, infer = CASES[key]
         plans = {t: StaticPlan.freeze(planner_plan(model, train, infer, t, a.bucket_mb)) for t in TRANSPORTS}
-        summarise(f"{model} megatron {train} -> vllm {infer}", plans, run_local_session(plans, opts, warmup=1))
+        summarise(f"{model} megatron {train} -> vllm {infer}", plans, launch_local_ranks(plans, opts, warmup=1))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from reshardctl import api
 from reshardctl.errors import ReshardError
-from reshardctl.runtime.weights import synthetic_region
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from conftest import SMALL_LLAMA as SMALL  # noqa: E402
 

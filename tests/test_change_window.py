@@ -150,13 +150,13 @@ def test_a_failing_validation_refit_refuses_the_rollback(tmp_path, small_llama, 
     state = tmp_path / "state"
     site = site_profile(tmp_path, "site", budget_s=60, state_dir=state)
     # a validation refit whose bytes arrive corrupted: the worker-layer drill (docs/runbook-faults.md) put
-    # into the runbook's one call of run_session (the rollback command itself has no --inject)
+    # into the runbook's one call of run_refit_session (the rollback command itself has no --inject)
     import functools
 
     from reshardctl.runbook import validation
 
-    monkeypatch.setattr(validation, "run_session",
-                        functools.partial(validation.run_session, inject=["corrupt:rank=3:step=2"]))
+    monkeypatch.setattr(validation, "run_refit_session",
+                        functools.partial(validation.run_refit_session, inject=["corrupt:rank=3:step=2"]))
     code = main(["rollback", "--site", site, "--verify", "--model", small_llama, *LAYOUT, "--iters", "2",
                  "--out", str(tmp_path / "check")])
     assert code == 1

@@ -4,13 +4,18 @@
 * the checksum gives the same value on CUDA as on the CPU (the pinned values of test_checksum.py);
 * a refit on NCCL (data plane) with the gloo control plane is byte exact;
 * a killed rank on NCCL ends the refit on every survivor within the bound, with records, and the
-  survivors are not killed by the NCCL watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=2: abort, not kill)."""
+  survivors are not killed by the NCCL watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING=2: abort, not kill);
+* `reshardctl selftest --gpu` passes every check (pack, checksums, stream order, pinned pool; the NCCL
+  refit with >= 2 GPUs, skipped with one)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
+from reshardctl.cli import main
 from reshardctl.errors import TransferError
 from reshardctl.launch.local import run_local
 from reshardctl.runtime.checksum import checksum, segment_checksums
@@ -60,3 +65,21 @@ def test_nccl_killed_rank_is_detected_and_survivors_report(tmp_path):
     assert len(err.failures) == 4  # three survivors reported (none killed by a watchdog)
     survivors_detect_within_bound(err, drill_time(tmp_path, 1), timeout + 10)
     assert_previous_weights(tmp_path, plan, 1, [2, 3])
+
+
+def test_selftest_gpu_passes_every_check(capsys):
+    _gpus(1)
+    code = main(["selftest", "--gpu", "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    failed = [(c["name"], c["detail"]) for c in rep["checks"] if not c["ok"]]
+    assert code == 0 and rep["ok"] and not rep["skipped"] and failed == [], failed
+    assert rep["device"].startswith("cuda:")
+    checks = {c["name"]: c for c in rep["checks"]}
+    assert list(checks) == ["pack_roundtrip", "checksums", "stream_order", "pinned_pool", "nccl_refit"]
+    assert all(not c["skipped"] for n, c in checks.items() if n != "nccl_refit")
+    assert checks["pinned_pool"]["numbers"]["peak_held"] <= checks["pinned_pool"]["numbers"]["capacity"]
+    nccl = checks["nccl_refit"]
+    if torch.cuda.device_count() >= 2:
+        assert not nccl["skipped"] and nccl["numbers"]["backend"] == "nccl" and nccl["numbers"]["commits"] > 0
+    else:
+        assert nccl["skipped"]

@@ -20,7 +20,6 @@ from reshardctl.errors import InputError, LaunchError
 from reshardctl.launch.local import free_port
 from reshardctl.runs.memory_check import check_memory, needed_bytes
 from reshardctl.runs.rundir import run_state
-from reshardctl.runs.session import load_summary
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runtime.groups import rendezvous
 
@@ -89,7 +88,7 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama):
     proc.wait()
     assert _wait_gone(ranks) == []
     assert run_state(out) == "interrupted"
-    assert load_summary(out)["interrupted"] is True and not (out / "summary.json").exists()
+    assert not (out / "summary.json").exists()
 
 
 def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, small_llama):

@@ -92,16 +92,16 @@ def test_dtensor_style_matches_vllm_for_plain_tp():
 
 def test_allocation_message():
     """The one allocation rule (plan, run, layout show --site): nodes each side needs vs the site's nodes."""
-    from reshardctl.plan.inputs import _topology
+    from reshardctl.plan.inputs import topology_or_problems
     from reshardctl.site import load_profile
 
     m = tiny_qwen3_moe()
     lay = build_layout(m, "infer", "tp=8,pp=2", "vllm", None)
     problems: list[str] = []
-    assert _topology(load_profile("local"), 4, lay.world_size, problems, "allocation") is None
+    assert topology_or_problems(load_profile("local"), 4, lay.world_size, problems, "allocation") is None
     assert problems == ["allocation: trainer ranks (4) need ceil(4/4) = 1 node(s) and inference ranks (16) need "
                         "ceil(16/4) = 4 node(s): 1 + 4 = 5 nodes, but the site has 2"]
-    assert _topology(load_profile("dgx-h100"), 4, lay.world_size, problems, "allocation") is not None
+    assert topology_or_problems(load_profile("dgx-h100"), 4, lay.world_size, problems, "allocation") is not None
 
 
 def test_layout_file_roundtrip_through_build(tmp_path):

@@ -1,6 +1,6 @@
 """Multi-process refits on gloo (spawned CPU processes, a fresh port per run).
 
-Every destination byte is checked here, in the test process, against ``weights.synthetic_region``
+Every destination byte is checked here, in the test process, against ``synthetic_weights.synthetic_region``
 (independently of the runtime's own checksums), from the weights each inference rank dumps at the end.
 """
 
@@ -20,7 +20,7 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.weights import synthetic_region
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case
 
@@ -160,7 +160,7 @@ def test_module_entry_with_torchrun_style_env(tmp_path):
 def test_zero_copy_regions_byte_exact_and_counted(tmp_path):
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
-    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True, direct_min_bytes=0))
+    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
     recv = [e for d in (2, 3) for e in read_events(tmp_path / "events" / f"rank-{d}.jsonl") if e["phase"] == "round/unpack"]
@@ -175,7 +175,7 @@ def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst)  # one round: w.eq (zero copy into the staged weights) lands first
     with pytest.raises(VerificationError) as info:
-        run_local(plan, opts(tmp_path, iterations=3, direct_min_bytes=0, faults="corrupt:rank=2,step=2"))
+        run_local(plan, opts(tmp_path, iterations=3, faults="corrupt:rank=2,step=2"))
     msg = str(info.value)
     assert "rank 2 (infer 0) failed verification" in msg and "checksum mismatch" in msg and "w.eq" in msg
     assert_inference_weights(tmp_path, plan, 1)  # step 2 rolled back on every inference rank
@@ -183,12 +183,12 @@ def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
 
 
 def test_session_runs_two_plans_in_the_same_processes(tmp_path):
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
     from reshardctl.runtime.baseline import pair_bytes
 
     m, src, dst = rows_cols_case()
     plans = {"p2p": p2p_plan(m, src, dst, per_tensor_rounds=True), "gb": bucket_plan(m, src, dst, [[0, 1], [2, 3]])}
-    out = run_local_session(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
+    out = launch_local_ranks(plans, opts(tmp_path, iterations=2, full_check=True, baseline=True), warmup=1)
     assert list(out) == ["p2p", "gb"]
     for name, reps in out.items():
         assert all(r.ok for r in reps) and [r.global_rank for r in reps] == [0, 1, 2, 3]
@@ -210,19 +210,19 @@ def test_session_runs_two_plans_in_the_same_processes(tmp_path):
 
 def test_session_refuses_plans_of_different_worlds():
     from reshardctl.errors import LaunchError
-    from reshardctl.launch.local import run_local_session
+    from reshardctl.launch.local import launch_local_ranks
 
     m, src, dst = rows_cols_case()
     m2, src2, dst2, relay = relay_case()
     with pytest.raises(LaunchError, match="one session has one set of processes"):
-        run_local_session({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
+        launch_local_ranks({"a": p2p_plan(m, src, dst), "b": p2p_plan(m2, src2, dst2, relay=relay)}, RunOptions())
 
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_bucket_root_gathers_straight_into_the_bucket(tmp_path, overlap):
     m, src, dst = row_bucket_case()
     plan = bucket_plan(m, src, dst, [[0], [1], [2]])
-    reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, direct_min_bytes=0, full_check=True))
+    reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
     bucket = plan.bucket_bytes + SUM_BYTES  # one tensor + its checksum

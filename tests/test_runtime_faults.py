@@ -17,7 +17,7 @@ from reshardctl.launch.local import run_local
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.weights import synthetic_region
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, rows_cols_case
 

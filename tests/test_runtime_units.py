@@ -8,16 +8,18 @@ import pytest
 import torch
 
 from reshardctl.errors import InputError, LaunchError, TransferError
-from reshardctl.plan.schedule import Region
+from reshardctl.plan.schedule import P2PRound, PeerRegions, Region
 from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
 from reshardctl.runtime.env import read_rank_env
-from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runtime.events import EventLog, read_events
-from reshardctl.runtime.mirror import check_mirror
+from reshardctl.runtime.mirror import mirror_problems
 from reshardctl.runtime.drills import Drills, parse_faults
-from reshardctl.runtime.pack import (BufferPool, LocalWeights, message_layout, pack_message, unpack_message,
-                                     verify_message)
-from reshardctl.runtime.weights import CheckpointWeights, materialise, restep_, synthetic_region
+from reshardctl.runtime.buffer_pool import BufferPool
+from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.wire import link_offsets
+from reshardctl.runtime.checkpoint_weights import CheckpointWeights
+from reshardctl.runtime.synthetic_weights import restep_, synthetic_region
+from reshardctl.runtime.weights import materialise
 
 from runtime_plans import bucket_plan, model, p2p_plan, relay_case, rows_cols_case, zero_copy_case
 
@@ -38,7 +40,7 @@ def test_env_torchrun():
 
 def test_env_own_launcher_wins_and_backend_choice():
     env = {**BASE, "RANK": "0", "WORLD_SIZE": "4", "RESHARDCTL_RANK": "1", "RESHARDCTL_WORLD_SIZE": "4"}
-    e = read_rank_env(2, 2, env, cuda_available=lambda: True)
+    e = read_rank_env(2, 2, env, cuda_available=lambda: True, device_count=lambda: 1)
     assert (e.global_rank, e.side, e.backend, e.source, e.device) == (1, "train", "nccl", "reshardctl", "cuda:0")
     assert read_rank_env(2, 2, {**env, "RESHARDCTL_FORCE_CPU": "1"}, cuda_available=lambda: True).backend == "gloo"
     assert read_rank_env(2, 2, env, force_cpu=True, cuda_available=lambda: True).backend == "gloo"
@@ -95,47 +97,33 @@ def test_checkpoint_reads_only_slices(tmp_path):
 
 
 # ---- packing --------------------------------------------------------------------------------------
-def test_pack_unpack_roundtrip_multi_box_sender_and_receiver():
-    m = model([("x", (6, 5), "float8_e4m3fn"), ("y", (4, 3), "bfloat16"), ("s", (), "float32")])
-    # sender holds x in two row boxes; one region spans both (the fallback path)
-    sh = {0: (((0, 2), (0, 5)), ((2, 6), (0, 5))), 1: (((0, 4), (0, 3)),), 2: ((),)}
-    sender = LocalWeights(m, sh, materialise(m, sh, 5))
-    regions = (Region(0, ((1, 5), (1, 4)), 12), Region(1, ((1, 3), (0, 3)), 12), Region(2, (), 4))
-    lay = message_layout(m, regions)
-    assert all(o % 8 == 0 for o in lay.offsets) and lay.size == lay.trailer + SUM_BYTES * 3
-    buf = torch.empty(lay.size, dtype=torch.uint8)
-    pack_message(regions, lay, sender, buf)
-    assert not verify_message(lay, buf).any()
-    rh = {0: (((1, 3), (1, 4)), ((3, 5), (1, 4))), 1: (((1, 3), (0, 3)),), 2: ((),)}
-    recv = LocalWeights(m, rh, {i: [torch.zeros_like(t) for t in ts] for i, ts in materialise(m, rh, 0).items()})
-    unpack_message(regions, lay, buf, recv)
-    assert recv.coverage_problems() == []
-    want = materialise(m, rh, 5)
-    for i in rh:
-        for a, b in zip(recv.data[i], want[i]):
-            assert torch.equal(u8(a), u8(b))
-    buf[lay.offsets[1] + 3] ^= 1
-    assert verify_message(lay, buf).tolist() == [False, True, False]
-
-
 def test_region_not_held_and_bad_sizes_are_errors():
     m = model([("x", (4, 4), "float32")])
     w = LocalWeights(m, {0: (((0, 2), (0, 4)),)}, materialise(m, {0: (((0, 2), (0, 4)),)}, 1))
     with pytest.raises(TransferError, match="holds 8 of its 16"):
         w.read_into(0, ((0, 4), (0, 4)), torch.empty(64, dtype=torch.uint8))
     with pytest.raises(TransferError, match="nbytes 30"):
-        message_layout(m, (Region(0, ((0, 2), (0, 4)), 30),))
+        link_offsets(m, (Region(0, ((0, 2), (0, 4)), 30),))
 
 
-def test_coverage_detects_gaps_and_double_writes():
+def test_a_plan_that_leaves_a_gap_or_writes_twice_is_refused_before_posting():
+    """The program checks, once, that the plan writes every element an inference rank holds exactly once."""
+    from reshardctl.runtime.program import compile_program
+
     m = model([("x", (4, 4), "float32")])
-    h = {0: (((0, 4), (0, 4)),)}
-    w = LocalWeights(m, h, materialise(m, h, 1))
-    seg = torch.zeros(32, dtype=torch.uint8)
-    w.write_from(0, ((0, 2), (0, 4)), seg)
-    assert "8 of 16" in w.coverage_problems()[0]
-    w.write_from(0, ((1, 3), (0, 4)), seg)
-    assert "written twice" in w.coverage_problems()[0]
+    src = {0: {0: (((0, 4), (0, 4)),)}}
+    dst = {0: {0: (((0, 4), (0, 4)),)}}
+    plan = p2p_plan(m, src, dst)
+    compile_program(plan, 1)  # the good plan compiles
+    r = plan.steps[1][0]
+    half = (Region(0, ((0, 2), (0, 4)), 32),)
+    twice = (Region(0, ((0, 2), (0, 4)), 32), Region(0, ((1, 3), (0, 4)), 32))  # 16 of 16, one row twice
+    for regions, why in ((half, "8 of 16"), (twice, "written twice")):
+        steps = {0: (P2PRound(r.index, 1, (PeerRegions(1, regions),), ()),),
+                 1: (P2PRound(r.index, 1, (), (PeerRegions(0, regions),)),)}
+        bad = StaticPlan(m, 1, 1, "reshard", "x", 1 << 20, steps, src, dst)
+        with pytest.raises(TransferError, match=why):
+            compile_program(bad, 1)
 
 
 def test_buffer_pool_reuses_and_tracks_peak():
@@ -156,8 +144,7 @@ def test_hand_plans_satisfy_the_protocol_and_mirror():
     for plan in (p2p_plan(m, src, dst), p2p_plan(m, src, dst, per_tensor_rounds=True),
                  bucket_plan(m, src, dst, [[0, 1], [2, 3]])):
         assert isinstance(plan, ExecutablePlan)
-        for r in range(4):
-            check_mirror(plan, r)
+        assert mirror_problems(plan.steps) == []
     m, src, dst, relay = relay_case()
     plan = p2p_plan(m, src, dst, relay=relay)
     assert any(s.stage == 2 for s in plan.steps_for(3))
@@ -173,9 +160,8 @@ def test_mismatched_plan_is_refused_before_posting():
     steps = dict(plan.steps)
     r0 = steps[2][0]
     steps[2] = (type(r0)(r0.index, r0.stage, r0.sends, r0.recvs[:1]),)  # rank 2 forgets rank 1's message
-    bad = StaticPlan(m, 2, 2, "reshard", "x", 1 << 20, steps, src, dst)
     with pytest.raises(TransferError, match="expects nothing"):
-        check_mirror(bad, 1)
+        StaticPlan(m, 2, 2, "reshard", "x", 1 << 20, steps, src, dst)  # refused when built (or unpickled)
 
 
 def test_events_record_success_and_failure(tmp_path):
@@ -212,7 +198,7 @@ def test_drill_specs_and_the_corruption_tap():
 
 # ---- zero copy: contiguous spans and the wire split ---------------------------------------------------
 def test_contiguous_span_matches_the_row_major_offset():
-    from reshardctl.runtime.pack import contiguous_span
+    from reshardctl.runtime.wire import contiguous_span
 
     boxes = (((0, 4), (0, 6)), ((4, 8), (2, 6)))
     assert contiguous_span(boxes, ((1, 3), (0, 6)), 2) == (0, 1 * 6 * 2)  # row block
@@ -230,24 +216,37 @@ def test_contiguous_span_matches_the_row_major_offset():
     assert torch.equal(u8(full).reshape(-1)[off : off + 8], u8(full[2:3, 1:5].contiguous()).reshape(-1))
 
 
-def test_wire_split_is_the_same_on_both_sides_and_respects_the_threshold():
-    from reshardctl.runtime.pack import wire_of
+def test_messages_land_in_place_where_the_arena_lays_a_link_out_back_to_back():
+    """One message per link; a rank's arena follows its program's first use, so a link of whole boxes is
+    one contiguous range of it (zero copy); a column slice is not (staging)."""
+    from reshardctl.runtime.executor import arena_place
+    from reshardctl.runtime.program import compile_program
 
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst)
-    names, packed = set(), set()
-    for rnd in plan.steps_for(0):
-        for pr in rnd.sends:
-            w = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=0)
-            their = next(x for x in plan.steps_for(pr.peer)[0].recvs if x.peer == 0)
-            assert wire_of(m, their.regions, src[0], dst[pr.peer - 2], direct_min=0) == w
-            names |= {m.tensors[pr.regions[j].tensor].name for j in w.direct}
-            packed |= {m.tensors[pr.regions[j].tensor].name for j in w.packed}
-            assert all(w.src[j] is not None or w.dst[j] is not None for j in w.direct)
-            big = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=1 << 20)
-            assert big.direct == () and len(big.packed) == len(pr.regions)
-            assert sum(w.message_sizes(pr.regions)) >= pr.nbytes
-    assert {"w.eq", "w.sc", "w.rc"} <= names and packed == {"w.odd"}
+    for rank in range(4):
+        prog = compile_program(plan, rank)
+        holdings = prog.holdings
+        w = LocalWeights.in_arena(m, holdings, "cpu", order=prog.order)
+        links = [x for s in prog.steps for x in s.sends + s.recvs]
+        assert sum(prog.out_messages.values()) + sum(prog.in_messages.values()) == len(links)
+        for x in links:
+            at = arena_place(w, x)
+            if at is not None:  # the place is right: every region's bytes are where the message puts them
+                for r, o in zip(x.regions, x.offsets):
+                    want = torch.zeros(r.nbytes, dtype=torch.uint8)
+                    w.arena[at + o : at + o + r.nbytes] = torch.arange(r.nbytes, dtype=torch.int64).remainder(251).to(torch.uint8)
+                    w.read_into(r.tensor, r.box, want)
+                    assert torch.equal(want, w.arena[at + o : at + o + r.nbytes])
+    # the receivers' links are all in place; a column slice on the trainer side needs staging
+    placed = {r: [arena_place(LocalWeights.in_arena(m, compile_program(plan, r).holdings, "cpu",
+                                                    order=compile_program(plan, r).order), x)
+                  for s in compile_program(plan, r).steps for x in s.recvs] for r in (2, 3)}
+    assert any(a is not None for v in placed.values() for a in v)
+    # without an arena (an RL framework's own tensors) nothing is placed
+    prog = compile_program(plan, 2)
+    plain = LocalWeights(m, prog.holdings, materialise(m, prog.holdings, 1))
+    assert all(arena_place(plain, x) is None for s in prog.steps for x in s.recvs)
 
 
 # ---- two-phase commit: agreement on the committed step ----------------------------------------------

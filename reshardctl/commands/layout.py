@@ -90,7 +90,7 @@ def show(
                              "both sides need must fit in the site's nodes; builds both sides)."),
 ) -> None:
     """Print, per HF tensor, which ranks hold which boxes (or, with --rank, that rank's parameters)."""
-    from reshardctl.plan.inputs import _layout, _topology
+    from reshardctl.plan.inputs import layout_or_problems, topology_or_problems
 
     if side not in ("train", "infer", "both"):
         raise InputError(f"--side {side!r}: expected train, infer or both")
@@ -106,9 +106,9 @@ def show(
     layouts, worlds, problems = {}, {}, []
     for s in sides:
         spec, style, lf = args[s]
-        layouts[s], worlds[s] = _layout(m, s, spec, style, lf, problems, f"--{s}")
+        layouts[s], worlds[s] = layout_or_problems(m, s, spec, style, lf, problems, f"--{s}")
     if prof is not None:
-        _topology(prof, worlds["train"], worlds["infer"], problems, "allocation")
+        topology_or_problems(prof, worlds["train"], worlds["infer"], problems, "allocation")
     if problems:  # every problem of both sides and the allocation together, as `plan` reports them
         raise LayoutError(problems)
     if side != "both":
@@ -173,7 +173,7 @@ def export(
     from pathlib import Path
 
     from reshardctl.layout.layout_file import export_layout_file
-    from reshardctl.plan.inputs import _layout
+    from reshardctl.plan.inputs import layout_or_problems
 
     if side not in ("train", "infer"):
         raise InputError(f"--side {side!r}: expected train or infer")
@@ -182,7 +182,7 @@ def export(
     m = _load_model(model, layers, mtp)
     spec, style = (train, train_style) if side == "train" else (infer, infer_style)
     problems: list[str] = []
-    lay, _ = _layout(m, side, spec, style, None, problems, f"--{side}")
+    lay, _ = layout_or_problems(m, side, spec, style, None, problems, f"--{side}")
     if problems:
         raise LayoutError(problems)
     try:

@@ -18,7 +18,7 @@ from rich.table import Table
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.plan.export import write_outputs
-from reshardctl.plan.inputs import prepare, resolve_relay  # noqa: F401  (resolve_relay: re-exported for tests)
+from reshardctl.plan.inputs import prepare
 from reshardctl.plan.report import plan_report
 
 

@@ -19,7 +19,7 @@ from reshardctl.commands import output
 from reshardctl.errors import InputError
 from reshardctl.plan.inputs import prepare
 from reshardctl.plan.model import TRANSPORTS
-from reshardctl.runs.session import LAUNCHERS, run_session
+from reshardctl.runs.session import LAUNCHERS, run_refit_session
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
@@ -78,7 +78,7 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
         task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
-        res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
+        res = run_refit_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
                           retries=retries, on_failure=on_failure, timeout_s=timeout_s,
                           progress=lambda done, total, what: prog.update(task, completed=done, total=total,

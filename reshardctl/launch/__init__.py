@@ -1,1 +1,1 @@
-"""Starting rank processes: on this machine (``local``), later Slurm."""
+"""Starting rank processes: on this machine (``local.py``) or on Slurm (``slurm.py``)."""

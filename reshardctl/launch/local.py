@@ -1,8 +1,8 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
-``run_local_session(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``), spawns
+``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``), spawns
 ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
-a fresh random run token, runs every plan in order in the same processes (``worker.run_session``) and
+a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
 
@@ -35,6 +35,7 @@ from reshardctl.launch.failures import failure_line, order_failures
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
+from reshardctl.topology import side_of_global
 
 GRACE_S = 5.0  # after the first failure: survivors report within timeout_s + this, or are killed
 QUIET_S = 2.0  # ... and once no rank has reported for this long, the silent ones are killed (hung)
@@ -84,11 +85,11 @@ def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
 def _child(env: RankEnv, plans, options: RunOptions, warmup: int, threads: int, q, fallback, parent: int) -> None:
     watch_parent(parent)
     torch.set_num_threads(threads)
-    from reshardctl.runtime.worker import run_session
+    from reshardctl.runtime.worker import run_rank_session
 
     try:
-        reports = run_session(env, plans, options, warmup=warmup, fallback=fallback)
-    except BaseException as exc:  # noqa: BLE001 - run_session should not raise; report anyway
+        reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
+    except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
                                  error_type=type(exc).__name__, error_message=str(exc)) for n in plans}
     q.put((env.global_rank, reports))
@@ -122,7 +123,7 @@ class LocalVerificationError(LocalRunError, VerificationError):
 def run_local(plan, options: RunOptions, *, deadline_s: float | None = None, host: str = "127.0.0.1",
               backend: str | None = None, fallback=None) -> list[RankReport]:
     """Spawn every rank on this machine; return their reports (rank order) or raise ``TransferError``."""
-    return run_local_session({"plan": plan}, options, warmup=0, deadline_s=deadline_s, host=host,
+    return launch_local_ranks({"plan": plan}, options, warmup=0, deadline_s=deadline_s, host=host,
                              backend=backend, fallback=fallback)["plan"]
 
 
@@ -139,7 +140,7 @@ def _last_event(run_dir: str | None, rank: int) -> dict:
 
 
 def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | None) -> dict:
-    side, side_rank = ("train", rank) if rank < world_t else ("infer", rank - world_t)
+    side, side_rank = side_of_global(rank, world_t)
     last = _last_event(run_dir, rank)
     phase = last.get("at") or last.get("phase")
     return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank, "phase": phase,
@@ -148,7 +149,7 @@ def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | No
             "drill": last.get("drill")}
 
 
-def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmup: int = 1,
+def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warmup: int = 1,
                       deadline_s: float | None = None, host: str = "127.0.0.1",
                       backend: str | None = None, fallback=None,
                       stop: threading.Event | None = None) -> dict[str, list[RankReport]]:
@@ -157,7 +158,7 @@ def run_local_session(plans: Mapping[str, object], options: RunOptions, *, warmu
     Returns ``{name: reports in rank order}`` or raises ``LocalRunError`` (its ``reports``: the first
     failing plan's, ``session``: all of them, ``failures``: root cause first)."""
     if not plans:
-        raise LaunchError("run_local_session needs at least one plan")
+        raise LaunchError("launch_local_ranks needs at least one plan")
     statics = {n: StaticPlan.freeze(p) for n, p in plans.items()}
     names = list(statics)
     first = statics[names[0]]

@@ -132,9 +132,6 @@ class Mesh:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def rank_array(self) -> np.ndarray:
-        return np.asarray(self.ranks, dtype=np.int64).reshape(self.shape)
-
     def coords(self) -> list[tuple[int, ...]]:
         """Every coordinate in row-major order (slot order of templates)."""
         return [tuple(int(c) for c in x) for x in np.ndindex(*self.shape)]
@@ -309,15 +306,6 @@ def to_template(
     if problems:
         raise LayoutError(problems)
     return Placement(template_of(global_shape, mesh.shape, placements), mesh.ranks)
-
-
-def placement_from_index_sets(sets: dict[int, IndexSet]) -> Placement:
-    """A ``Placement`` with one slot per rank (in dict order) from explicit index sets."""
-    shapes = {s.shape for s in sets.values()}
-    if len(shapes) != 1:
-        raise ValueError(f"index sets of different shapes: {sorted(shapes)}")
-    shape = shapes.pop()
-    return Placement(intern_template(shape, [s.boxes() for s in sets.values()]), tuple(sets))
 
 
 def fsdp2_tp_placement(global_shape: Sequence[int], mesh: Mesh, shard_dim: int = 0, tp_dim: int | None = None) -> Placement:

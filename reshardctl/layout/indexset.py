@@ -267,10 +267,6 @@ class IndexSet:
         return cls(shape, [IntervalSet.full(n) for n in shape])
 
     @classmethod
-    def from_box(cls, shape: Sequence[int], box: Box) -> IndexSet:
-        return cls(shape, [IntervalSet([iv]) for iv in box])
-
-    @classmethod
     def from_boxes(cls, shape: Sequence[int], boxes: Iterable[Box]) -> IndexSet:
         """The union of ``boxes`` when that union is a product of per-dim sets; ``ValueError`` otherwise."""
         boxes = [tuple(tuple(iv) for iv in b) for b in boxes if box_numel(b) > 0]

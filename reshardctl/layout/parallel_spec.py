@@ -111,9 +111,6 @@ class ParallelSpec:
             parts.append(f"{f.name}={str(v).lower() if isinstance(v, bool) else v}")
         return ",".join(parts)
 
-    def with_dp(self, dp: int) -> "ParallelSpec":
-        return ParallelSpec(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "dp": dp})
-
 
 MAX_SIZE = 1 << 20  # any one parallel size (a world of a million ranks is far beyond any site)
 MAX_TEXT = 1000  # characters of a parallel string

@@ -35,6 +35,11 @@ def full_box(shape: tuple[int, ...]) -> Box:
     return tuple((0, n) for n in shape)
 
 
+def norm_box(box: Box) -> Box:
+    """A 0-d tensor's box ``()`` as the one-element box ``((0, 1),)``; any other box unchanged."""
+    return box if box else ((0, 1),)
+
+
 @dataclass(frozen=True)
 class ShardTemplate:
     """The split of one global shape over slots. Immutable and hashable; interned by layouts."""

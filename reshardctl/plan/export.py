@@ -9,9 +9,10 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from reshardctl.atomic_write import StagedWrites, atomic_dir, atomic_open, dir_mode  # noqa: F401  (dir_mode: still importable from here)
+from reshardctl.atomic_write import StagedWrites
 from reshardctl.errors import OutputError
 from reshardctl.plan.model import Plan
+from reshardctl.topology import infer_rank_of, side_of_global
 
 
 def _region(box) -> list[list[int]]:
@@ -23,9 +24,10 @@ def transfer_lines(plan: Plan):
     names = [t.name for t in plan.model.tensors]
     T = plan.train_world
     for inst, src, dst, box, nb, stage in plan.iter_transfers():
+        src_side, src_side_rank = side_of_global(src, T)
         yield {"op": "p2p", "tensor": names[inst], "src": src, "dst": dst,
-               "src_side": "train" if src < T else "infer", "src_side_rank": src if src < T else src - T,
-               "dst_side_rank": dst - T, "stage": stage, "region": _region(box), "bytes": nb}
+               "src_side": src_side, "src_side_rank": src_side_rank,
+               "dst_side_rank": infer_rank_of(dst, T), "stage": stage, "region": _region(box), "bytes": nb}
     for b in plan.buckets:
         for pr in b.gather:
             for reg in pr.regions:
@@ -36,7 +38,7 @@ def transfer_lines(plan: Plan):
         for i in b.tensors:
             t = plan.model.tensors[i]
             yield {"op": "broadcast", "bucket": b.index, "tensor": t.name, "src": b.root, "dst": receivers,
-                   "src_side": "train", "src_side_rank": b.root, "dst_side_rank": [r - T for r in receivers],
+                   "src_side": "train", "src_side_rank": b.root, "dst_side_rank": [infer_rank_of(r, T) for r in receivers],
                    "region": [[0, n] for n in t.shape], "bytes": t.nbytes}
 
 
@@ -47,13 +49,6 @@ def _write_lines(plan: Plan, f) -> int:
         f.write("\n")
         n += 1
     return n
-
-
-def export_transfers(plan: Plan, path: str | os.PathLike) -> int:
-    """Stream the transfer lines into a temp file next to ``path``, then rename. Returns the line count.
-    ``OutputError`` (naming the path) when it cannot be written."""
-    with _output_errors("--export-transfers", path), atomic_open(path) as f:
-        return _write_lines(plan, f)
 
 
 @contextmanager
@@ -105,14 +100,6 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
     for stale in out.glob("plan-*.npz"):  # plans of transports this run did not plan: not ours any more
         if stale.name not in names:
             stale.unlink(missing_ok=True)
-
-
-def write_out(out: str | os.PathLike, plans: dict[str, Plan], result: dict) -> list[Path]:
-    """All-or-nothing: a new DIR is filled under a temp name and renamed; into an existing DIR every file
-    is written under a temp name first, then each is renamed over its final name (and ``plan-*.npz`` of
-    transports not planned this time are removed, so DIR always matches its plan.json)."""
-    paths, _ = write_outputs(plans, result, out=out)
-    return paths
 
 
 def _make_parents(path: Path, created: list[Path]) -> None:

@@ -80,7 +80,7 @@ def _label(label: str, violation: str) -> str:
     return violation if violation.startswith(f"{label}:") or violation.startswith(f"{label} ") else f"{label}: {violation}"
 
 
-def _layout(model, side, spec, style, layout_file, problems: list[str], label: str):
+def layout_or_problems(model, side, spec, style, layout_file, problems: list[str], label: str):
     """``(layout, world_size)``. When the layout cannot be built its problems go to ``problems`` and the
     layout is None, but the world size is still returned when it is known (from the parallel string or
     the layout file), so the allocation is checked too and every violation is reported at once."""
@@ -97,7 +97,7 @@ def _layout(model, side, spec, style, layout_file, problems: list[str], label: s
     return None, None
 
 
-def _topology(site, train_world: int | None, infer_world: int | None, problems: list[str], label: str):
+def topology_or_problems(site, train_world: int | None, infer_world: int | None, problems: list[str], label: str):
     """The allocation rule shared by ``plan``, ``run`` and ``layout show --site``: the nodes each side
     needs (``ceil(world / gpus_per_node)``) must fit in the site's nodes. None when a world is unknown."""
     from reshardctl.topology import Topology
@@ -139,14 +139,14 @@ def prepare(
         _raise(problems)
     prof = load_profile(site)
     m = load_model(model, layers=layers, include_mtp=mtp)
-    tl, tw = _layout(m, "train", train, train_style, train_layout, problems, "--train")
-    il, iw = _layout(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
-    topo = _topology(prof, tw, iw, problems, "allocation")
+    tl, tw = layout_or_problems(m, "train", train, train_style, train_layout, problems, "--train")
+    il, iw = layout_or_problems(m, "infer", infer, infer_style, infer_layout, problems, "--infer")
+    topo = topology_or_problems(prof, tw, iw, problems, "allocation")
     cands: list[Candidate] = []
     compare = list(compare or [])
     for spec in compare:
-        cl, cw = _layout(m, "infer", spec, infer_style, None, problems, f"--compare-infer {spec!r}")
-        ct = _topology(prof, tw, cw, problems, f"--compare-infer {spec!r}")
+        cl, cw = layout_or_problems(m, "infer", spec, infer_style, None, problems, f"--compare-infer {spec!r}")
+        ct = topology_or_problems(prof, tw, cw, problems, f"--compare-infer {spec!r}")
         if cl is not None and tl is not None and ct is not None:
             cands.append(Candidate(spec, cl, ct))
     if problems:

@@ -34,7 +34,7 @@ import numpy as np
 from reshardctl.layout.placement import Placement
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
-from reshardctl.topology import Topology
+from reshardctl.topology import Topology, infer_global
 
 LIMITS = {"mesh_ndim": 2, "tensor_rank": 3, "fan_in": 16, "fan_out": 64}
 EXAMPLES = 3
@@ -176,7 +176,7 @@ def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: 
         pieces = pair_cache.get(key)
         if pieces is None:
             pieces = pair_cache[key] = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
-        table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray(dp.ranks, np.int32) + T, topology,
+        table = route(pieces, np.asarray(sp.ranks, np.int32), infer_global(np.asarray(dp.ranks, np.int32), T), topology,
                       model.tensors[members[0]].itemsize, rotation=gi, relay=False)
         units.append(Unit(np.asarray(members, dtype=np.int32), table, 1, model.tensors[members[0]].itemsize))
     return units

@@ -8,13 +8,9 @@ import numpy as np
 
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
+from reshardctl.topology import side_of_global
 
 LINK_CLASSES = ("intra_node", "intra_domain", "cross_domain")
-
-
-def side_of(plan: Plan, rank: int) -> tuple[str, int]:
-    T = plan.train_world
-    return ("train", rank) if rank < T else ("infer", rank - T)
 
 
 def transport_report(plan: Plan, links, lb) -> dict:
@@ -34,7 +30,7 @@ def transport_report(plan: Plan, links, lb) -> dict:
     transfers = plan.num_transfers + sum(
         sum(len(pr.regions) for pr in b.gather if pr.peer != b.root) + len(b.group) - 1 for b in plan.buckets)
     staging = max([stats.max_staging if stats else 0] + [b.nbytes for b in plan.buckets])
-    side, side_rank = side_of(plan, pred.busiest_rank)
+    side, side_rank = side_of_global(pred.busiest_rank, plan.train_world)
     return {
         "predicted_s": pred.predicted_s,
         "predicted_breakdown_s": pred.breakdown,

@@ -14,7 +14,7 @@ from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
 from reshardctl.plan.rounds import Round, RoundPacker
 from reshardctl.plan.routing import TransferTable, route
-from reshardctl.topology import Topology
+from reshardctl.topology import Topology, infer_global
 
 
 def group_tensors(
@@ -65,7 +65,7 @@ def build_units(
             pair_cache[pkey] = pieces
         itemsize = model.tensors[members[0]].itemsize
         src_ranks = np.asarray(sp.ranks, dtype=np.int32)
-        dst_ranks = np.asarray(dp.ranks, dtype=np.int32) + T
+        dst_ranks = infer_global(np.asarray(dp.ranks, dtype=np.int32), T)
         k = max((len(c) for c in pieces.src_classes), default=1)
         nsub = min(k, len(members)) if k > 1 else 1
         members_arr = np.asarray(members, dtype=np.int32)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reshardctl.atomic_write import atomic_open, file_mode  # noqa: F401  (file_mode: still importable from here)
+from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec

@@ -12,6 +12,7 @@ import numpy as np
 
 from reshardctl.plan.model import Plan
 from reshardctl.plan.routing import TransferTable
+from reshardctl.topology import infer_rank_of, is_trainer
 
 # rows of a traffic matrix [K, world]: bytes per link and direction, peers exchanged with (one packed
 # message each), messages sent straight from/into the weights (zero copy: ``runtime/pack.py``), and the
@@ -81,8 +82,8 @@ def zero_copy(plan: Plan, unit, cache: dict | None = None) -> tuple[np.ndarray, 
         boxes.append(got[1])
     sides = []
     for ranks in (table.src, table.dst):
-        trainer = ranks < T
-        local = np.where(trainer, ranks, ranks - T)
+        trainer = is_trainer(ranks, T)
+        local = np.where(trainer, ranks, infer_rank_of(ranks, T))
         hold_lo = np.where(trainer[:, None], boxes[0][0][np.minimum(local, T - 1)], boxes[1][0][np.clip(local, 0, plan.infer_world - 1)])
         hold_hi = np.where(trainer[:, None], boxes[0][1][np.minimum(local, T - 1)], boxes[1][1][np.clip(local, 0, plan.infer_world - 1)])
         sides.append(_contiguous(table.lo, table.hi, hold_lo, hold_hi))

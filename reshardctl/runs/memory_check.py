@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from reshardctl.errors import InputError
 from reshardctl.layout.placement import box_numel
+from reshardctl.topology import infer_rank_of, is_trainer
 
 PROCESS_BYTES = 256 << 20
 RESERVE = 0.10
@@ -54,9 +55,9 @@ def rank_bytes(plan, rank: int) -> int:
     """One rank's weights (inference: served + staged) and buffer pool."""
     T = plan.train_world
     pool = max(4 * plan.bucket_bytes, 64 << 20)
-    if rank < T:
+    if is_trainer(rank, T):
         return _holding_bytes(plan.model, plan.src_holdings(rank)) + pool
-    return 2 * _holding_bytes(plan.model, plan.dst_holdings(rank - T)) + pool
+    return 2 * _holding_bytes(plan.model, plan.dst_holdings(infer_rank_of(rank, T))) + pool
 
 
 def check_gpu_memory(plans: dict, free_bytes) -> None:
@@ -66,7 +67,7 @@ def check_gpu_memory(plans: dict, free_bytes) -> None:
         for r in range(p.train_world + p.infer_world):
             need, free = rank_bytes(p, r), free_bytes(r)
             if need > free * (1 - RESERVE):
-                bad.append(f"rank {r}: {need / GiB:.1f} GiB (weights{' x 2' if r >= p.train_world else ''} + pool) "
+                bad.append(f"rank {r}: {need / GiB:.1f} GiB (weights{' x 2' if not is_trainer(r, p.train_world) else ''} + pool) "
                            f"> {free * (1 - RESERVE) / GiB:.1f} GiB free on cuda:{r} after a {RESERVE:.0%} reserve")
     if bad:
         raise InputError("the ranks of this run do not fit on their GPUs; nothing was started: " + "; ".join(bad[:8]))

@@ -1,6 +1,6 @@
 """A refit session: plan the transports, launch the ranks (here or on Slurm), summarise, keep the record.
 
-``run_session`` is what `reshardctl run` (one transport) and `reshardctl bench` (all three on the same
+``run_refit_session`` is what `reshardctl run` (one transport) and `reshardctl bench` (all three on the same
 processes, with the raw-transfer ceiling) call. Pure planning first (every input problem is reported
 before a process starts or a job is submitted), then the only side effects: the run directory, and the
 rank processes (``launch/local.py``) or the Slurm jobs (``launch/slurm.py``).
@@ -12,7 +12,6 @@ attached one.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -27,7 +26,7 @@ from reshardctl.plan.model import Plan
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
 from reshardctl.plan.serialize import save_plan
-from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, run_state, started_by, write_command, write_json
+from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, started_by, write_command, write_json
 from reshardctl.runs.failures import failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
@@ -238,7 +237,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
         fallback = plans.get("gather_broadcast") or plan_transports(inp, ["gather_broadcast"], launcher)["gather_broadcast"]
     if checkpoint is not None:
-        from reshardctl.runtime.weights import check_checkpoint
+        from reshardctl.runtime.checkpoint_check import check_checkpoint
 
         check_checkpoint(inp.model, checkpoint)
     memory = None
@@ -277,7 +276,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     return Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
 
-def run_session(
+def run_refit_session(
     inp: Inputs,
     transports: list[str],
     *,
@@ -318,7 +317,7 @@ def run_session(
 
 
 def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> SessionResult:
-    from reshardctl.launch.local import LocalRunError, run_local_session
+    from reshardctl.launch.local import LocalRunError, launch_local_ranks
 
     plans, run_dir = pre.plans, pre.run_dir
     result: dict = {}
@@ -327,7 +326,7 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
 
     def target() -> None:
         try:
-            result["reports"] = run_local_session(plans, pre.options, warmup=warmup, fallback=pre.fallback,
+            result["reports"] = launch_local_ranks(plans, pre.options, warmup=warmup, fallback=pre.fallback,
                                                   stop=stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             error.append(exc)
@@ -372,13 +371,3 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
     mark_run(run_dir, "interrupted" if interrupted else ("finished" if err is None else "failed"), pre.who,
              pre.started)
     return SessionResult(run_dir, summary, err, plans)
-
-
-def load_summary(run_dir: str | Path) -> dict:
-    """summary.json; for a run whose launcher was killed before writing it, a summary that says the run
-    was interrupted (``run.json`` still says running, its launcher is gone)."""
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file() and run_state(run_dir) == "interrupted":
-        return {"run_dir": str(run_dir), "ok": False, "interrupted": True,
-                "error": "interrupted: the launcher was killed before it wrote summary.json"}
-    return json.loads(path.read_text())

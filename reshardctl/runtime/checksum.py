@@ -52,28 +52,24 @@ from __future__ import annotations
 
 import torch
 
+from reshardctl.runtime.dtypes import signed64
+
 P = (1 << 31) - 1
 MOMENTS = 5
 RANDOM = 3
 WORDS = (MOMENTS + RANDOM) // 2  # int64 words per checksum
 SUM_BYTES = 8 * WORDS
 ROW = 1 << 15  # limbs per row: a row's float64 sum of (limb < 2**16) * (16-bit weight half) stays < 2**47
-_MASK64 = (1 << 64) - 1
 _L = (0x2545F4914F6CDD1D % P, 0x9E3779B97F4A7C15 % P, 0xBF58476D1CE4E5B9 % P)
 _BINOM = [[1], [1, 1], [1, 2, 1], [1, 3, 3, 1], [1, 4, 6, 4, 1]]
 
 
-def _signed(x: int) -> int:
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
 def _mix(idx: torch.Tensor, seed: int) -> torch.Tensor:
     """splitmix64 of ``idx`` (int64, wrapping), reduced to [0, p)."""
-    x = idx * _signed(0x9E3779B97F4A7C15) + _signed(seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019)
+    x = idx * signed64(0x9E3779B97F4A7C15) + signed64(seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019)
     for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         x = x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))
-        x = x * _signed(mul)
+        x = x * signed64(mul)
     x = x ^ ((x >> 31) & ((1 << 33) - 1))
     return (x & 0x7FFFFFFF) % P
 
@@ -244,7 +240,7 @@ def _encode(res: torch.Tensor) -> torch.Tensor:
 def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
     """Checksums of ``buf[o : o + n]`` for every (offset, size), as an int64 [len, WORDS] tensor on
     ``buf``'s device, in one pass of a few kernels whatever the number of segments (no host sync).
-    Offsets must be even (pack.py aligns every region to 8 bytes)."""
+    Offsets must be even (staging blocks and buckets align every message and tensor to 8 bytes)."""
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise ValueError(f"checksums want a 1-D uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")
     offsets, sizes = list(offsets), list(sizes)
@@ -278,10 +274,3 @@ def checksum(buf: torch.Tensor) -> torch.Tensor:
     if buf.data_ptr() % 2:
         buf = buf.clone()
     return segment_checksums(buf, [0], [buf.numel()])[0]
-
-
-def checksums(segments: list[torch.Tensor]) -> torch.Tensor:
-    """Checksums of several buffers as an int64 [len, WORDS] tensor (empty input -> [0, WORDS])."""
-    if not segments:
-        return torch.empty(0, WORDS, dtype=torch.int64)
-    return torch.stack([checksum(s) for s in segments])

@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
-from reshardctl.runtime.pack import LocalWeights, byte_view
+from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
+from reshardctl.topology import is_trainer, side_of_global
 
 FAILED, BAD_DATA, OK = 0, 1, 2
 _WORDS = {FAILED: "failed", BAD_DATA: "failed verification", OK: "ok"}
@@ -88,7 +89,7 @@ def decide(codes: list[int], train_world: int, step: int, mine: list[str],
     if not bad:
         return
     who = ", ".join(
-        f"rank {r} ({'train' if r < train_world else 'infer'} {r if r < train_world else r - train_world}) {_WORDS[c]}"
+        f"rank {r} ({' '.join(map(str, side_of_global(r, train_world)))}) {_WORDS[c]}"
         for r, c in bad[:8]
     )
     msg = f"refit of step {step} not committed; inference ranks keep their previous weights: {who}"
@@ -113,7 +114,7 @@ def gather_steps(groups: Groups, extra: int, mine: int | None) -> tuple[list[int
 
 def agree(steps: list[int | None], train_world: int) -> tuple[int | None, list[int]]:
     """The inference ranks' common committed step (the lowest) and the ranks ahead of it."""
-    infer = [(r, s) for r, s in enumerate(steps) if r >= train_world]
+    infer = [(r, s) for r, s in enumerate(steps) if not is_trainer(r, train_world)]
     known = [s for _, s in infer if s is not None]
     if not known:
         return None, []

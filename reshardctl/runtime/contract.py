@@ -122,7 +122,6 @@ class RunOptions:
     initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
     full_check: bool = False  # compare every destination box to the weight source before commit
     overlap: bool = True  # pack/gather step k+1 while step k is in flight
-    direct_min_bytes: int = 64 << 10  # contiguous regions at least this big travel zero-copy (own message)
     dump_weights: bool = False  # inference ranks torch.save their current weights at the end
     baseline: bool = False  # after the refits, time raw send/recv (and broadcasts) of the same byte volumes
     faults: str | None = None  # fault drills (drills.py), worker layer only
@@ -189,14 +188,6 @@ def rank_report_from_dict(data: Mapping) -> RankReport:
     return RankReport(**kw)
 
 
-def world_of(plan: ExecutablePlan) -> int:
-    return plan.train_world + plan.infer_world
-
-
-def side_of(global_rank: int, train_world: int) -> tuple[str, int]:
-    return ("train", global_rank) if global_rank < train_world else ("infer", global_rank - train_world)
-
-
 __all__: Sequence[str] = (
     "ExecutablePlan",
     "Holdings",
@@ -205,6 +196,4 @@ __all__: Sequence[str] = (
     "RunOptions",
     "StaticPlan",
     "rank_report_from_dict",
-    "side_of",
-    "world_of",
 )

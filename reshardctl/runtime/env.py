@@ -13,7 +13,13 @@ Conventions, first match wins:
 
 Global ranks: trainers ``0..T-1``, inference ``T..T+I-1``. The master address and port come from
 ``RESHARDCTL_MASTER_*`` or ``MASTER_*`` (the sbatch template exports them).
-``RESHARDCTL_BACKEND=gloo|nccl|auto`` and ``RESHARDCTL_FORCE_CPU=1`` choose the backend.
+``RESHARDCTL_BACKEND=gloo|nccl|auto`` and ``RESHARDCTL_FORCE_CPU=1`` choose the backend; a composite
+backend string (``"cpu:gloo,cuda:nccl"``, what ``dist.get_backend()`` returns for such a group) is
+accepted everywhere and normalised to its data plane (device.py: NCCL when the cuda entry is NCCL).
+
+The CUDA device of an NCCL rank is chosen in ONE place, ``device.cuda_device_index`` (the table in
+device.py: device 0 when the process sees one device, e.g. ``srun --gpus-per-task=1``; the local rank
+when it sees several); ``RankEnv.device`` and ``groups`` both go through it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from reshardctl.errors import LaunchError
+from reshardctl.runtime.device import data_plane_backend, resolve_cuda_device
+from reshardctl.topology import global_of, side_of_global
 
 SIDES = ("train", "infer")
 
@@ -36,18 +44,21 @@ class RankEnv:
     side_rank: int
     master_addr: str
     master_port: int
-    backend: str  # "gloo" | "nccl"
+    backend: str  # "gloo" | "nccl" (a composite "cpu:gloo,cuda:nccl" is normalised to its data plane)
     node_rank: int = 0
     source: str = "explicit"  # which convention it was read from
+    cuda_index: int | None = None  # NCCL: the CUDA device, when already resolved (else resolved on use)
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            object.__setattr__(self, "backend", data_plane_backend(self.backend))
+        except LaunchError as exc:
+            problems.append(exc.message)
         if not 0 <= self.global_rank < self.world_size:
             problems.append(f"rank {self.global_rank} outside world of {self.world_size}")
         if self.side not in SIDES:
             problems.append(f"side {self.side!r} is not one of {SIDES}")
-        if self.backend not in ("gloo", "nccl"):
-            problems.append(f"backend {self.backend!r} is not gloo or nccl")
         if not 0 < self.master_port < 65536:
             problems.append(f"master port {self.master_port} out of range")
         if problems:
@@ -55,7 +66,18 @@ class RankEnv:
 
     @property
     def device(self) -> str:
-        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
+        """``"cpu"`` on gloo; on NCCL ``"cuda:<i>"`` with ``i`` from ``device.cuda_device_index`` (raises
+        ``LaunchError`` when no device index is right, naming the variables)."""
+        if self.backend != "nccl":
+            return "cpu"
+        if self.cuda_index is not None:
+            return f"cuda:{self.cuda_index}"
+        return f"cuda:{resolve_cuda_device(self.local_rank, _LOCAL_VAR.get(self.source)).index}"
+
+
+# where each convention's local rank comes from (named in device-choice errors)
+_LOCAL_VAR = {"reshardctl": "RESHARDCTL_LOCAL_RANK", "torchrun": "LOCAL_RANK", "slurm": "SLURM_LOCALID",
+              "slurm-het": "SLURM_LOCALID", "slurm-split": "SLURM_LOCALID"}
 
 
 def _int(env: Mapping[str, str], key: str) -> int:
@@ -66,14 +88,17 @@ def _int(env: Mapping[str, str], key: str) -> int:
 
 
 def choose_backend(env: Mapping[str, str], cuda_available: Callable[[], bool], force_cpu: bool = False) -> str:
-    want = env.get("RESHARDCTL_BACKEND", "auto").lower()
+    want = env.get("RESHARDCTL_BACKEND", "auto").strip().lower()
     cpu = force_cpu or env.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false")
+    if want != "auto":
+        try:
+            want = data_plane_backend(want)
+        except LaunchError:
+            raise LaunchError(f"RESHARDCTL_BACKEND={want!r}: use gloo, nccl or auto") from None
     if want in ("gloo", "nccl"):
         if want == "nccl" and cpu:
             raise LaunchError("RESHARDCTL_BACKEND=nccl but the CPU is forced (RESHARDCTL_FORCE_CPU / --device cpu)")
         return want
-    if want != "auto":
-        raise LaunchError(f"RESHARDCTL_BACKEND={want!r}: use gloo, nccl or auto")
     return "nccl" if (not cpu and cuda_available()) else "gloo"
 
 
@@ -90,8 +115,11 @@ def read_rank_env(
     *,
     force_cpu: bool = False,
     cuda_available: Callable[[], bool] = _cuda_available,
+    device_count: Callable[[], int] | None = None,
 ) -> RankEnv:
-    """Read this process's rank from the environment, for a plan of ``train_world + infer_world`` ranks."""
+    """Read this process's rank from the environment, for a plan of ``train_world + infer_world`` ranks.
+    On NCCL the CUDA device is resolved now (``device_count``: ``torch.cuda.device_count`` by default),
+    so a wrong binding fails before the rendezvous, with the variables and the arithmetic."""
     env = os.environ if environ is None else environ
     world = train_world + infer_world
     node = 0
@@ -125,7 +153,7 @@ def read_rank_env(
             source = "slurm-split"
             if side_env not in SIDES:
                 raise LaunchError(f"RESHARDCTL_SIDE={side_env!r}: use train or infer")
-            rank = procid if side_env == "train" else train_world + procid
+            rank = global_of(side_env, procid, train_world)
             size = world
             ntasks = _int(env, "SLURM_NTASKS") if "SLURM_NTASKS" in env else None
             expect = train_world if side_env == "train" else infer_world
@@ -155,8 +183,11 @@ def read_rank_env(
         port_i = int(port)
     except ValueError:
         raise LaunchError(f"master port {port!r} is not an integer") from None
-    side = "train" if rank < train_world else "infer"
-    side_rank = rank if side == "train" else rank - train_world
+    side, side_rank = side_of_global(rank, train_world)
+    backend = choose_backend(env, cuda_available, force_cpu)
+    cuda_index = None
+    if backend == "nccl":
+        cuda_index = resolve_cuda_device(local, _LOCAL_VAR.get(source), env, device_count).index
     return RankEnv(
         global_rank=rank,
         world_size=size,
@@ -165,9 +196,10 @@ def read_rank_env(
         side_rank=side_rank,
         master_addr=addr,
         master_port=port_i,
-        backend=choose_backend(env, cuda_available, force_cpu),
+        backend=backend,
         node_rank=node,
         source=source,
+        cuda_index=cuda_index,
     )
 
 
@@ -176,13 +208,13 @@ def make_rank_env(
     *, backend: str = "gloo", local_rank: int | None = None,
 ) -> RankEnv:
     """A RankEnv built directly (the local launcher: one machine, local rank = global rank)."""
-    side = "train" if global_rank < train_world else "infer"
+    side, side_rank = side_of_global(global_rank, train_world)
     return RankEnv(
         global_rank=global_rank,
         world_size=train_world + infer_world,
         local_rank=global_rank if local_rank is None else local_rank,
         side=side,
-        side_rank=global_rank if side == "train" else global_rank - train_world,
+        side_rank=side_rank,
         master_addr=master_addr,
         master_port=master_port,
         backend=backend,

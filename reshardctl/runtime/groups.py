@@ -5,7 +5,7 @@
   ``RunOptions.token``): rank 0 publishes its SHA-256 digest; a process whose token differs (a stale
   rank, another run on the same port) is refused there (``LaunchError``) and never touches the run's
   keys, which live under a prefix derived from the token (``PrefixStore``).
-* The data plane: the default group (gloo on CPU tensors, or NCCL on ``cuda:<local_rank>`` with
+* The data plane: the default group (gloo on CPU tensors, or NCCL on ``RankEnv.device`` (device.py's choice) with
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: a timed-out or failed communicator is aborted, the process is
   not killed, so the rank still reports and votes), plus one sub-group per distinct broadcast group of
   the session's plans, created by ALL ranks in the same (sorted) order since ``new_group`` is collective.
@@ -121,11 +121,11 @@ def broadcast_groups(plan) -> list[tuple[int, ...]]:
 
 
 def _device(env: RankEnv) -> torch.device:
-    if env.backend == "nccl":
-        device = torch.device("cuda", env.local_rank)
+    """The data plane's device: ``RankEnv.device`` (device.py's choice on NCCL, made current here)."""
+    device = torch.device(env.device)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+    return device
 
 
 def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -> Groups:

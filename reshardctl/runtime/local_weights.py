@@ -22,7 +22,7 @@ from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import Box, box_numel, box_shape
 from reshardctl.models.spec import ModelSpec
 from reshardctl.runtime.arena import arena_offsets
-from reshardctl.runtime.weights import torch_dtype
+from reshardctl.runtime.dtypes import torch_dtype
 
 def norm_box(box: Box) -> Box:
     """A scalar's empty box as the one-element box ``((0, 1),)``."""

@@ -22,8 +22,8 @@ from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import Abandoned, Groups
-from reshardctl.runtime.pack import LocalWeights
-from reshardctl.runtime.weights import SyntheticWeights, restep_
+from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.synthetic_weights import SyntheticWeights, restep_
 
 HOST = socket.gethostname()
 
@@ -108,10 +108,23 @@ def common_start(groups: Groups, st: State, train_world: int, step: int, not_rea
             st.committed_step, st.previous_valid = low, False
 
 
-def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: RunOptions, events: EventLog,
-               step: int, not_ready: str | None = None, drills=None) -> IterationReport:
+@dataclasses.dataclass(frozen=True)
+class RefitContext:
+    """What stays the same across one rank's refits of one plan: the plan, the rank's process groups, its
+    executor, the run options, its event log and (worker only) the fault drills."""
+
+    plan: object
+    groups: Groups
+    executor: Executor
+    options: RunOptions
+    events: EventLog
+    drills: object | None = None
+
+
+def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
     """One refit of this rank. Raises ``VerificationError``/``TransferError`` (with ``.record``) unless
     every rank voted OK and this rank learned that every rank knows it; then this rank committed."""
+    plan, groups, ex, options, events, drills = ctx.plan, ctx.groups, ctx.executor, ctx.options, ctx.events, ctx.drills
     env = groups.env
     phase = "start"
     try:
@@ -127,7 +140,6 @@ def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: R
     local_error: BaseException | None = None
     stats = None
     if st.staged is not None:
-        st.staged.reset_coverage()
         st.previous_valid = False  # bytes of this refit may land in the staged copy from now on
     try:
         stats = ex.run(step, st.src, st.staged)
@@ -150,8 +162,7 @@ def refit_once(plan, groups: Groups, ex: Executor, st: State, source, options: R
         try:
             ex.exchange_checksums()
             problems = ex.checksum_failures()
-            if st.staged is not None:
-                problems += st.staged.coverage_problems()
+            if st.staged is not None:  # coverage (every element written once) is the program's, checked once
                 if options.full_check and not problems:
                     tf = time.perf_counter()
                     with events.phase("verify/full", step=step):
