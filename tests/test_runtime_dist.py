@@ -64,7 +64,7 @@ def test_p2p_uneven_boxes_byte_exact_over_three_refits(tmp_path):
     assert {"rendezvous", "group_init", "materialise", "round/transfer", "round/unpack", "verify",
             "verify/full", "commit"} <= phases
     assert "round/pack" in {e["phase"] for e in read_events(tmp_path / "events" / "rank-0.jsonl")}
-    assert all(r.peak_staging_bytes > 0 for r in reports)
+    assert any(r.peak_staging_bytes > 0 for r in reports)  # rows_cols: column slices go through staging
 
 
 def test_stage2_relay_round(tmp_path):

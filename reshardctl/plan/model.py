@@ -83,10 +83,18 @@ class Plan:
         return _holdings(self.model, self.infer, infer_rank)
 
     def boxes_of(self, rank: int, tensor: int) -> tuple[Box, ...]:
-        """The boxes of one tensor a global rank holds (a peer's holding, looked up tensor by tensor)."""
+        """The boxes of one tensor a global rank holds (a peer's holding, looked up tensor by tensor;
+        cached per placement class and rank, so a rank's program pays per class, not per tensor)."""
         T = self.train_world
         side, r = (self.train, rank) if rank < T else (self.infer, rank - T)
-        return side.placement(tensor).holding(r)
+        classes, reps = side.placement_classes()
+        c = int(classes[tensor])
+        cache = self.__dict__.setdefault("_boxes_of", {})
+        key = (rank, c, side.side)
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = reps[c].holding(r)
+        return got
 
     def broadcast_groups(self) -> list[tuple[int, ...]]:
         """Every distinct broadcast group (sorted members), in a fixed order: every rank creates the

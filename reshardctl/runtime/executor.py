@@ -47,7 +47,7 @@ from reshardctl.runtime.checksum_exchange import ChecksumExchange
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
-from reshardctl.runtime.program import BucketOps, Link, RankProgram, RoundOps, compile_program
+from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.wire import align8, place
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -84,17 +84,17 @@ class _Pending:
     bucket: tuple | None = None  # (BucketOps, buffer) for a member receiving the broadcast
 
 
-def arena_place(local, link: Link) -> int | None:
-    """The arena offset at which ``link``'s regions lie back to back in ``local``, else None."""
+def arena_place(local, m: Message) -> int | None:
+    """The arena offset at which message ``m``'s regions lie back to back in ``local``, else None."""
     if getattr(local, "arena", None) is None:
         return None
-    return place(local.model, local.boxes, local.box_offset, link.regions, link.offsets)
+    return place(local.model, local.boxes, local.box_offset, m.regions, m.offsets)
 
 
-def describe(model, link: Link, limit: int = 3) -> str:
-    names = [f"{model.tensors[r.tensor].name} {list(r.box)}" for r in link.regions[:limit]]
-    more = len(link.regions) - limit
-    return f"{link.nbytes} B in {len(link.regions)} regions (" + ", ".join(names) + (f", and {more} more" if more > 0 else "") + ")"
+def describe(model, m: Message, limit: int = 3) -> str:
+    names = [f"{model.tensors[r.tensor].name} {list(r.box)}" for r in m.regions[:limit]]
+    more = len(m.regions) - limit
+    return f"{m.nbytes} B in {len(m.regions)} regions (" + ", ".join(names) + (f", and {more} more" if more > 0 else "") + ")"
 
 
 class Executor:
@@ -138,14 +138,14 @@ class Executor:
             self.stream.synchronize()
 
     # ---- messages ----------------------------------------------------------------------------------
-    def _place(self, link: Link, local) -> int | None:
+    def _place(self, m: Message, local) -> int | None:
         layout = getattr(local, "box_offset", None)
         if layout is None or getattr(local, "arena", None) is None:
             return None
-        key = (id(link), id(layout))
+        key = (id(m), id(layout))
         got = self._places.get(key, _UNSET)
         if got is _UNSET:
-            got = self._places[key] = arena_place(local, link)
+            got = self._places[key] = arena_place(local, m)
             if not self._layouts or self._layouts[-1] is not layout:
                 self._layouts.append(layout)
         return got
@@ -163,61 +163,67 @@ class Executor:
         return block, offs
 
     def _post_sends(self, links, local, tag: int, p: _Pending, stats: ExecStats) -> list:
-        """Ops sending every link (zero copy from the arena where it can), and their checksums booked."""
-        places = [self._place(x, local) for x in links]
-        block, offs = self._block([x.nbytes for x, at in zip(links, places) if at is None], p)
+        """Ops sending every message of ``links`` (zero copy from the arena where it can), checksums booked."""
+        msgs = [(x.peer, m) for x in links for m in x.messages]
+        places = [self._place(m, local) for _, m in msgs]
+        block, offs = self._block([m.nbytes for (_, m), at in zip(msgs, places) if at is None], p)
         ops, k = [], 0
-        for x, at in zip(links, places):
+        for (peer, m), at in zip(msgs, places):
             if at is not None:
-                v = local.arena[at : at + x.nbytes]
-                self.sums.sent(x.peer, buf=local.arena, off=at, n=x.nbytes)
+                v = local.arena[at : at + m.nbytes]
+                self.sums.sent(peer, buf=local.arena, off=at, n=m.nbytes)
                 stats.zero_copy_messages += 1
             else:
                 o = offs[k]
                 k += 1
-                v = block[o : o + x.nbytes]
-                for r, ro in zip(x.regions, x.offsets):
+                v = block[o : o + m.nbytes]
+                for r, ro in zip(m.regions, m.offsets):
                     local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
-                self.sums.sent(x.peer, buf=block, off=o, n=x.nbytes)
-            ops.append(dist.P2POp(dist.isend, v, x.peer, tag=tag, group=self.groups.data))
-            p.wire += x.nbytes
-            stats.bytes_sent += x.nbytes
+                self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
+            ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
+            p.wire += m.nbytes
+            stats.bytes_sent += m.nbytes
             stats.messages += 1
         if block is not None:
             self.sums.settle(block)  # summed while the transfer is in flight
         return ops
 
     def _post_recvs(self, links, target, tag: int, p: _Pending, stats: ExecStats, places=None) -> list:
-        places = places if places is not None else [self._place(x, target) for x in links]
-        block, offs = self._block([x.nbytes for x, at in zip(links, places) if at is None], p)
+        msgs = [(x.peer, m) for x in links for m in x.messages]
+        if places is None:
+            places = [self._place(m, target) for _, m in msgs]
+        else:
+            places = [at for per_link in places for at in per_link]
+        block, offs = self._block([m.nbytes for (_, m), at in zip(msgs, places) if at is None], p)
         ops, k = [], 0
-        for x, at in zip(links, places):
+        for (peer, m), at in zip(msgs, places):
             if at is not None:
-                v, blk = target.arena[at : at + x.nbytes], None
+                v, blk, off = target.arena[at : at + m.nbytes], None, at
                 stats.zero_copy_messages += 1
             else:
-                v, blk = block[offs[k] : offs[k] + x.nbytes], block
+                off = offs[k]
+                v, blk = block[off : off + m.nbytes], block
                 k += 1
-            p.recvs.append((x, v, blk, at if at is not None else offs[k - 1]))
-            ops.append(dist.P2POp(dist.irecv, v, x.peer, tag=tag, group=self.groups.data))
-            p.wire += x.nbytes
+            p.recvs.append((peer, m, v, blk, off))
+            ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag, group=self.groups.data))
+            p.wire += m.nbytes
             stats.messages += 1
         return ops
 
     def _land(self, p: _Pending, target, label: str, stats: ExecStats) -> None:
         """Copy what arrived through staging into place, read it back (the copy is covered too), and
         book every message's checksum where its bytes finally lie; then sum each staging block once."""
-        for n, (x, v, blk, off) in enumerate(p.recvs):
-            if n == 0 and self.tap is not None and x.nbytes:
-                self.tap(self.step_no, v, x.nbytes)
+        for n, (peer, m, v, blk, off) in enumerate(p.recvs):
+            if n == 0 and self.tap is not None and m.nbytes:
+                self.tap(self.step_no, v, m.nbytes)
             if blk is not None:
-                for r, ro in zip(x.regions, x.offsets):
+                for r, ro in zip(m.regions, m.offsets):
                     seg = v[ro : ro + r.nbytes]
                     target.write_from(r.tensor, r.box, seg)
                     target.read_into(r.tensor, r.box, seg)
-            self.sums.received(x.peer, lambda x=x: f"{label} from rank {x.peer}: {describe(self.model, x)}",
-                               buf=blk if blk is not None else target.arena, off=off, n=x.nbytes)
-            stats.bytes_received += x.nbytes
+            self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
+                               buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
+            stats.bytes_received += m.nbytes
         for blk in p.blocks:
             self.sums.settle(blk)
 
@@ -303,9 +309,9 @@ class Executor:
             self._wait_recorded(p, "round/transfer", round=p.index)
             if p.recvs:
                 with self.events.phase("round/unpack", round=p.index, step=self.step_no,
-                                       bytes=sum(x.nbytes for x, *_ in p.recvs),
-                                       zero_copy_bytes=sum(x.nbytes for x, _, blk, _ in p.recvs if blk is None),
-                                       peers=[x.peer for x, *_ in p.recvs]), self._side():
+                                       bytes=sum(m.nbytes for _, m, *_ in p.recvs),
+                                       zero_copy_bytes=sum(m.nbytes for _, m, _, blk, _ in p.recvs if blk is None),
+                                       peers=sorted({peer for peer, *_ in p.recvs})), self._side():
                     self._land(p, self.staged, f"round {p.index}", stats)
             self._release(p)
         else:
@@ -327,7 +333,8 @@ class Executor:
                     self._side():
                 zc0 = stats.zero_copy_messages
                 ops += self._post_sends(r.sends, local, tag, p, stats)
-                ph["zero_copy_bytes"] = sum(x.nbytes for x in r.sends if self._place(x, local) is not None)
+                ph["zero_copy_bytes"] = sum(m.nbytes for x in r.sends for m in x.messages
+                                            if self._place(m, local) is not None)
                 ph["zero_copy_messages"] = stats.zero_copy_messages - zc0
         ops += self._post_recvs(r.recvs, self.staged, tag, p, stats)
         self._before_post()

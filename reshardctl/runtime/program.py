@@ -24,17 +24,32 @@ from reshardctl.layout.placement import Box, box_numel, full_box
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Region
 from reshardctl.runtime.bucket_format import bucket_layout
 from reshardctl.runtime.local_weights import norm_box
-from reshardctl.runtime.wire import Layout, first_box, link_offsets, place
+from reshardctl.runtime.wire import Layout, first_box, link_offsets, place, split_link
+
+
+@dataclass(frozen=True)
+class Message:
+    """Regions back to back at ``offsets`` (``nbytes`` in all)."""
+
+    regions: tuple[Region, ...]
+    offsets: tuple[int, ...]
+    nbytes: int
 
 
 @dataclass(frozen=True)
 class Link:
-    """This rank's message with one peer in one step: ``regions`` back to back at ``offsets``."""
+    """This rank's messages with one peer in one step (at most four, wire.py)."""
 
     peer: int
-    regions: tuple[Region, ...]
-    offsets: tuple[int, ...]
-    nbytes: int
+    messages: tuple[Message, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.messages)
+
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        return tuple(r for m in self.messages for r in m.regions)
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ class BucketOps:
     sends: tuple[Link, ...]  # a non-root trainer's pieces to the root
     recvs: tuple[Link, ...]  # at the root: the other trainers' pieces
     own: tuple[Region, ...]  # at the root: its own pieces, copied locally
-    recv_at: tuple[int | None, ...]  # at the root: where each received link lies in the bucket (None: staged)
+    recv_at: tuple[tuple[int | None, ...], ...]  # at the root: where each received message lies in the bucket
     held: tuple[tuple[int, int, tuple[Box, ...]], ...]  # an inference member: (position, tensor, its boxes)
     member: bool  # receives the broadcast (in the group, not the root)
 
@@ -95,13 +110,19 @@ def compile_program(plan, rank: int) -> RankProgram:
             if k is not None:
                 order.setdefault((r.tensor, k), None)
 
-    def link(peer: int, regions: tuple[Region, ...], sending: bool) -> Link:
-        offsets, n = link_offsets(model, regions)
-        counts["p2p_messages"] += 1
+    def link(peer: int, regions: tuple[Region, ...], sending: bool, into=None) -> Link:
+        sender, receiver = (rank, peer) if sending else (peer, rank)
+        src_boxes = lambda t: plan.boxes_of(sender, t)  # noqa: E731
+        dst_boxes = into if into is not None else (lambda t: plan.boxes_of(receiver, t))
+        msgs = []
+        for group in split_link(model, regions, src_boxes, dst_boxes):
+            offsets, n = link_offsets(model, group)
+            msgs.append(Message(group, offsets, n))
+        counts["p2p_messages"] += len(msgs)
         counts["regions"] += len(regions)
         book = out_messages if sending else in_messages
-        book[peer] = book.get(peer, 0) + 1
-        return Link(peer, regions, offsets, n)
+        book[peer] = book.get(peer, 0) + len(msgs)
+        return Link(peer, tuple(msgs))
 
     steps: list[RoundOps | BucketOps] = []
     try:
@@ -143,14 +164,15 @@ def _bucket_ops(plan, b: BroadcastBucket, rank: int, link, counts, written, use)
     recv_at: tuple = ()
     if rank == b.root:
         _check_bucket_cover(model, b)
-        recvs = tuple(link(g.peer, g.regions, False) for g in b.gather if g.peer != rank)
         full = {t: (full_box(model.tensors[t].shape),) for t in b.tensors}
+        recvs = tuple(link(g.peer, g.regions, False, full.__getitem__) for g in b.gather if g.peer != rank)
         starts = {(t, 0): lay.offsets[k] for k, t in enumerate(b.tensors)}
-        recv_at = tuple(place(model, full, starts, x.regions, x.offsets) for x in recvs)
+        recv_at = tuple(tuple(place(model, full, starts, m.regions, m.offsets) for m in x.messages) for x in recvs)
         own = tuple(r for g in b.gather if g.peer == rank for r in g.regions)
         use(own)
     else:
-        sends = tuple(link(b.root, g.regions, True) for g in b.gather if g.peer == rank)
+        full = {t: (full_box(model.tensors[t].shape),) for t in b.tensors}
+        sends = tuple(link(b.root, g.regions, True, full.__getitem__) for g in b.gather if g.peer == rank)
         for x in sends:
             use(x.regions)
     member = rank in b.group and rank != b.root

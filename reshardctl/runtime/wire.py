@@ -1,18 +1,21 @@
-"""How one (sender -> receiver) list of regions travels: one message, its layout from the plan alone.
+"""How one (sender -> receiver) list of regions travels: at most four messages, from the plan alone.
 
-Every link (the regions one rank sends another in one step) is ONE message: the regions back to back,
-in plan order, row-major inside each box. Both ends know its size from the plan without talking (gloo
-aborts the process on a size mismatch, NCCL hangs). Each end decides alone how the bytes meet its
-memory: where the link's regions are one contiguous range of its arena (``arena.py`` orders a rank's
-boxes as its program first uses them, so they usually are), the message is sent from / received into
-that range directly (zero copy); otherwise it goes through a staging buffer, copied region by region.
-Messages (and checksums, one per message) therefore grow with peers and steps, not with tensors.
+A link (the regions one rank sends another in one step) is split by where each region is one
+contiguous byte range of a box: on both sides, on the sender only, on the receiver only, on neither
+(``split_link``); each non-empty class is ONE message, its regions back to back in plan order,
+row-major inside each box. Both ends compute the split from the plan and both sides' holdings
+(looked up tensor by tensor), so every message size agrees without talking (gloo aborts the process
+on a size mismatch, NCCL hangs). Each end then decides alone how a message meets its memory: where
+its regions lie back to back in its arena (``arena.py`` orders a rank's boxes as its program first
+uses them, message by message, so whole boxes usually do), it is sent from / received into that range
+directly (zero copy); otherwise it goes through a staging block, copied region by region. Messages
+(and checksums, one per message) grow with peers and steps, not with tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from reshardctl.errors import TransferError
 from reshardctl.layout.placement import Box, box_numel
@@ -84,6 +87,19 @@ def contiguous_span(boxes: Sequence[Box], box: Box, itemsize: int) -> tuple[int,
             off = off * shape[j] + (a - lbn[j][0])
         return k, off * itemsize
     return None
+
+
+def split_link(model: ModelSpec, regions: Sequence[Region], src_boxes: Callable[[int], Sequence[Box]],
+               dst_boxes: Callable[[int], Sequence[Box]]) -> list[tuple[Region, ...]]:
+    """The link's messages: its regions by class (contiguous in a box on both sides, sender only,
+    receiver only, neither), plan order kept inside a class; empty classes dropped."""
+    classes: list[list[Region]] = [[], [], [], []]
+    for r in regions:
+        isz = model.tensors[r.tensor].itemsize
+        a = contiguous_span(src_boxes(r.tensor), r.box, isz) is not None
+        b = contiguous_span(dst_boxes(r.tensor), r.box, isz) is not None
+        classes[(0 if b else 1) if a else (2 if b else 3)].append(r)
+    return [tuple(c) for c in classes if c]
 
 
 def first_box(boxes: Sequence[Box], box: Box) -> int | None:

@@ -54,7 +54,7 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
             {
                 "step": st.committed_step,
                 "holdings": dict(st.current.boxes),
-                "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
+                "tensors": {i: [t.to("cpu", copy=True) for t in ts] for i, ts in st.current.data.items()},
             },
             tmp,
         )
