@@ -44,6 +44,7 @@ from reshardctl.runtime.bucket_format import (
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.checksum_exchange import ChecksumExchange
+from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
@@ -82,6 +83,7 @@ class _Pending:
     recvs: list = field(default_factory=list)  # (Link, view, staging block or None)
     blocks: list[torch.Tensor] = field(default_factory=list)  # pool blocks to release
     bucket: tuple | None = None  # (BucketOps, buffer) for a member receiving the broadcast
+    span: object = None  # CUDA: the transfer's device-time span (cuda_timing.Span)
 
 
 def arena_place(local, m: Message) -> int | None:
@@ -116,12 +118,20 @@ class Executor:
         self.device = groups.device
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.timings = PhaseTimings(self.device) if self.cuda else None  # device time of GPU phases
         self.sums = ChecksumExchange(self.rank, groups, self.program.out_messages, self.program.in_messages)
         self._places: dict[tuple[int, int], int | None] = {}
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
     # ---- CUDA stream discipline (no-ops on CPU) --------------------------------------------------
+    def _phase(self, name: str, **fields):
+        """A phase event: host time on CPU; on CUDA the side stream's device time (cuda_timing.py),
+        written when the verify phase has synchronised anyway."""
+        if self.timings is not None:
+            return self.timings.phase(name, stream=self.stream, **fields)
+        return self.events.phase(name, **fields)
+
     def _side(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
 
@@ -254,6 +264,12 @@ class Executor:
             raise err from exc
         self._after_wait()
 
+    def _mark_posted(self, p: _Pending, phase: str, **fields) -> None:
+        p.posted_unix, p.posted_at = time.time(), time.perf_counter()
+        if self.timings is not None:
+            p.span = self.timings.begin(phase, stream=torch.cuda.current_stream(self.device), bytes=p.wire,
+                                        peers=p.peers, step=self.step_no, **fields)
+
     def _wait_recorded(self, p: _Pending, phase: str, **fields) -> None:
         """Wait for a posted step; one event spanning post to completion, failed or not."""
         err = None
@@ -263,8 +279,11 @@ class Executor:
             err = exc
             raise
         finally:
-            self.events.record(phase, p.posted_unix, time.perf_counter() - p.posted_at, error=err,
-                               bytes=p.wire, peers=p.peers, step=self.step_no, **fields)
+            if p.span is not None and err is None:  # CUDA: device time from post to the transfer's end
+                self.timings.end(p.span)
+            else:
+                self.events.record(phase, p.posted_unix, time.perf_counter() - p.posted_at, error=err,
+                                   bytes=p.wire, peers=p.peers, step=self.step_no, **fields)
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self, step_no: int, src: LocalWeights | None, staged: LocalWeights | None) -> ExecStats:
@@ -297,6 +316,8 @@ class Executor:
 
     def checksum_failures(self, limit: int = 20) -> list[str]:
         self._settle()
+        if self.timings is not None:
+            self.timings.flush(self.events, wait=True)
         return self.sums.failures(limit)
 
     def _start(self, s, stats: ExecStats) -> _Pending:
@@ -308,7 +329,7 @@ class Executor:
         if p.kind == "round":
             self._wait_recorded(p, "round/transfer", round=p.index)
             if p.recvs:
-                with self.events.phase("round/unpack", round=p.index, step=self.step_no,
+                with self._phase("round/unpack", round=p.index, step=self.step_no,
                                        bytes=sum(m.nbytes for _, m, *_ in p.recvs),
                                        zero_copy_bytes=sum(m.nbytes for _, m, _, blk, _ in p.recvs if blk is None),
                                        peers=sorted({peer for peer, *_ in p.recvs})), self._side():
@@ -328,7 +349,7 @@ class Executor:
             raise TransferError(f"rank {self.rank} receives in round {r.index} but has no staged weights")
         ops = []
         if r.sends:
-            with self.events.phase("round/pack", round=r.index, stage=r.stage, step=self.step_no,
+            with self._phase("round/pack", round=r.index, stage=r.stage, step=self.step_no,
                                    bytes=sum(x.nbytes for x in r.sends), peers=[x.peer for x in r.sends]) as ph, \
                     self._side():
                 zc0 = stats.zero_copy_messages
@@ -338,7 +359,7 @@ class Executor:
                 ph["zero_copy_messages"] = stats.zero_copy_messages - zc0
         ops += self._post_recvs(r.recvs, self.staged, tag, p, stats)
         self._before_post()
-        p.posted_unix, p.posted_at = time.time(), time.perf_counter()
+        self._mark_posted(p, "round/transfer", round=r.index)
         p.works = self._post(ops, f"round {r.index}")
         stats.wire_bytes += p.wire
         return p
@@ -353,7 +374,7 @@ class Executor:
         else:
             if bo.sends:  # a trainer sending its pieces to the root (straight from its arena where it can)
                 gp = _Pending("gather", b.index, [b.root])
-                with self.events.phase("bucket/gather", bucket=b.index, step=self.step_no, peers=[b.root],
+                with self._phase("bucket/gather", bucket=b.index, step=self.step_no, peers=[b.root],
                                        bytes=sum(x.nbytes for x in bo.sends)), self._side():
                     ops = self._post_sends(bo.sends, self.src, tag, gp, stats)
                     self._before_post()
@@ -372,9 +393,11 @@ class Executor:
                 view = buf[: bo.layout.size]
                 p.bucket = (bo, view)
                 p.wire += bo.layout.size
+                self._mark_posted(p, "bucket/broadcast", bucket=b.index)
                 p.works.append(self._post_broadcast(bo, view))
         stats.wire_bytes += p.wire
-        p.posted_unix, p.posted_at = time.time(), time.perf_counter()
+        if not p.posted_at:
+            self._mark_posted(p, "bucket/broadcast", bucket=b.index)
         return p
 
     def _post_broadcast(self, bo: BucketOps, buf: torch.Tensor):
@@ -388,7 +411,7 @@ class Executor:
         """Pieces land straight in the bucket where they lie back to back there; only the others go
         through a staging block, released once copied: the root's extra memory is the bucket plus those."""
         b, lay = bo.bucket, bo.layout
-        with self.events.phase("bucket/gather", bucket=b.index, step=self.step_no, bytes=b.nbytes,
+        with self._phase("bucket/gather", bucket=b.index, step=self.step_no, bytes=b.nbytes,
                                peers=[x.peer for x in bo.recvs]):
             block = self.pool.acquire(lay.size)
             p.blocks.append(block)
@@ -414,6 +437,7 @@ class Executor:
         self._before_post()
         p.wire += lay.size
         stats.bytes_sent += lay.payload
+        self._mark_posted(p, "bucket/broadcast", bucket=b.index)
         p.works.append(self._post_broadcast(bo, bucket))
 
     def _finish_bucket(self, p: _Pending, stats: ExecStats) -> None:
@@ -421,7 +445,7 @@ class Executor:
         if p.bucket is not None and self.is_infer:
             bo, buf = p.bucket
             b, lay = bo.bucket, bo.layout
-            with self.events.phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
+            with self._phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
                 if self.tap is not None and lay.payload:
                     self.tap(self.step_no, buf, lay.offsets[0] + lay.sizes[0])
                 if bo.held:
