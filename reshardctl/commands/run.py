@@ -236,30 +236,24 @@ def render(summary: dict) -> None:
         con.print(f"slurm ({sl.get('mode')}): job(s) {ids}: {states or 'no final state'}"
                   + (f"; {times}" if times else ""), markup=False, highlight=False)
     con.print(f"run directory: {summary['run_dir']}", markup=False, highlight=False)
-    if summary.get("interrupted"):
-        con.print("interrupted: the ranks were stopped", markup=False)
-    root = summary.get("root_cause")
-    if root:
-        where = ", ".join(str(x) for x in (f"{root.get('side')} {root.get('side_rank')}", root.get("host"),
-                          root.get("phase") and f"phase {root['phase']}", root.get("step") and f"step {root['step']}")
-                          if x)
-        con.print(f"root cause: rank {root['rank']} ({where}): {root['error']}: {root['message']}", markup=False)
-        n = summary.get("knock_on_failures", 0)
-        if n:
-            det = summary.get("detection_s")
-            con.print(f"then {n} knock-on failure(s) on the other ranks"
-                      + (f", the last detected {det:.2f} s after the fault (timeout {summary['timeout_s']:g} s)"
-                         if det is not None else ""), markup=False)
-        return
-    if summary.get("ok") and not summary.get("slurm"):
-        con.print(NEXT_STEPS, markup=False, highlight=False)
+    # a failed run: its error (the root cause once, the knock-on failures summarised) goes to stderr
+    # alone (show_summary raises it); stdout keeps the measurements, here how fast the fault was seen
+    det = summary.get("detection_s")
+    if summary.get("root_cause") and det is not None and summary.get("knock_on_failures"):
+        n = summary["knock_on_failures"]
+        con.print(f"detection: {'the other rank' if n == 1 else f'all {n} other ranks'} stopped within {det:.2f} s "
+                  f"of the fault (timeout {summary['timeout_s']:g} s)", markup=False, highlight=False)
     for name, s in trs.items():
-        for f in s["failures"][:5]:
-            con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
-                      markup=False)
-        for a in s.get("attempts", [])[:10]:
+        if summary.get("ok"):  # failures a retry got past (a failed run's own are its error, on stderr)
+            for f in s["failures"][:5]:
+                con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
+                          markup=False)
+        # the attempts, when there was more than one to tell apart (one failed attempt is the error itself)
+        for a in (s.get("attempts") or [])[:10] if len(s.get("attempts") or []) > 1 else []:
             con.print(f"{name}: step {a['step']} attempt {a['attempt']} ({a['transport']}): {a['outcome']}",
                       markup=False)
+    if summary.get("ok") and not summary.get("slurm"):
+        con.print(NEXT_STEPS, markup=False, highlight=False)
 
 
 def default_transports(transport: str, *, explicit: bool, launcher: str, drills: bool) -> list[str]:

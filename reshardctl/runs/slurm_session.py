@@ -95,7 +95,7 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
     names = list(ctx["transports"])
     session, lost = slurm.read_reports(run_dir, ctx["world"], names)
     failed = [r for rs in session.values() for r in rs if not r.ok]
-    msg = slurm.failure_message(run, w, lost, failed[:8])
+    msg = slurm.failure_message(run, w, lost, failed)
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
