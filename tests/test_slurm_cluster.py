@@ -112,6 +112,27 @@ def test_two_jobs_refit_meets_through_the_rendezvous_file(cluster, tmp_path, mod
     assert "slurm (two-jobs)" in capsys.readouterr().out
 
 
+def test_default_run_on_slurm_shows_reshard_beside_gather_broadcast(cluster, tmp_path, model, capsys):
+    """`run` without --transport runs the same two transports on Slurm as locally (one allocation, one
+    rendezvous per rank), and says how they compare; the job is named after the run, not `bench`."""
+    out = tmp_path / "default"
+    code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "1", "--out", str(out)])
+    io = capsys.readouterr()
+    assert code == 0, io.err
+    s = _summary(out)
+    assert list(s["transports"]) == ["reshard", "gather_broadcast"] and s["launcher"] == "slurm"
+    assert all(t["verified"] for t in s["transports"].values())
+    assert "reshard was " in io.out and " gather_broadcast (median refit " in io.out and "both verified" in io.out
+    assert any(line.startswith("gather_broadcast") for line in io.out.splitlines())  # its row in the table
+    for f in (out / "events").glob("rank-*.jsonl"):
+        assert sum('"rendezvous"' in line for line in f.read_text().splitlines()) == 1
+    assert "reshardctl-reshard" in (out / "slurm" / "hetjob.sbatch").read_text()
+    # with a drill, the profile's transport only, as locally
+    from reshardctl.commands.run import default_transports
+
+    assert default_transports("reshard", explicit=False, drills=True) == ["reshard"]
+
+
 def test_detached_run_is_listed_then_collected(cluster, tmp_path, model, capsys):
     out = tmp_path / "det"
     code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "1", "--out", str(out),

@@ -65,7 +65,7 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
         raise InputError(f"{flag} is a Slurm launcher option, but the launcher is {launcher!r} "
                          f"(add --launcher slurm, or set launcher: slurm in the site profile)")
     if dry_run:
-        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json)
+        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline)
     where = "Slurm tasks" if launcher == "slurm" else "processes"
     if not as_json and not output.quiet():
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
@@ -128,7 +128,7 @@ def slurm_state_line(states: dict, sides: dict | None = None) -> str:
     return escape("; ".join(parts))
 
 
-def _dry_run(inp, transports, *, out, slurm_mode, as_json):
+def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False):
     """The job scripts and the argv that would submit them, for the run directory that would be used."""
     import sys
     import time
@@ -137,7 +137,7 @@ def _dry_run(inp, transports, *, out, slurm_mode, as_json):
     from reshardctl.launch.slurm_request import build_request
     from reshardctl.runs.rundir import DEFAULT_BASE
 
-    label = "bench" if len(transports) > 1 else transports[0]
+    label = "bench" if baseline else transports[0]  # as the run directory (runs/session.py) is named
     run_dir = Path(out) if out else Path(DEFAULT_BASE) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}"
     req = build_request(inp.site, inp.topology, str(run_dir.absolute()), mode=slurm_mode, label=label,
                         python=sys.executable)
@@ -256,12 +256,13 @@ def render(summary: dict) -> None:
         con.print(NEXT_STEPS, markup=False, highlight=False)
 
 
-def default_transports(transport: str, *, explicit: bool, launcher: str, drills: bool) -> list[str]:
-    """What `run` runs: ``--transport X`` runs X only; without it, a local measurement run (no fault
-    drill, retries or fallback) runs the profile's transport and then a comparison transport on the same
-    processes (gather-and-broadcast, or reshard where the profile's transport is gather-and-broadcast),
-    so the first run shows the speedup. On Slurm, or with drills/retries, the profile's transport only."""
-    if explicit or launcher != "local" or drills:
+def default_transports(transport: str, *, explicit: bool, drills: bool) -> list[str]:
+    """What `run` runs: ``--transport X`` runs X only; without it, a measurement run (no fault drill,
+    retries or fallback) runs the profile's transport and then a comparison transport on the same
+    processes, or the same Slurm allocation (gather-and-broadcast, or reshard where the profile's
+    transport is gather-and-broadcast), so the first run shows the speedup, whatever the launcher.
+    With drills/retries, the profile's transport only (a drill fires once, in the first transport)."""
+    if explicit or drills:
         return [transport]
     return [transport, "reshard" if transport == "gather_broadcast" else "gather_broadcast"]
 
@@ -271,7 +272,7 @@ def run_cmd(
     train: Optional[str] = opt.TRAIN, infer: Optional[str] = opt.INFER,
     train_style: str = opt.TRAIN_STYLE, infer_style: str = opt.INFER_STYLE,
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and locally gather_broadcast beside it for comparison)."),
+    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and gather_broadcast beside it on the same processes or allocation, for comparison)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
@@ -281,14 +282,14 @@ def run_cmd(
 ) -> None:
     """Run the refit for real (processes here, or Slurm jobs): every byte verified.
 
-    Without --transport a local run also runs gather-and-broadcast on the same processes, to compare."""
+    Without --transport it also runs gather-and-broadcast on the same processes (or Slurm allocation), to compare."""
     from reshardctl.site import load_profile
 
     prof = load_profile(site)
     t = transport or prof.refit.transport
     if t not in TRANSPORTS:
         raise InputError(f"--transport {t!r}: expected one of {', '.join(TRANSPORTS)}")
-    transports = default_transports(t, explicit=transport is not None, launcher=launcher or prof.launcher,
+    transports = default_transports(t, explicit=transport is not None,
                                     drills=bool(inject) or retries > 0 or on_failure != "abort")
     _session(transports, site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,

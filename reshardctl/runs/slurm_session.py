@@ -56,7 +56,7 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     from reshardctl.runs.index import record_run
 
     plans, run_dir = pre.plans, pre.run_dir
-    label = "bench" if len(plans) > 1 else next(iter(plans))
+    label = "bench" if pre.options.baseline else next(iter(plans))  # as the run directory is named
     request = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label,
                             python=sys.executable)
     # the run's token travels in the private session file (never on a command line or in the script)
