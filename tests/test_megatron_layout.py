@@ -1,4 +1,5 @@
-"""Megatron-Core trainer layout: layout-rules test vectors, vocab padding, EP/ETP, pipeline, names."""
+"""Megatron-Core trainer layout: test vectors derived from the Megatron-LM functions (docs/layouts.md),
+vocab padding, EP/ETP, pipeline, names."""
 
 from __future__ import annotations
 
