@@ -71,7 +71,7 @@ def test_hostile_profile_refused(capsys, tmp_path, name, text, needle):
     f = tmp_path / name
     f.write_text(text)
     for argv in (["profile", "validate", str(f)], ["plan", "--site", str(f)]):
-        code, out, err = run(capsys, *argv)
+        code, _out, err = run(capsys, *argv)
         assert code == 2 and needle in err and str(f) in err, err
         assert max(len(line) for line in err.splitlines()) < 400  # a 150 KB value is never printed whole
 

@@ -107,7 +107,7 @@ def test_two_jobs_refit_meets_through_the_rendezvous_file(cluster, tmp_path, mod
     ids = s["slurm"]["job_ids"]
     assert set(ids) == {"train", "infer"} and ids["train"] != ids["infer"]
     assert set(s["slurm"]["states"].values()) == {"COMPLETED"}
-    addr, port, trainer_job = (out / "slurm" / "rendezvous").read_text().split()
+    _addr, port, trainer_job = (out / "slurm" / "rendezvous").read_text().split()
     assert trainer_job == ids["train"] and 1400 <= int(port) <= 1999
     assert "slurm (two-jobs)" in capsys.readouterr().out
 
@@ -219,7 +219,7 @@ def test_ctrl_c_cancels_the_jobs_and_says_so(cluster, tmp_path, model):
     try:
         _wait_for(lambda: _committed(out), what="a first commit")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        _stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

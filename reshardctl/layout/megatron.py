@@ -223,7 +223,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
 
     def coords(self, rank: int) -> dict[str, int]:
         """Dense and expert grid coordinates of a rank."""
-        TP, CP, DP, ETP, EP = self.tp, self.cp, self.dp, self.etp, self.ep
+        TP, CP, ETP, EP = self.tp, self.cp, self.etp, self.ep
         p, s = divmod(rank, self.stage_size)
         return {"pp": p, "tp": s % TP, "cp": (s // TP) % CP, "dp": s // (TP * CP),
                 "etp": s % ETP, "ep": (s // ETP) % EP, "edp": s // (ETP * EP)}

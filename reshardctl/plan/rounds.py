@@ -63,13 +63,11 @@ class RoundPacker:
         placed = int(take.sum())
         if placed < count:
             extra = -(-(count - placed) // per_new)
-            start = len(self.load)
             self._grow(extra)
             rest = count - placed
             new_take = np.full(extra, per_new, dtype=np.int64)
             new_take[-1] = rest - per_new * (extra - 1)
             take = np.concatenate([take, new_take])
-            del start
         pos = 0
         for r in np.nonzero(take)[0].tolist():
             k = int(take[r])
