@@ -139,6 +139,8 @@ def _cfg(**kw):
 MODEL_CASES = [
     ("mt", json.dumps({k: v for k, v in {**SMALL, "model_type": ["llama"]}.items() if k != "architectures"}),
      "key 'model_type' must be a string such as 'llama', got a list"),
+    ("mt-arch", _cfg(model_type=["llama"]),  # beside a valid 'architectures' too (it used to be ignored)
+     "key 'model_type' must be a string such as 'llama', got a list"),
     ("fmt", _cfg(quantization_config={"quant_method": "fp8", "fmt": [], "weight_block_size": [128, 128]}),
      "key 'quantization_config.fmt' must be e4m3 or e5m2, got a list"),
     ("digits", _cfg()[:-1] + ', "x": ' + "9" * 5000 + "}", "a number of 5,000 characters"),
