@@ -233,3 +233,21 @@ def test_bench_runs_a_subset_of_transports_and_refuses_unknown_ones(tmp_path, sm
     assert all(s["verified"] for s in summary["transports"].values())
     assert main(["bench", "--model", small, "--transport", "m2n", "-o", str(tmp_path / "never")]) == 2
     assert "'m2n'" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--inject", "kill:rank=99"], "--inject: rank 99 is outside the run's 8 ranks"),
+    (["--out", "NONEMPTY"], "the directory is not empty"),
+])
+def test_a_run_refused_for_its_inputs_prints_the_error_alone(tmp_path, small, capsys, extra, needle):
+    """Refused before any process starts: exit 2, the error alone on stderr (no "what runs" line, no
+    progress line before it), nothing on stdout."""
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old").write_text("x")
+    argv = ["run", "--model", small, *[str(full) if a == "NONEMPTY" else a for a in extra]]
+    assert main(argv) == 2
+    io = capsys.readouterr()
+    assert io.out == "" and io.err.startswith("error: ") and needle in io.err
+    assert "transports" not in io.err and len(io.err.strip().splitlines()) <= 2
+    assert sorted(p.name for p in full.iterdir()) == ["old"]

@@ -67,26 +67,45 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
     if dry_run:
         return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline)
     where = "Slurm tasks" if launcher == "slurm" else "processes"
-    if not as_json and not output.quiet():
+    show = not as_json and not output.quiet()
+    announced: list[bool] = []
+
+    def announce(bar: bool = True) -> None:
+        """What runs, said once the session has passed its checks (the first progress report, or its
+        end): a run refused for its inputs (--out, --inject, memory) prints its error alone."""
+        if announced or not show:
+            return
+        announced.append(True)
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
                     f"({inp.topology.world} {where}), transports {', '.join(transports)}")
         if not inp.site.cpu_only and launcher == "local":
             output.info(f"note: site {inp.site.name} describes GPUs; here every rank is a process on this machine "
                         f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
                         f"this machine's, not the site's; `reshardctl plan` predicts the site")
-    show = not as_json and not output.quiet()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
-        task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
+        if bar:
+            prog.start()
+
+    def progress(done, total, what) -> None:
+        announce()
+        prog.update(task, completed=done, total=total, **({"description": what} if launcher == "local" else {}))
+
+    def on_slurm_state(states, sides) -> None:
+        announce()
+        prog.update(task, description=slurm_state_line(states, sides))
+
+    # started by announce(): an input error before the first report leaves no progress line behind
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True)
+    task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
+    try:
         res = run_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
-                          retries=retries, on_failure=on_failure, timeout_s=timeout_s,
-                          progress=lambda done, total, what: prog.update(task, completed=done, total=total,
-                                                                         **({"description": what}
-                                                                            if launcher == "local" else {})),
-                          launcher=launcher, slurm_mode=slurm_mode, detach=detach,
-                          on_slurm_state=lambda states, sides: prog.update(
-                              task, description=slurm_state_line(states, sides)))
+                          retries=retries, on_failure=on_failure, timeout_s=timeout_s, progress=progress,
+                          launcher=launcher, slurm_mode=slurm_mode, detach=detach, on_slurm_state=on_slurm_state)
+    finally:
+        if announced:
+            prog.stop()
+    announce(bar=False)  # a session that ended (or detached) before its first progress report
     if res.summary is None:  # detached
         run = res.slurm
         info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
