@@ -262,8 +262,11 @@ def test_a_fault_drill_through_slurm_names_the_root_cause(cluster, tmp_path, mod
     code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2", "--timeout-s", "10",
                  "--inject", "kill:rank=3:phase=transfer", "--out", str(out)])
     assert code == 1
-    err = capsys.readouterr().err
+    io = capsys.readouterr()
+    err = io.err
     s = _summary(out)
+    # the root cause once, on stderr; the survivors in one line; stdout the results only
+    assert err.count("root cause") == 1 and "root cause" not in io.out and "3 other ranks stopped because of it: " in err
     assert s["root_cause"]["rank"] == 3 and s["root_cause"]["error"] == "RankLost"
     assert s["knock_on_failures"] == 3 and s["drills"] and s["drills"][0]["rank"] == 3
     assert s["detection_s"] is not None and s["detection_s"] <= 10 + 5
