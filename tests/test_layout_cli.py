@@ -166,3 +166,12 @@ def test_layout_export_train_layout_and_site(capsys, tmp_path):
     code, _, err = run(capsys, "layout", "export", "--side", "train", "--site", "no-such-site", "-o",
                        str(tmp_path / "x.yaml"))
     assert code == 2 and "no-such-site" in err and not (tmp_path / "x.yaml").exists()
+
+
+def test_layout_export_creates_missing_parents_like_plan(capsys, tmp_path):
+    f = tmp_path / "a" / "b" / "t.json"
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "-o", str(f))
+    assert code == 0 and f.is_file(), err
+    (tmp_path / "file").write_text("x")
+    code, out, err = run(capsys, "layout", "export", "--side", "train", "-o", str(tmp_path / "file" / "t.yaml"))
+    assert code == 2 and "cannot write" in err and out == "" and (tmp_path / "file").read_text() == "x"

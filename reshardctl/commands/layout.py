@@ -211,9 +211,10 @@ def export(
     if problems:
         raise LayoutError(problems)
     lay = layouts[side]
-    try:
+    try:  # missing parent directories are created, as for `plan --out` / `--export-transfers`
+        Path(out).absolute().parent.mkdir(parents=True, exist_ok=True)
         path = export_layout_file(lay, out)
     except OSError as e:
         raise OutputError(f"--out {out}: cannot write: {e.strerror or e}",
-                          hint="choose a path in an existing, writable directory") from None
+                          hint="choose a path in a writable directory") from None
     output.info(f"wrote {side} layout {lay.describe()} ({lay.world_size} ranks, {len(m.tensors)} tensors) to {path}")
