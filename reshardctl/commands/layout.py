@@ -187,6 +187,12 @@ def export(
         problems.append(f"--out {out}: expected a .yaml, .yml or .json file name")
     elif Path(out).is_dir():
         problems.append(f"--out {out}: is a directory; give a file name")
+    else:
+        for parent in Path(out).absolute().parents:  # the nearest existing one must be a directory
+            if parent.exists():
+                if not parent.is_dir():
+                    problems.append(f"--out {out}: {parent} is a file, not a directory")
+                break
     for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
         if lf is not None:
             problems.extend(layout_file_problems(lf, flag))
