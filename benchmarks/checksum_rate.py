@@ -101,8 +101,8 @@ def main() -> None:
     print(f"{'case':24s} {'old s':>9s} {'new s':>9s} {'old/new':>8s}")
     for name, offsets, sizes, total in CASES:
         buf = torch.randint(0, 256, (total,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-        new_t, new = best_of(args.repeats, lambda: segment_checksums(buf, offsets, sizes))
-        old_t, old = best_of(args.repeats, lambda: reference(buf, offsets, sizes))
+        new_t, new = best_of(args.repeats, lambda b=buf, o=offsets, s=sizes: segment_checksums(b, o, s))
+        old_t, old = best_of(args.repeats, lambda b=buf, o=offsets, s=sizes: reference(b, o, s))
         if not torch.equal(old, new):
             raise SystemExit(f"{name}: the implementations disagree")
         print(f"{name:24s} {old_t:9.4f} {new_t:9.4f} {old_t / new_t:7.1f}x")

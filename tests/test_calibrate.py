@@ -93,18 +93,18 @@ def test_profile_measured_key(tmp_path, capsys):
 
 
 def test_profile_show_says_when_there_is_no_calibration(capsys):
-    code, out, err = run(capsys, "profile", "show", "local")
+    code, out, _err = run(capsys, "profile", "show", "local")
     assert code == 0 and "measured: none" in out and "datasheet" in out
 
 
 def test_gpu_site_cannot_be_calibrated_from_here(capsys, tmp_path):
     out_file = tmp_path / "c.json"
-    code, out, err = run(capsys, "calibrate", "--site", "dgx-h100", "--out", str(out_file))
+    code, _out, err = run(capsys, "calibrate", "--site", "dgx-h100", "--out", str(out_file))
     assert code == 2 and "dgx-h100" in err and "launcher" in err and not out_file.exists()
 
 
 def test_out_in_missing_directory_is_exit_2(capsys, tmp_path):
-    code, out, err = run(capsys, "calibrate", "--site", "local", "--out", str(tmp_path / "no" / "c.json"))
+    code, _out, err = run(capsys, "calibrate", "--site", "local", "--out", str(tmp_path / "no" / "c.json"))
     assert code == 2 and "does not exist" in err
 
 

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plan_fixtures import SplitLayout, toy_model
+from reshardctl.errors import ProfileError
 from reshardctl.plan.cost import TERMS, Links, _round_terms, lower_bound, predict
 from reshardctl.plan.planner import build_plan
-from reshardctl.plan.stats import DIRECT_MSGS, K, MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_SEND
+from reshardctl.plan.stats import DIRECT_MSGS, K, MSGS, NIC_RECV, NIC_SEND
 from reshardctl.topology import Topology
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -169,5 +170,5 @@ def test_links_from_site_datasheet_and_calibration():
     cal = Links.from_site(local, m)
     assert cal.source.startswith("calibration f.json") and cal.nvlink == 1e9 and cal.host == 1e9
     assert cal.copy_all == 1e9 and cal.cores == 2
-    with pytest.raises(Exception):
+    with pytest.raises(ProfileError, match="format: expected 'reshardctl-calibration/1', got 'x'"):
         parse_measured({**m.__dict__, "format": "x"}, "f.json")

@@ -126,7 +126,8 @@ def test_two_mesh_dims_one_tensor_dim_nests(n, a, b):
 
 @pinned
 def test_strided_noncontiguous_example():
-    # layout-rules §1.4: torch's (shape, first offset) says rows [6, 8); the rank really holds {6, 11}
+    # torch's _compute_local_shape_and_global_offset (shape, first offset) says rows [6, 8); under
+    # _StridedShard the rank really holds {6, 11} (layout/dtensor.py, fsdp2_tp)
     mesh = Mesh.of((3, 2), ("dp", "tp"))
     pl = (StridedShard(0, 2), Shard(0))
     s = local_index_sets((13,), mesh, pl)[mesh.rank_at((2, 0))]

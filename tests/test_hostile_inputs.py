@@ -71,7 +71,7 @@ def test_hostile_profile_refused(capsys, tmp_path, name, text, needle):
     f = tmp_path / name
     f.write_text(text)
     for argv in (["profile", "validate", str(f)], ["plan", "--site", str(f)]):
-        code, out, err = run(capsys, *argv)
+        code, _out, err = run(capsys, *argv)
         assert code == 2 and needle in err and str(f) in err, err
         assert max(len(line) for line in err.splitlines()) < 400  # a 150 KB value is never printed whole
 
@@ -138,6 +138,8 @@ def _cfg(**kw):
 
 MODEL_CASES = [
     ("mt", json.dumps({k: v for k, v in {**SMALL, "model_type": ["llama"]}.items() if k != "architectures"}),
+     "key 'model_type' must be a string such as 'llama', got a list"),
+    ("mt-arch", _cfg(model_type=["llama"]),  # beside a valid 'architectures' too (it used to be ignored)
      "key 'model_type' must be a string such as 'llama', got a list"),
     ("fmt", _cfg(quantization_config={"quant_method": "fp8", "fmt": [], "weight_block_size": [128, 128]}),
      "key 'quantization_config.fmt' must be e4m3 or e5m2, got a list"),

@@ -167,7 +167,7 @@ def test_byte_runs_vectorised_many_runs_fast():
 @settings(max_examples=300, deadline=None)
 @given(box_in_shape(), box_in_shape(), st.integers(1, 70))
 def test_box_helpers(c1, c2, max_elems):
-    shape, a = c1
+    _shape, a = c1
     _, b = c2
     if len(a) == len(b):
         ea, eb = set(_box_elements([a])), set(_box_elements([b]))

@@ -200,9 +200,14 @@ def hostile_config(draw):
     kind = draw(st.sampled_from(["deep", "digits", "nonfinite", "huge", "wrong_type", "model_type", "fmt", "block"]))
     cfg = dict(SMALL)
     if kind == "model_type":
-        cfg.pop("architectures")
-        cfg["model_type"] = draw(st.sampled_from([["llama"], {"a": 1}, 7, True, "", 1.5])) if draw(st.booleans()) \
-            else draw(UNICODE.filter(lambda t: t not in ("llama", "qwen3", "qwen3_moe", "deepseek_v3")))
+        if draw(st.booleans()):  # a value that is not a string: refused even beside 'architectures'
+            if draw(st.booleans()):
+                cfg.pop("architectures")
+            cfg["model_type"] = draw(st.sampled_from([["llama"], {"a": 1}, 7, True, 1.5]))
+        else:  # an unknown name: refused where it decides the architecture
+            cfg.pop("architectures")
+            cfg["model_type"] = draw(st.sampled_from([""]) | UNICODE.filter(
+                lambda t: t not in ("llama", "qwen3", "qwen3_moe", "deepseek_v3")))
         return json.dumps(cfg)
     if kind in ("fmt", "block"):
         q = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}

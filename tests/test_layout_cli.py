@@ -134,3 +134,45 @@ def test_layout_export_errors(capsys, tmp_path):
     assert code == 2 and "--out /proc/x.yaml: cannot write" in err and "Traceback" not in err
     code, _, err = run(capsys, "layout", "export", "--model", "tiny-llama", "--side", "both", "--out", "x.yaml")
     assert code == 2 and "--side 'both'" in err
+
+
+def test_layout_export_train_layout_and_site(capsys, tmp_path):
+    """--train-layout / --infer-layout override the parallel strings and --site checks the allocation,
+    as in `plan`: a file exports to the same placements, an overflowing allocation writes nothing."""
+    t = tmp_path / "t.yaml"
+    assert run(capsys, "layout", "export", "--side", "train", "--train", "tp=2,pp=2", "-o", str(t))[0] == 0
+    t2 = tmp_path / "t2.json"
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "--train-layout", str(t), "--site", "local",
+                       "-o", str(t2))
+    assert code == 0, err
+    m = load_model("tiny-llama")
+    a, b = load_layout_file(t, m, "train"), load_layout_file(t2, m, "train")
+    assert all(dict(a.placement(i).items()) == dict(b.placement(i).items()) for i in range(len(m.tensors)))
+    # --site: the same allocation message as `plan`, and no file
+    i = tmp_path / "i.yaml"
+    code, out, err = run(capsys, "layout", "export", "--side", "infer", "--infer", "tp=2,dp=4", "--train-layout",
+                         str(t), "--site", "local", "-o", str(i))
+    pc, _, perr = run(capsys, "plan", "--infer", "tp=2,dp=4", "--train-layout", str(t), "--site", "local")
+    assert code == pc == 2 and out == "" and not i.exists()
+    assert "allocation: trainer ranks (4) need ceil(4/4) = 1 node(s) and inference ranks (8)" in err and err == perr
+    # without --site the export needs no allocation
+    assert run(capsys, "layout", "export", "--side", "infer", "--infer", "tp=2,dp=4", "-o", str(i))[0] == 0
+    # a directory / a missing file as --train-layout: the same messages as `plan`
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "--train-layout", str(tmp_path), "-o", str(i))
+    assert code == 2 and f"--train-layout {tmp_path}: is a directory" in err
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "--train-layout", str(tmp_path / "no.yaml"),
+                       "-o", str(tmp_path / "x.yaml"))
+    assert code == 2 and "no such file" in err and not (tmp_path / "x.yaml").exists()
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "--site", "no-such-site", "-o",
+                       str(tmp_path / "x.yaml"))
+    assert code == 2 and "no-such-site" in err and not (tmp_path / "x.yaml").exists()
+
+
+def test_layout_export_creates_missing_parents_like_plan(capsys, tmp_path):
+    f = tmp_path / "a" / "b" / "t.json"
+    code, _, err = run(capsys, "layout", "export", "--side", "train", "-o", str(f))
+    assert code == 0 and f.is_file(), err
+    (tmp_path / "file").write_text("x")
+    code, out, err = run(capsys, "layout", "export", "--side", "train", "-o", str(tmp_path / "file" / "t.yaml"))
+    assert code == 2 and f"{tmp_path / 'file'} is a file, not a directory" in err and out == ""
+    assert (tmp_path / "file").read_text() == "x"

@@ -1,4 +1,5 @@
-"""Megatron-Core trainer layout: layout-rules test vectors, vocab padding, EP/ETP, pipeline, names."""
+"""Megatron-Core trainer layout: test vectors derived from the Megatron-LM functions (docs/layouts.md),
+vocab padding, EP/ETP, pipeline, names."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_vocab_padding_qwen3_legacy_divisor(tp, per, last_real):
     for name, pname in (("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
                         ("lm_head.weight", "output_layer.weight")):
         pl = lay.placement(lay.model.index(name))
-        ((rows, cols),) = pl.holding(tp - 1)
+        ((rows, _cols),) = pl.holding(tp - 1)
         assert rows == ((tp - 1) * per, 151936) and rows[1] - rows[0] == last_real
         assert pl.holding(0) == (((0, per), (0, 4096)),)
         (p,) = [p for p in lay.local_params(tp - 1) if p.name == pname]

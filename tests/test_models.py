@@ -1,4 +1,5 @@
-"""Model catalog: exact inventories (layout-rules §6.4), order, roles/kinds, truncate, config errors."""
+"""Model catalog: exact inventories (the models' model.safetensors.index.json / config.json on the HF
+Hub), order, roles/kinds, truncate, config errors."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from reshardctl.models.catalog import preset_config
 from reshardctl.models.spec import KINDS, ROLES
 
 
-# ---- exact counts (layout-rules §6.4) -------------------------------------------------------------
+# ---- exact counts (HF Hub index + config) -----------------------------------------------------------
 def test_llama_31_8b():
     m = load_model("llama-3.1-8b")
     assert m.num_params == 8_030_261_248
@@ -165,7 +166,8 @@ def test_views_match_direct_config():
 
 # ---- truncate -------------------------------------------------------------------------------------
 def _expected(preset: str, n: int) -> tuple[int, int]:
-    """(tensors, params) of the first n layers from layout-rules §6 arithmetic."""
+    """(tensors, params) of the first n layers: per-layer tensor and parameter counts from each model's
+    config.json (shapes as in its HF modeling file), plus embeddings, final norm and lm_head."""
     if preset == "llama-3.1-8b":
         return 9 * n + 3, 218_112_000 * n + 2 * 525_336_576 + 4096
     if preset == "qwen3-235b-a22b":

@@ -158,7 +158,7 @@ def _rewrite_shard_of(index: Path, name: str, change) -> None:
 
 
 def test_shape_disagreement(small):
-    spec, index = small
+    _spec, index = small
     _rewrite_shard_of(index, "model.layers.0.self_attn.k_proj.weight",
                       lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(512, 1024)}))
     with pytest.raises(ModelError, match=r"1 shape\(s\) disagree.*k_proj.weight \[512, 1024\] \(config gives \[256, 1024\]\)"):
@@ -166,7 +166,7 @@ def test_shape_disagreement(small):
 
 
 def test_missing_and_extra_tensors(small):
-    spec, index = small
+    _spec, index = small
     idx = json.loads(index.read_text())
     file = idx["weight_map"].pop("model.layers.0.mlp.up_proj.weight")
     idx["weight_map"]["model.layers.0.mlp.bogus.weight"] = file
@@ -180,7 +180,7 @@ def test_missing_and_extra_tensors(small):
 
 
 def test_index_and_header_disagree(small):
-    spec, index = small
+    _spec, index = small
     idx = json.loads(index.read_text())
     files = sorted(set(idx["weight_map"].values()))
     idx["weight_map"]["model.norm.weight"] = next(f for f in files if f != idx["weight_map"]["model.norm.weight"])
@@ -190,7 +190,7 @@ def test_index_and_header_disagree(small):
 
 
 def test_damaged_files(small):
-    spec, index = small
+    _spec, index = small
     idx = json.loads(index.read_text())
     with pytest.raises(ModelError, match="key 'weight_map'"):
         index.write_text(json.dumps({"metadata": {}}))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from itertools import product
 
 import numpy as np
 import pytest

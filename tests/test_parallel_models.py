@@ -1,4 +1,5 @@
-"""Local ModelSpec builders from the shapes in layout-rules §6 (for the layout tests), and their checks.
+"""Local ModelSpec builders from the HF shapes of each architecture (config.json + its modeling file, as in
+reshardctl/models/architectures.py) for the layout tests, and their checks.
 
 Used by test_megatron*.py / test_vllm*.py / test_parallel*.py; independent of the model catalog.
 """

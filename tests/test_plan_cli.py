@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from reshardctl.plan.serialize import load_plan
 from reshardctl.site import load_profile
 from reshardctl.topology import Topology
 
-from conftest import SMALL_LLAMA as SMALL  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +135,7 @@ def test_out_writes_loadable_plans(capsys, tmp_path):
 def test_bad_layout_writes_nothing(capsys, tmp_path):
     out, exp = tmp_path / "out", tmp_path / "t.jsonl"
     code = main(["plan", "--train", "tp=3", "--out", str(out), "--export-transfers", str(exp)])
-    o, err = capsys.readouterr()
+    _o, err = capsys.readouterr()
     assert code == 2
     assert "Traceback" not in err and "16/3" in err and "tp=3" in err
     assert not out.exists() and not exp.exists()
@@ -146,7 +144,7 @@ def test_bad_layout_writes_nothing(capsys, tmp_path):
     out.mkdir()
     (out / "plan.json").write_text("old")
     code = main(["plan", "--infer", "tp=2,dp=3", "--out", str(out)])
-    o, err = capsys.readouterr()
+    _o, err = capsys.readouterr()
     assert code == 2 and "1 + 2 = 3 nodes" in err
     assert [p.name for p in out.iterdir()] == ["plan.json"] and (out / "plan.json").read_text() == "old"
 

@@ -94,7 +94,7 @@ def test_relay_and_topology_never_add_cross_domain_bytes(s):
 @given(s=scenarios(), transport=st.sampled_from(["reshard", "gather_broadcast", "hybrid"]), relay=st.booleans(),
        data=st.data())
 def test_fingerprint_deterministic_and_sensitive(s, transport, relay, data):
-    model, train, infer, topo, bucket = s
+    model, train, infer, _topo, bucket = s
     a, b = _plan(s, transport, relay), _plan(s, transport, relay)
     assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
     assert _plan(s, transport, relay, bucket=bucket + 1).fingerprint != a.fingerprint

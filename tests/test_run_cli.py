@@ -118,7 +118,9 @@ def test_a_corrupted_refit_fails_and_says_so(tmp_path, small, capsys):
     assert summary["drills"][0]["drill"] == "corrupt rank 3 in phase transfer at step 2"
     io = capsys.readouterr()
     assert "not committed" in io.err and "Traceback" not in io.err
-    assert io.out.index("root cause: rank 3") < io.out.index("then 3 knock-on failure(s)")
+    # the error on stderr only: the root cause, then the 3 other ranks in one line
+    assert io.err.index("root cause: rank 3") < io.err.index("3 other ranks stopped because of it")
+    assert "root cause" not in io.out and "VerificationError" not in io.out
 
 
 def test_a_killed_rank_is_in_the_summary_and_printed_first(tmp_path, small, capsys):
@@ -130,7 +132,36 @@ def test_a_killed_rank_is_in_the_summary_and_printed_first(tmp_path, small, caps
     first = summary["transports"]["reshard"]["failures"][0]
     assert (first["rank"], first["error"], first["root_cause"]) == (2, "RankLost", True)
     assert summary["detection_s"] is not None and summary["detection_s"] <= 5 + 10
-    assert "root cause: rank 2 (infer 0" in capsys.readouterr().out
+    io = capsys.readouterr()
+    assert "root cause: rank 2 (infer 0" in io.err and "root cause" not in io.out
+    assert f"detection: all 3 other ranks stopped within {summary['detection_s']:.2f} s" in io.out
+
+
+def test_a_failed_run_says_its_root_cause_once_on_stderr(tmp_path, small):
+    """Through the real CLI (a process of its own, real stdout and stderr) with a real drill: the root
+    cause once, on stderr; the other ranks summarised in one line, none of their messages repeated; stdout
+    holds the results (table, run directory, detection time) and no error."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "kill"
+    p = subprocess.run([sys.executable, "-m", "reshardctl", "run", "--model", small, "--train", "tp=2,dp=2",
+                        "--infer", "tp=2,dp=2", "--iters", "1", "--timeout-s", "10", "--out", str(out),
+                        "--inject", "kill:rank=5:phase=transfer"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stderr
+    both = p.stdout + p.stderr
+    assert both.count("root cause") == 1 and p.stderr.count("killed by signal 9") == 1
+    assert "root cause: rank 5 (infer 1" in p.stderr and "RankLost" in p.stderr
+    assert "7 other ranks stopped because of it: " in p.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["knock_on_failures"] == 7 and s["error"] in p.stderr  # summary.json says what stderr says
+    # no knock-on message (each one repeats the root cause) on either stream
+    for f in s["transports"]["reshard"]["failures"][1:]:
+        assert f["message"] not in both
+    for word in ("root cause", "RankLost", "TransferError", "Abandoned", "failed:", "signal 9"):
+        assert word not in p.stdout, word
+    assert f"run directory: {out}" in p.stdout and "detection: all 7 other ranks stopped within" in p.stdout
+    assert "Traceback" not in both and len(p.stderr.splitlines()) <= 4
 
 
 def test_retry_with_fallback_from_the_cli(tmp_path, small, capsys):
@@ -202,3 +233,21 @@ def test_bench_runs_a_subset_of_transports_and_refuses_unknown_ones(tmp_path, sm
     assert all(s["verified"] for s in summary["transports"].values())
     assert main(["bench", "--model", small, "--transport", "m2n", "-o", str(tmp_path / "never")]) == 2
     assert "'m2n'" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--inject", "kill:rank=99"], "--inject: rank 99 is outside the run's 8 ranks"),
+    (["--out", "NONEMPTY"], "the directory is not empty"),
+])
+def test_a_run_refused_for_its_inputs_prints_the_error_alone(tmp_path, small, capsys, extra, needle):
+    """Refused before any process starts: exit 2, the error alone on stderr (no "what runs" line, no
+    progress line before it), nothing on stdout."""
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old").write_text("x")
+    argv = ["run", "--model", small, *[str(full) if a == "NONEMPTY" else a for a in extra]]
+    assert main(argv) == 2
+    io = capsys.readouterr()
+    assert io.out == "" and io.err.startswith("error: ") and needle in io.err
+    assert "transports" not in io.err and len(io.err.strip().splitlines()) <= 2
+    assert sorted(p.name for p in full.iterdir()) == ["old"]

@@ -212,7 +212,7 @@ def test_contiguous_span_matches_the_row_major_offset():
     assert contiguous_span(t3, ((1, 3), (1, 3), (0, 2)), 1) is None
     # the span is exactly the bytes of the box (cross-check against torch indexing)
     full = torch.arange(4 * 6, dtype=torch.int16).view(4, 6)
-    k, off = contiguous_span((((0, 4), (0, 6)),), ((2, 3), (1, 5)), 2)
+    _k, off = contiguous_span((((0, 4), (0, 6)),), ((2, 3), (1, 5)), 2)
     assert torch.equal(u8(full).reshape(-1)[off : off + 8], u8(full[2:3, 1:5].contiguous()).reshape(-1))
 
 

@@ -107,9 +107,30 @@ def test_two_jobs_refit_meets_through_the_rendezvous_file(cluster, tmp_path, mod
     ids = s["slurm"]["job_ids"]
     assert set(ids) == {"train", "infer"} and ids["train"] != ids["infer"]
     assert set(s["slurm"]["states"].values()) == {"COMPLETED"}
-    addr, port, trainer_job = (out / "slurm" / "rendezvous").read_text().split()
+    _addr, port, trainer_job = (out / "slurm" / "rendezvous").read_text().split()
     assert trainer_job == ids["train"] and 1400 <= int(port) <= 1999
     assert "slurm (two-jobs)" in capsys.readouterr().out
+
+
+def test_default_run_on_slurm_shows_reshard_beside_gather_broadcast(cluster, tmp_path, model, capsys):
+    """`run` without --transport runs the same two transports on Slurm as locally (one allocation, one
+    rendezvous per rank), and says how they compare; the job is named after the run, not `bench`."""
+    out = tmp_path / "default"
+    code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "1", "--out", str(out)])
+    io = capsys.readouterr()
+    assert code == 0, io.err
+    s = _summary(out)
+    assert list(s["transports"]) == ["reshard", "gather_broadcast"] and s["launcher"] == "slurm"
+    assert all(t["verified"] for t in s["transports"].values())
+    assert "reshard was " in io.out and " gather_broadcast (median refit " in io.out and "both verified" in io.out
+    assert any(line.startswith("gather_broadcast") for line in io.out.splitlines())  # its row in the table
+    for f in (out / "events").glob("rank-*.jsonl"):
+        assert sum('"rendezvous"' in line for line in f.read_text().splitlines()) == 1
+    assert "reshardctl-reshard" in (out / "slurm" / "hetjob.sbatch").read_text()
+    # with a drill, the profile's transport only, as locally
+    from reshardctl.commands.run import default_transports
+
+    assert default_transports("reshard", explicit=False, drills=True) == ["reshard"]
 
 
 def test_detached_run_is_listed_then_collected(cluster, tmp_path, model, capsys):
@@ -198,7 +219,7 @@ def test_ctrl_c_cancels_the_jobs_and_says_so(cluster, tmp_path, model):
     try:
         _wait_for(lambda: _committed(out), what="a first commit")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        _stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -241,8 +262,11 @@ def test_a_fault_drill_through_slurm_names_the_root_cause(cluster, tmp_path, mod
     code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2", "--timeout-s", "10",
                  "--inject", "kill:rank=3:phase=transfer", "--out", str(out)])
     assert code == 1
-    err = capsys.readouterr().err
+    io = capsys.readouterr()
+    err = io.err
     s = _summary(out)
+    # the root cause once, on stderr; the survivors in one line; stdout the results only
+    assert err.count("root cause") == 1 and "root cause" not in io.out and "3 other ranks stopped because of it: " in err
     assert s["root_cause"]["rank"] == 3 and s["root_cause"]["error"] == "RankLost"
     assert s["knock_on_failures"] == 3 and s["drills"] and s["drills"][0]["rank"] == 3
     assert s["detection_s"] is not None and s["detection_s"] <= 10 + 5

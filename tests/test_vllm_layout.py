@@ -1,4 +1,5 @@
-"""vLLM inference layout: layout-rules test vectors, vocab padding, EP remainder, PP split, names."""
+"""vLLM inference layout: test vectors derived from the vLLM functions (docs/layouts.md), vocab padding,
+EP remainder, PP split, names."""
 
 from __future__ import annotations
 

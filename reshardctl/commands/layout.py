@@ -162,7 +162,12 @@ def export(
     infer: Optional[str] = opt.INFER,
     train_style: str = opt.TRAIN_STYLE,
     infer_style: str = opt.INFER_STYLE,
+    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
+    infer_layout: Optional[str] = opt.INFER_LAYOUT,
     mtp: bool = opt.MTP,
+    site: Optional[str] = typer.Option(None, "--site", metavar="NAME|FILE", help="Site profile: check the allocation "
+                                       "as `plan` does (the nodes both sides need must fit in the site's nodes; "
+                                       "builds both sides) before writing."),
     out: str = typer.Option(..., "--out", "-o", metavar="FILE",
                             help="Layout file to write: FILE.json (JSON), FILE.yaml or FILE.yml (YAML)."),
 ) -> None:
@@ -173,21 +178,49 @@ def export(
     from pathlib import Path
 
     from reshardctl.layout.layout_file import export_layout_file
-    from reshardctl.plan.inputs import layout_or_problems
+    from reshardctl.plan.inputs import layout_file_problems, layout_or_problems, topology_or_problems
 
-    if side not in ("train", "infer"):
-        raise InputError(f"--side {side!r}: expected train or infer")
-    if Path(out).suffix not in (".yaml", ".yml", ".json"):
-        raise InputError(f"--out {out}: expected a .yaml, .yml or .json file name")
-    m = _load_model(model, layers, mtp)
-    spec, style = (train, train_style) if side == "train" else (infer, infer_style)
     problems: list[str] = []
-    lay, _ = layout_or_problems(m, side, spec, style, None, problems, f"--{side}")
+    if side not in ("train", "infer"):
+        problems.append(f"--side {side!r}: expected train or infer")
+    if Path(out).suffix not in (".yaml", ".yml", ".json"):
+        problems.append(f"--out {out}: expected a .yaml, .yml or .json file name")
+    elif Path(out).is_dir():
+        problems.append(f"--out {out}: is a directory; give a file name")
+    else:
+        for parent in Path(out).absolute().parents:  # the nearest existing one must be a directory
+            if parent.exists():
+                if not parent.is_dir():
+                    problems.append(f"--out {out}: {parent} is a file, not a directory")
+                break
+    for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
+        if lf is not None:
+            problems.extend(layout_file_problems(lf, flag))
+    if problems:  # flag problems first, every one at once (as `plan` reports them)
+        raise InputError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    m = _load_model(model, layers, mtp)
+    prof = None
+    if site:
+        from reshardctl.site import load_profile
+
+        prof = load_profile(site)
+    # as in `layout show`: the allocation rule involves both sides, so with --site both are built
+    sides = ["train", "infer"] if prof is not None else [side]
+    args = {"train": (train, train_style, train_layout), "infer": (infer, infer_style, infer_layout)}
+    layouts, worlds = {}, {}
+    for s in sides:
+        spec, style, lf = args[s]
+        layouts[s], worlds[s] = layout_or_problems(m, s, spec, style, lf, problems, f"--{s}")
+    if prof is not None:
+        topology_or_problems(prof, worlds["train"], worlds["infer"], problems, "allocation")
     if problems:
         raise LayoutError(problems)
-    try:
+    lay = layouts[side]
+    try:  # missing parent directories are created, as for `plan --out` / `--export-transfers`
+        Path(out).absolute().parent.mkdir(parents=True, exist_ok=True)
         path = export_layout_file(lay, out)
     except OSError as e:
         raise OutputError(f"--out {out}: cannot write: {e.strerror or e}",
-                          hint="choose a path in an existing, writable directory") from None
+                          hint="choose a path in a writable directory") from None
     output.info(f"wrote {side} layout {lay.describe()} ({lay.world_size} ranks, {len(m.tensors)} tensors) to {path}")

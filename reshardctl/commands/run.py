@@ -65,28 +65,47 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
         raise InputError(f"{flag} is a Slurm launcher option, but the launcher is {launcher!r} "
                          f"(add --launcher slurm, or set launcher: slurm in the site profile)")
     if dry_run:
-        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json)
+        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline)
     where = "Slurm tasks" if launcher == "slurm" else "processes"
-    if not as_json and not output.quiet():
+    show = not as_json and not output.quiet()
+    announced: list[bool] = []
+
+    def announce(bar: bool = True) -> None:
+        """What runs, said once the session has passed its checks (the first progress report, or its
+        end): a run refused for its inputs (--out, --inject, memory) prints its error alone."""
+        if announced or not show:
+            return
+        announced.append(True)
         output.info(f"{inp.model.name}: train {inp.train.describe()} -> infer {inp.infer.describe()} "
                     f"({inp.topology.world} {where}), transports {', '.join(transports)}")
         if not inp.site.cpu_only and launcher == "local":
             output.info(f"note: site {inp.site.name} describes GPUs; here every rank is a process on this machine "
                         f"(NCCL only where each rank has its own GPU, else gloo on CPU), so the measured times are "
                         f"this machine's, not the site's; `reshardctl plan` predicts the site")
-    show = not as_json and not output.quiet()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True) as prog:
-        task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
+        if bar:
+            prog.start()
+
+    def progress(done, total, what) -> None:
+        announce()
+        prog.update(task, completed=done, total=total, **({"description": what} if launcher == "local" else {}))
+
+    def on_slurm_state(states, sides) -> None:
+        announce()
+        prog.update(task, description=slurm_state_line(states, sides))
+
+    # started by announce(): an input error before the first report leaves no progress line behind
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True)
+    task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
+    try:
         res = run_refit_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
                           checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
-                          retries=retries, on_failure=on_failure, timeout_s=timeout_s,
-                          progress=lambda done, total, what: prog.update(task, completed=done, total=total,
-                                                                         **({"description": what}
-                                                                            if launcher == "local" else {})),
-                          launcher=launcher, slurm_mode=slurm_mode, detach=detach,
-                          on_slurm_state=lambda states, sides: prog.update(
-                              task, description=slurm_state_line(states, sides)))
+                          retries=retries, on_failure=on_failure, timeout_s=timeout_s, progress=progress,
+                          launcher=launcher, slurm_mode=slurm_mode, detach=detach, on_slurm_state=on_slurm_state)
+    finally:
+        if announced:
+            prog.stop()
+    announce(bar=False)  # a session that ended (or detached) before its first progress report
     if res.summary is None:  # detached
         run = res.slurm
         info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
@@ -128,7 +147,7 @@ def slurm_state_line(states: dict, sides: dict | None = None) -> str:
     return escape("; ".join(parts))
 
 
-def _dry_run(inp, transports, *, out, slurm_mode, as_json):
+def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False):
     """The job scripts and the argv that would submit them, for the run directory that would be used."""
     import sys
     import time
@@ -137,7 +156,7 @@ def _dry_run(inp, transports, *, out, slurm_mode, as_json):
     from reshardctl.launch.slurm_request import build_request
     from reshardctl.runs.rundir import DEFAULT_BASE
 
-    label = "bench" if len(transports) > 1 else transports[0]
+    label = "bench" if baseline else transports[0]  # as the run directory (runs/session.py) is named
     run_dir = Path(out) if out else Path(DEFAULT_BASE) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}"
     req = build_request(inp.site, inp.topology, str(run_dir.absolute()), mode=slurm_mode, label=label,
                         python=sys.executable)
@@ -236,38 +255,33 @@ def render(summary: dict) -> None:
         con.print(f"slurm ({sl.get('mode')}): job(s) {ids}: {states or 'no final state'}"
                   + (f"; {times}" if times else ""), markup=False, highlight=False)
     con.print(f"run directory: {summary['run_dir']}", markup=False, highlight=False)
-    if summary.get("interrupted"):
-        con.print("interrupted: the ranks were stopped", markup=False)
-    root = summary.get("root_cause")
-    if root:
-        where = ", ".join(str(x) for x in (f"{root.get('side')} {root.get('side_rank')}", root.get("host"),
-                          root.get("phase") and f"phase {root['phase']}", root.get("step") and f"step {root['step']}")
-                          if x)
-        con.print(f"root cause: rank {root['rank']} ({where}): {root['error']}: {root['message']}", markup=False)
-        n = summary.get("knock_on_failures", 0)
-        if n:
-            det = summary.get("detection_s")
-            con.print(f"then {n} knock-on failure(s) on the other ranks"
-                      + (f", the last detected {det:.2f} s after the fault (timeout {summary['timeout_s']:g} s)"
-                         if det is not None else ""), markup=False)
-        return
-    if summary.get("ok") and not summary.get("slurm"):
-        con.print(NEXT_STEPS, markup=False, highlight=False)
+    # a failed run: its error (the root cause once, the knock-on failures summarised) goes to stderr
+    # alone (show_summary raises it); stdout keeps the measurements, here how fast the fault was seen
+    det = summary.get("detection_s")
+    if summary.get("root_cause") and det is not None and summary.get("knock_on_failures"):
+        n = summary["knock_on_failures"]
+        con.print(f"detection: {'the other rank' if n == 1 else f'all {n} other ranks'} stopped within {det:.2f} s "
+                  f"of the fault (timeout {summary['timeout_s']:g} s)", markup=False, highlight=False)
     for name, s in trs.items():
-        for f in s["failures"][:5]:
-            con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
-                      markup=False)
-        for a in s.get("attempts", [])[:10]:
+        if summary.get("ok"):  # failures a retry got past (a failed run's own are its error, on stderr)
+            for f in s["failures"][:5]:
+                con.print(f"{name}: rank {f['rank']} ({f['side']} {f['side_rank']}): {f['error']}: {f['message']}",
+                          markup=False)
+        # the attempts, when there was more than one to tell apart (one failed attempt is the error itself)
+        for a in (s.get("attempts") or [])[:10] if len(s.get("attempts") or []) > 1 else []:
             con.print(f"{name}: step {a['step']} attempt {a['attempt']} ({a['transport']}): {a['outcome']}",
                       markup=False)
+    if summary.get("ok") and not summary.get("slurm"):
+        con.print(NEXT_STEPS, markup=False, highlight=False)
 
 
-def default_transports(transport: str, *, explicit: bool, launcher: str, drills: bool) -> list[str]:
-    """What `run` runs: ``--transport X`` runs X only; without it, a local measurement run (no fault
-    drill, retries or fallback) runs the profile's transport and then a comparison transport on the same
-    processes (gather-and-broadcast, or reshard where the profile's transport is gather-and-broadcast),
-    so the first run shows the speedup. On Slurm, or with drills/retries, the profile's transport only."""
-    if explicit or launcher != "local" or drills:
+def default_transports(transport: str, *, explicit: bool, drills: bool) -> list[str]:
+    """What `run` runs: ``--transport X`` runs X only; without it, a measurement run (no fault drill,
+    retries or fallback) runs the profile's transport and then a comparison transport on the same
+    processes, or the same Slurm allocation (gather-and-broadcast, or reshard where the profile's
+    transport is gather-and-broadcast), so the first run shows the speedup, whatever the launcher.
+    With drills/retries, the profile's transport only (a drill fires once, in the first transport)."""
+    if explicit or drills:
         return [transport]
     return [transport, "reshard" if transport == "gather_broadcast" else "gather_broadcast"]
 
@@ -277,7 +291,7 @@ def run_cmd(
     train: Optional[str] = opt.TRAIN, infer: Optional[str] = opt.INFER,
     train_style: str = opt.TRAIN_STYLE, infer_style: str = opt.INFER_STYLE,
     train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and locally gather_broadcast beside it for comparison)."),
+    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and gather_broadcast beside it on the same processes or allocation, for comparison)."),
     bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
@@ -287,14 +301,14 @@ def run_cmd(
 ) -> None:
     """Run the refit for real (processes here, or Slurm jobs): every byte verified.
 
-    Without --transport a local run also runs gather-and-broadcast on the same processes, to compare."""
+    Without --transport it also runs gather-and-broadcast on the same processes (or Slurm allocation), to compare."""
     from reshardctl.site import load_profile
 
     prof = load_profile(site)
     t = transport or prof.refit.transport
     if t not in TRANSPORTS:
         raise InputError(f"--transport {t!r}: expected one of {', '.join(TRANSPORTS)}")
-    transports = default_transports(t, explicit=transport is not None, launcher=launcher or prof.launcher,
+    transports = default_transports(t, explicit=transport is not None,
                                     drills=bool(inject) or retries > 0 or on_failure != "abort")
     _session(transports, site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
              infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,

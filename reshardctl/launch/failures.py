@@ -34,3 +34,34 @@ def failure_line(f: dict) -> str:
         f"round {f['round']}" if f.get("round") is not None else "",
         f"peers {f['peers']}" if f.get("peers") else "") if x)
     return f"rank {f['rank']} ({where}): {f.get('error')}: {f.get('message')}"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 0-3`` / ``ranks 0, 2, 5``."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def knock_on_text(others: list[dict]) -> str:
+    """The failures after the root cause in one line, grouped by error and phase (never their messages,
+    which repeat the root cause): ``7 other ranks stopped because of it: ranks 0-3 TransferError in
+    transfer, rank 4 Abandoned in transfer, ranks 6, 7 Abandoned in verify``."""
+    groups: dict[tuple, list[int]] = {}
+    for f in others:
+        groups.setdefault((f.get("error") or "failed", f.get("phase")), []).append(f["rank"])
+    parts = [f"{ranks_text(rs)} {err}" + (f" in {phase}" if phase else "") for (err, phase), rs in groups.items()]
+    n = len(others)
+    return f"{n} other rank{'s' if n != 1 else ''} stopped because of it: " + ", ".join(parts)
+
+
+def failure_text(failures: list[dict], prefix: str = "run failed") -> str:
+    """A failed session in at most two lines: the root cause once, in full, then the knock-on failures
+    summarised (each rank's record is in ``summary.json``)."""
+    text = f"{prefix}: root cause: {failure_line(failures[0])}"
+    if len(failures) > 1:
+        text += "\n  " + knock_on_text(failures[1:])
+    return text

@@ -31,7 +31,7 @@ import torch
 import torch.multiprocessing as mp
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
-from reshardctl.launch.failures import failure_line, order_failures
+from reshardctl.launch.failures import failure_text, order_failures
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
@@ -269,11 +269,8 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
         failed = [r for r in ordered if not r.ok]
         if failed or lost:
             failures = order_failures(list(lost.values()), ordered)
-            knock = len(failures) - 1
             where = f" (plan {n!r})" if len(names) > 1 else ""
-            lines = [failure_line(f) for f in failures]
-            msg = (f"local run failed{where}: root cause: {lines[0]}"
-                   + (f"\n  then {knock} knock-on failure(s):\n  " + "\n  ".join(lines[1:]) if knock else ""))
+            msg = failure_text(failures, f"local run failed{where}")
             only_verify = not lost and all(r.error_type == "VerificationError" for r in failed)
             err = (LocalVerificationError if only_verify else LocalRunError)(msg, ordered)
             err.session, err.failures = session, failures

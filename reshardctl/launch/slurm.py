@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.launch import slurm_cli
-from reshardctl.launch.failures import failure_line, order_failures
+from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
@@ -356,16 +356,22 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
     if w.cancelled_peer:
         lines.append(f"cancelled the other job ({w.cancelled_peer}) when this one ended")
     # the ranks: those that left no report first (identical causes grouped), then those that failed on
-    # their own, then the knock-on failures (launch/failures.py's order)
+    # their own, then the knock-on failures (launch/failures.py's order); the root cause once, in full,
+    # every other rank summarised in one line (each rank's record is in summary.json)
     by_why: dict[str, list[int]] = {}
     for r, why in sorted(lost.items()):
         by_why.setdefault(why, []).append(r)
-    ranks = [f"{_ranks_text(rs)}: {why}" for why, rs in by_why.items()]
-    ranks += [failure_line(f) for f in order_failures([], failed)]
-    if ranks:
-        lines.append(f"root cause: {ranks[0]}")
-        if len(ranks) > 1:
-            lines.append(f"then {len(ranks) - 1} knock-on failure(s):\n    " + "\n    ".join(ranks[1:]))
+    recs = order_failures([], failed)
+    if by_why:
+        why, rs = next(iter(by_why.items()))
+        root = f"{ranks_text(rs)}: {why}"
+        others = [{"rank": r, "error": "RankLost"} for r in sorted(lost) if r not in rs] + recs
+    elif recs:
+        root, others = failure_line(recs[0]), recs[1:]
+    if by_why or recs:
+        lines.append(f"root cause: {root}")
+        if others:
+            lines.append(knock_on_text(others))
     if not lines:
         return None
     batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
@@ -373,15 +379,6 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
     if tails and (lost or bad_jobs):
         lines.append("batch output: " + "\n    ".join(tails))
     return "Slurm run failed:\n  " + "\n  ".join(lines)
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``rank 3`` / ``ranks 0-3`` / ``ranks 0, 2, 5``."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks))
 
 
 class SlurmRunError(TransferError):

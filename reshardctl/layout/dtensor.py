@@ -1,6 +1,8 @@
 """DTensor algebra: a device mesh plus per-mesh-dim placements -> the index set each rank holds.
 
-Semantics are torch 2.13's (layout-rules §1; tests use torch's own placement code as the oracle):
+Semantics are torch 2.13's (``torch/distributed/tensor/placement_types.py``: ``Shard._split_tensor``,
+``_StridedShard``; ``torch/distributed/tensor/_utils.py``: ``_compute_local_shape_and_global_offset``;
+tests use torch's own placement code as the oracle):
 
 * ``Shard(d)`` is ``torch.chunk`` of the *current local* index list of tensor dim ``d``: ceil-sized
   chunks, trailing chunks may be empty (n=5 over 4 -> sizes 2,2,1,0).
@@ -239,7 +241,9 @@ def fsdp2_tp(
     ``(_StridedShard(shard_dim, tp), Shard(tp_dim))``. Its placement semantics chunk the global dim into
     ``tp`` pieces and each piece into ``dp`` (then Shard re-chunks), which equals the physical order only
     when the sizes divide evenly. Uneven example n=7, dp=3, tp=2: physically (2,0) holds nothing and
-    (2,1) holds row 6; the ``_StridedShard`` semantics give (2,0)={6}, (2,1)={} (layout-rules §1.4).
+    (2,1) holds row 6; the ``_StridedShard`` semantics give (2,0)={6}, (2,1)={}. The physical order is
+    ``FSDPParam._init_sharded_param`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``
+    (``_chunk_with_empty`` of the TP-local tensor, ``_fsdp_common.py``).
     Bytes live where the physical order says, so refits must use this function.
 
     FSDP2 only allows an uneven split on dim 0; ``shard_dim > 0`` with a TP-local size not divisible by

@@ -378,7 +378,8 @@ def byte_runs(
 
     ``local_offset`` (per dim, default zeros) is added to the box coordinates to get local coordinates:
     for a ``LocalSegment`` pass ``seg.offset[d] - seg.box[d][0]`` and any sub-box of ``seg.box``.
-    Runs follow layout-rules §0.4: ``j`` = last dim the box does not fully cover; one run per index
+    Runs of a row-major (C-contiguous, numpy / ``torch.Tensor.contiguous()``) buffer: ``j`` = last dim the
+    box does not fully cover; one run per index
     combination of the dims before ``j`` (row-major order), each ``(b_j - a_j) * prod(d_{>j}) * itemsize``
     bytes. A box that covers the whole buffer, or whose dims before ``j`` have extent 1, is one run.
     """

@@ -1,4 +1,12 @@
-"""Megatron-Core trainer layout (layout-rules §2): who holds which box of every HF tensor.
+"""Megatron-Core trainer layout: who holds which box of every HF tensor.
+
+Sources (``NVIDIA/Megatron-LM``): ``megatron/core/parallel_state.py`` (``initialize_model_parallel``,
+``RankGenerator``: the rank grids below), ``megatron/core/tensor_parallel/layers.py``
+(``ColumnParallelLinear``, ``RowParallelLinear``, ``VocabParallelEmbedding``),
+``megatron/core/transformer/attention.py`` (``SelfAttention.get_query_key_value_tensors``: ``linear_qkv``
+per query group), ``megatron/core/transformer/mlp.py`` (``apply_swiglu_sharded_factory``: gated fc1),
+``megatron/core/transformer/moe/experts.py`` (``TEGroupedMLP``, ``SequentialMLP``) and
+``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``); docs/layouts.md lists them.
 
 Ranks: dense grid ``rank = tp + TP*(cp + CP*(dp + DP*pp))``; expert grid
 ``rank = etp + ETP*(ep + EP*(edp + EDP*pp))`` (MoE parallel folding, ``etp`` defaults to ``tp``).
@@ -7,7 +15,7 @@ with ``S = TP*CP*DP = ETP*EP*EDP``; every template below is over those ``S`` sta
 dp/cp (dense) or edp (experts) replicas are slots with identical holdings.
 
 Rules: column-parallel rows / row-parallel columns split by TP; ``linear_qkv`` rows interleaved per query
-group then split contiguously (a rank can hold part of a group, §2.3); gated fc1 stride 2
+group then split contiguously (a rank's rows need not end on a group boundary); gated fc1 stride 2
 (``[gate_r; up_r]``); vocab rows ``V/TP`` per rank unpadded (Megatron-Bridge's default,
 ``should_pad_vocab=False``), or with ``vocab_divisor=d`` padded to ``ceil(V/(d*TP))*d*TP`` at the end
 (Megatron-LM's ``vocab_size_with_padding``; pad rows are in no box);

@@ -1,4 +1,9 @@
-"""Megatron-Core parameter names on one rank (layout-rules §2.11), with the HF segments inside them.
+"""Megatron-Core parameter names on one rank, with the HF segments inside them.
+
+The names are those of ``model.named_parameters()`` on the rank with the Transformer Engine layer spec
+(``megatron/core/models/gpt/gpt_layer_specs.py``, ``get_gpt_layer_with_transformer_engine_spec``) in
+``megatron/core/models/gpt/gpt_model.py`` (``embedding.word_embeddings``, ``decoder.layers``,
+``decoder.final_layernorm``, ``output_layer``), as Megatron-Bridge's HF mappings name them.
 
 Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices
 (``mlp.experts.linear_fc1.weight{i}``, global expert ``= ep_rank*E_local + i``), TE fused norms

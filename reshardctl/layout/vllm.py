@@ -1,4 +1,9 @@
-"""vLLM inference layout (layout-rules §3): who holds which box of every HF tensor.
+"""vLLM inference layout: who holds which box of every HF tensor.
+
+Sources (``vllm-project/vllm``): ``vllm/model_executor/layers/linear.py``,
+``vllm/model_executor/layers/vocab_parallel_embedding.py``, ``vllm/model_executor/layers/fused_moe/``
+(``layer.py``: ``determine_expert_map``; ``config.py``: ``FusedMoEParallelConfig.make``),
+``vllm/distributed/utils.py`` (``get_pp_indices``); each rule below names its class or function.
 
 Ranks: ``rank = tp + TP*(pp + PP*dp)`` (``arange(world).reshape(DP, PP, TP)``, TP innermost). Templates are
 over the ``DP*TP`` ranks of one pipeline stage, slot ``j = dp*TP + tp``; every DP replica is a full copy of

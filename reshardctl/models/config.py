@@ -84,6 +84,10 @@ def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
     """The :class:`Arch` of a config, from ``architectures[0]`` (else ``model_type``)."""
     archs = config.get("architectures") if isinstance(config, Mapping) else None
     supported = ", ".join(BY_CLASS)
+    model_type = config.get("model_type") if isinstance(config, Mapping) else None
+    if model_type is not None and not isinstance(model_type, str):  # even beside 'architectures': HF's
+        # AutoConfig looks it up as a mapping key, so such a config loads nowhere else either
+        raise ModelError(f"{where}: key 'model_type' must be a string such as 'llama', got {_short(model_type)}")
     if archs:
         if not isinstance(archs, list) or not isinstance(archs[0], str):
             raise ModelError(f"{where}: key 'architectures' must be a list of class names, got {_short(archs)}")
@@ -93,11 +97,8 @@ def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
                 f"{where}: unsupported architecture {_short(archs[0])} (key 'architectures'); supported: {supported}"
             )
         return ARCHS[key]
-    model_type = config.get("model_type") if isinstance(config, Mapping) else None
     if model_type is None:
         raise ModelError(f"{where}: missing key 'architectures' (and no 'model_type'); supported: {supported}")
-    if not isinstance(model_type, str):
-        raise ModelError(f"{where}: key 'model_type' must be a string such as 'llama', got {_short(model_type)}")
     key = BY_MODEL_TYPE.get(model_type)
     if key is None:
         raise ModelError(f"{where}: unsupported model_type {_short(model_type)} (key 'model_type'); supported: {supported}")

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # the annotation only; numpy is imported where it is used
+    import numpy as np
 
 # torch dtype names -> bytes per element. Safetensors names are mapped to these on read.
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType(

@@ -56,7 +56,7 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     from reshardctl.runs.index import record_run
 
     plans, run_dir = pre.plans, pre.run_dir
-    label = "bench" if len(plans) > 1 else next(iter(plans))
+    label = "bench" if pre.options.baseline else next(iter(plans))  # as the run directory is named
     request = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label,
                             python=sys.executable)
     # the run's token travels in the private session file (never on a command line or in the script)
@@ -95,7 +95,7 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
     names = list(ctx["transports"])
     session, lost = slurm.read_reports(run_dir, ctx["world"], names)
     failed = [r for rs in session.values() for r in rs if not r.ok]
-    msg = slurm.failure_message(run, w, lost, failed[:8])
+    msg = slurm.failure_message(run, w, lost, failed)
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
