@@ -85,15 +85,22 @@ class Plan:
     def boxes_of(self, rank: int, tensor: int) -> tuple[Box, ...]:
         """The boxes of one tensor a global rank holds (a peer's holding, looked up tensor by tensor;
         cached per placement class and rank, so a rank's program pays per class, not per tensor)."""
+        cache = self.__dict__.get("_boxes_of")
+        if cache is None:
+            sides = []
+            for side in (self.train, self.infer):
+                classes, reps = side.placement_classes()
+                sides.append((classes.tolist(), reps))
+            cache = self.__dict__["_boxes_of"] = ({}, sides)
+        memo, sides = cache
         T = self.train_world
-        side, r = (self.train, rank) if rank < T else (self.infer, rank - T)
-        classes, reps = side.placement_classes()
-        c = int(classes[tensor])
-        cache = self.__dict__.setdefault("_boxes_of", {})
-        key = (rank, c, side.side)
-        got = cache.get(key)
+        s, r = (0, rank) if rank < T else (1, rank - T)
+        classes, reps = sides[s]
+        c = classes[tensor]
+        key = (rank, c) if s == 0 else (rank, -1 - c)
+        got = memo.get(key)
         if got is None:
-            got = cache[key] = reps[c].holding(r)
+            got = memo[key] = reps[c].holding(r)
         return got
 
     def broadcast_groups(self) -> list[tuple[int, ...]]:

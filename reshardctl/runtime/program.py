@@ -24,7 +24,7 @@ from reshardctl.layout.placement import Box, box_numel, full_box
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Region
 from reshardctl.runtime.bucket_format import bucket_layout
 from reshardctl.runtime.local_weights import norm_box
-from reshardctl.runtime.wire import Layout, first_box, link_offsets, place, split_link
+from reshardctl.runtime.wire import Layout, contiguous_span, first_box, link_offsets, place, split_link
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ class Link:
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.messages)
 
-    @property
     def regions(self) -> tuple[Region, ...]:
+        """Every region, in message order."""
         return tuple(r for m in self.messages for r in m.regions)
 
 
@@ -110,13 +110,31 @@ def compile_program(plan, rank: int) -> RankProgram:
             if k is not None:
                 order.setdefault((r.tensor, k), None)
 
+    contig_memo: dict = {}
+    keep: list = []  # the boxes tuples keyed by id in contig_memo stay alive
+    numel_memo: dict = {}
+
+    def contiguous(boxes, box, isz) -> bool:
+        key = (id(boxes), box, isz)
+        got = contig_memo.get(key)
+        if got is None:
+            got = contig_memo[key] = contiguous_span(boxes, box, isz) is not None
+            keep.append(boxes)
+        return got
+
+    def numel(box) -> int:
+        got = numel_memo.get(box)
+        if got is None:
+            got = numel_memo[box] = box_numel(box)
+        return got
+
     def link(peer: int, regions: tuple[Region, ...], sending: bool, into=None) -> Link:
         sender, receiver = (rank, peer) if sending else (peer, rank)
         src_boxes = lambda t: plan.boxes_of(sender, t)  # noqa: E731
         dst_boxes = into if into is not None else (lambda t: plan.boxes_of(receiver, t))
         msgs = []
-        for group in split_link(model, regions, src_boxes, dst_boxes):
-            offsets, n = link_offsets(model, group)
+        for group in split_link(model, regions, src_boxes, dst_boxes, contiguous):
+            offsets, n = link_offsets(model, group, numel)
             msgs.append(Message(group, offsets, n))
         counts["p2p_messages"] += len(msgs)
         counts["regions"] += len(regions)
@@ -131,12 +149,14 @@ def compile_program(plan, rank: int) -> RankProgram:
             if isinstance(s, P2PRound):
                 recvs = tuple(link(p.peer, p.regions, False) for p in s.recvs)
                 for x in recvs:
-                    use(x.regions)
-                    for r in x.regions:
-                        written.setdefault(r.tensor, []).append(norm_box(r.box))
+                    for m in x.messages:
+                        use(m.regions)
+                        for r in m.regions:
+                            written.setdefault(r.tensor, []).append(norm_box(r.box))
                 sends = tuple(link(p.peer, p.regions, True) for p in s.sends)
                 for x in sends:
-                    use(x.regions)
+                    for m in x.messages:
+                        use(m.regions)
                 steps.append(RoundOps(s.index, s.stage, sends, recvs,
                                       tuple(sorted({x.peer for x in sends + recvs}))))
             elif isinstance(s, BroadcastBucket):
@@ -174,7 +194,8 @@ def _bucket_ops(plan, b: BroadcastBucket, rank: int, link, counts, written, use)
         full = {t: (full_box(model.tensors[t].shape),) for t in b.tensors}
         sends = tuple(link(b.root, g.regions, True, full.__getitem__) for g in b.gather if g.peer == rank)
         for x in sends:
-            use(x.regions)
+            for m in x.messages:
+                use(m.regions)
     member = rank in b.group and rank != b.root
     held: tuple = ()
     if member and rank >= plan.train_world:

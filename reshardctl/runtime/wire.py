@@ -50,13 +50,14 @@ def layout_of(sizes: Sequence[int], trailer_bytes_per_item: int = 0) -> Layout:
     return Layout(tuple(offsets), tuple(sizes), off, off + trailer_bytes_per_item * len(sizes))
 
 
-def link_offsets(model: ModelSpec, regions: Sequence[Region]) -> tuple[tuple[int, ...], int]:
+def link_offsets(model: ModelSpec, regions: Sequence[Region], numel=box_numel) -> tuple[tuple[int, ...], int]:
     """Each region's offset in the link's message (back to back) and the message size; checks every
-    region's byte count against its box first (a plan from elsewhere could say otherwise)."""
+    region's byte count against its box first (a plan from elsewhere could say otherwise).
+    ``numel``: a (memoised) ``box_numel``."""
     offsets, off = [], 0
     for r in regions:
         t = model.tensors[r.tensor]
-        want = box_numel(r.box) * t.itemsize
+        want = numel(r.box) * t.itemsize
         if r.nbytes != want or len(r.box) != len(t.shape):
             raise TransferError(
                 f"plan region of {t.name} {r.box}: nbytes {r.nbytes} but the box holds {want} bytes"
@@ -90,14 +91,17 @@ def contiguous_span(boxes: Sequence[Box], box: Box, itemsize: int) -> tuple[int,
 
 
 def split_link(model: ModelSpec, regions: Sequence[Region], src_boxes: Callable[[int], Sequence[Box]],
-               dst_boxes: Callable[[int], Sequence[Box]]) -> list[tuple[Region, ...]]:
+               dst_boxes: Callable[[int], Sequence[Box]], contiguous=None) -> list[tuple[Region, ...]]:
     """The link's messages: its regions by class (contiguous in a box on both sides, sender only,
-    receiver only, neither), plan order kept inside a class; empty classes dropped."""
+    receiver only, neither), plan order kept inside a class; empty classes dropped.
+    ``contiguous(boxes, box, itemsize) -> bool``: a (memoised) test, by default ``contiguous_span``."""
+    if contiguous is None:
+        contiguous = lambda bx, box, isz: contiguous_span(bx, box, isz) is not None  # noqa: E731
     classes: list[list[Region]] = [[], [], [], []]
     for r in regions:
         isz = model.tensors[r.tensor].itemsize
-        a = contiguous_span(src_boxes(r.tensor), r.box, isz) is not None
-        b = contiguous_span(dst_boxes(r.tensor), r.box, isz) is not None
+        a = contiguous(src_boxes(r.tensor), r.box, isz)
+        b = contiguous(dst_boxes(r.tensor), r.box, isz)
         classes[(0 if b else 1) if a else (2 if b else 3)].append(r)
     return [tuple(c) for c in classes if c]
 
