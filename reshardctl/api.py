@@ -33,9 +33,9 @@ from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import attach_groups, settle
-from reshardctl.runtime.pack import BufferPool, LocalWeights
+from reshardctl.runtime.buffer_pool import BufferPool
+from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
-from reshardctl.runtime.weights import empty_like_holdings
 from reshardctl.topology import side_of_global
 
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
@@ -167,9 +167,9 @@ class Refitter:
                 if local_dst is None:
                     raise TransferError(f"inference rank {self.env.side_rank}: refit needs local_dst")
                 st.current = self._local(local_dst, "local_dst")
-                if self._staged is None:
-                    self._staged = LocalWeights(self.model, self._holdings,
-                                                empty_like_holdings(self.model, self._holdings, device=self.groups.device))
+                if self._staged is None:  # the receive side's own arena: messages land in place
+                    self._staged = LocalWeights.in_arena(self.model, self._holdings, self.groups.device,
+                                                         order=self.executor.program.order)
                 st.staged = self._staged
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
@@ -184,7 +184,7 @@ class Refitter:
                     dst.copy_(src)
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
-            self._staged = LocalWeights(self.model, self._holdings, st.current.data)
+            self._staged = st.current  # the arena with the new bytes: the next refit's staging copy
         self._committed = step
         return report
 

@@ -66,11 +66,9 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=int, default=None)
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--case", action="append", choices=sorted(CASES))
-    ap.add_argument("--direct-min-kb", type=int, default=None, help="zero-copy threshold (default 64 KiB)")
     ap.add_argument("--hand", action="store_true", help="the hand-made 256 MB 4-matrix plan instead")
     a = ap.parse_args()
-    extra = {} if a.direct_min_kb is None else {"direct_min_bytes": a.direct_min_kb << 10}
-    opts = RunOptions(run_dir=None, iterations=a.iterations, timeout_s=300, baseline=True, **extra)
+    opts = RunOptions(run_dir=None, iterations=a.iterations, timeout_s=300, baseline=True)
     if a.hand:
         from runtime_plans import big_case, bucket_plan, p2p_plan
 

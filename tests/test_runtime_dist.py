@@ -64,7 +64,7 @@ def test_p2p_uneven_boxes_byte_exact_over_three_refits(tmp_path):
     assert {"rendezvous", "group_init", "materialise", "round/transfer", "round/unpack", "verify",
             "verify/full", "commit"} <= phases
     assert "round/pack" in {e["phase"] for e in read_events(tmp_path / "events" / "rank-0.jsonl")}
-    assert all(r.peak_staging_bytes > 0 for r in reports)
+    assert any(r.peak_staging_bytes > 0 for r in reports)  # rows_cols: column slices go through staging
 
 
 def test_stage2_relay_round(tmp_path):
@@ -160,7 +160,7 @@ def test_module_entry_with_torchrun_style_env(tmp_path):
 def test_zero_copy_regions_byte_exact_and_counted(tmp_path):
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
-    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True, direct_min_bytes=0))
+    reports = run_local(plan, opts(tmp_path, iterations=2, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
     recv = [e for d in (2, 3) for e in read_events(tmp_path / "events" / f"rank-{d}.jsonl") if e["phase"] == "round/unpack"]
@@ -175,7 +175,7 @@ def test_corruption_of_a_zero_copy_region_is_caught_before_commit(tmp_path):
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst)  # one round: w.eq (zero copy into the staged weights) lands first
     with pytest.raises(VerificationError) as info:
-        run_local(plan, opts(tmp_path, iterations=3, direct_min_bytes=0, faults="corrupt:rank=2,step=2"))
+        run_local(plan, opts(tmp_path, iterations=3, faults="corrupt:rank=2,step=2"))
     msg = str(info.value)
     assert "rank 2 (infer 0) failed verification" in msg and "checksum mismatch" in msg and "w.eq" in msg
     assert_inference_weights(tmp_path, plan, 1)  # step 2 rolled back on every inference rank
@@ -222,7 +222,7 @@ def test_session_refuses_plans_of_different_worlds():
 def test_bucket_root_gathers_straight_into_the_bucket(tmp_path, overlap):
     m, src, dst = row_bucket_case()
     plan = bucket_plan(m, src, dst, [[0], [1], [2]])
-    reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, direct_min_bytes=0, full_check=True))
+    reports = run_local(plan, opts(tmp_path, iterations=2, overlap=overlap, full_check=True))
     assert all(r.ok for r in reports)
     assert_inference_weights(tmp_path, plan, 2)
     bucket = plan.bucket_bytes + SUM_BYTES  # one tensor + its checksum

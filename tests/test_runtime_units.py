@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from reshardctl.errors import InputError, LaunchError, TransferError
-from reshardctl.plan.schedule import Region
+from reshardctl.plan.schedule import P2PRound, PeerRegions, Region
 from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
 from reshardctl.runtime.env import read_rank_env
 from reshardctl.runtime.events import EventLog, read_events
-from reshardctl.runtime.mirror import check_mirror
+from reshardctl.runtime.mirror import mirror_problems
 from reshardctl.runtime.drills import Drills, parse_faults
-from reshardctl.runtime.pack import BufferPool, LocalWeights, message_layout
+from reshardctl.runtime.buffer_pool import BufferPool
+from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.wire import link_offsets
 from reshardctl.runtime.checkpoint_weights import CheckpointWeights
 from reshardctl.runtime.synthetic_weights import restep_, synthetic_region
 from reshardctl.runtime.weights import materialise
@@ -101,18 +103,27 @@ def test_region_not_held_and_bad_sizes_are_errors():
     with pytest.raises(TransferError, match="holds 8 of its 16"):
         w.read_into(0, ((0, 4), (0, 4)), torch.empty(64, dtype=torch.uint8))
     with pytest.raises(TransferError, match="nbytes 30"):
-        message_layout(m, (Region(0, ((0, 2), (0, 4)), 30),))
+        link_offsets(m, (Region(0, ((0, 2), (0, 4)), 30),))
 
 
-def test_coverage_detects_gaps_and_double_writes():
+def test_a_plan_that_leaves_a_gap_or_writes_twice_is_refused_before_posting():
+    """The program checks, once, that the plan writes every element an inference rank holds exactly once."""
+    from reshardctl.runtime.program import compile_program
+
     m = model([("x", (4, 4), "float32")])
-    h = {0: (((0, 4), (0, 4)),)}
-    w = LocalWeights(m, h, materialise(m, h, 1))
-    seg = torch.zeros(32, dtype=torch.uint8)
-    w.write_from(0, ((0, 2), (0, 4)), seg)
-    assert "8 of 16" in w.coverage_problems()[0]
-    w.write_from(0, ((1, 3), (0, 4)), seg)
-    assert "written twice" in w.coverage_problems()[0]
+    src = {0: {0: (((0, 4), (0, 4)),)}}
+    dst = {0: {0: (((0, 4), (0, 4)),)}}
+    plan = p2p_plan(m, src, dst)
+    compile_program(plan, 1)  # the good plan compiles
+    r = plan.steps[1][0]
+    half = (Region(0, ((0, 2), (0, 4)), 32),)
+    twice = (Region(0, ((0, 2), (0, 4)), 32), Region(0, ((1, 3), (0, 4)), 32))  # 16 of 16, one row twice
+    for regions, why in ((half, "8 of 16"), (twice, "written twice")):
+        steps = {0: (P2PRound(r.index, 1, (PeerRegions(1, regions),), ()),),
+                 1: (P2PRound(r.index, 1, (), (PeerRegions(0, regions),)),)}
+        bad = StaticPlan(m, 1, 1, "reshard", "x", 1 << 20, steps, src, dst)
+        with pytest.raises(TransferError, match=why):
+            compile_program(bad, 1)
 
 
 def test_buffer_pool_reuses_and_tracks_peak():
@@ -133,8 +144,7 @@ def test_hand_plans_satisfy_the_protocol_and_mirror():
     for plan in (p2p_plan(m, src, dst), p2p_plan(m, src, dst, per_tensor_rounds=True),
                  bucket_plan(m, src, dst, [[0, 1], [2, 3]])):
         assert isinstance(plan, ExecutablePlan)
-        for r in range(4):
-            check_mirror(plan, r)
+        assert mirror_problems(plan.steps) == []
     m, src, dst, relay = relay_case()
     plan = p2p_plan(m, src, dst, relay=relay)
     assert any(s.stage == 2 for s in plan.steps_for(3))
@@ -150,9 +160,8 @@ def test_mismatched_plan_is_refused_before_posting():
     steps = dict(plan.steps)
     r0 = steps[2][0]
     steps[2] = (type(r0)(r0.index, r0.stage, r0.sends, r0.recvs[:1]),)  # rank 2 forgets rank 1's message
-    bad = StaticPlan(m, 2, 2, "reshard", "x", 1 << 20, steps, src, dst)
     with pytest.raises(TransferError, match="expects nothing"):
-        check_mirror(bad, 1)
+        StaticPlan(m, 2, 2, "reshard", "x", 1 << 20, steps, src, dst)  # refused when built (or unpickled)
 
 
 def test_events_record_success_and_failure(tmp_path):
@@ -189,7 +198,7 @@ def test_drill_specs_and_the_corruption_tap():
 
 # ---- zero copy: contiguous spans and the wire split ---------------------------------------------------
 def test_contiguous_span_matches_the_row_major_offset():
-    from reshardctl.runtime.pack import contiguous_span
+    from reshardctl.runtime.wire import contiguous_span
 
     boxes = (((0, 4), (0, 6)), ((4, 8), (2, 6)))
     assert contiguous_span(boxes, ((1, 3), (0, 6)), 2) == (0, 1 * 6 * 2)  # row block
@@ -207,24 +216,39 @@ def test_contiguous_span_matches_the_row_major_offset():
     assert torch.equal(u8(full).reshape(-1)[off : off + 8], u8(full[2:3, 1:5].contiguous()).reshape(-1))
 
 
-def test_wire_split_is_the_same_on_both_sides_and_respects_the_threshold():
-    from reshardctl.runtime.pack import wire_of
+def test_messages_land_in_place_where_the_arena_lays_a_link_out_back_to_back():
+    """One message per link; a rank's arena follows its program's first use, so a link of whole boxes is
+    one contiguous range of it (zero copy); a column slice is not (staging)."""
+    from reshardctl.runtime.executor import arena_place
+    from reshardctl.runtime.program import compile_program
 
     m, src, dst = zero_copy_case()
     plan = p2p_plan(m, src, dst)
-    names, packed = set(), set()
-    for rnd in plan.steps_for(0):
-        for pr in rnd.sends:
-            w = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=0)
-            their = next(x for x in plan.steps_for(pr.peer)[0].recvs if x.peer == 0)
-            assert wire_of(m, their.regions, src[0], dst[pr.peer - 2], direct_min=0) == w
-            names |= {m.tensors[pr.regions[j].tensor].name for j in w.direct}
-            packed |= {m.tensors[pr.regions[j].tensor].name for j in w.packed}
-            assert all(w.src[j] is not None or w.dst[j] is not None for j in w.direct)
-            big = wire_of(m, pr.regions, src[0], dst[pr.peer - 2], direct_min=1 << 20)
-            assert big.direct == () and len(big.packed) == len(pr.regions)
-            assert sum(w.message_sizes(pr.regions)) >= pr.nbytes
-    assert {"w.eq", "w.sc", "w.rc"} <= names and packed == {"w.odd"}
+    for rank in range(4):
+        prog = compile_program(plan, rank)
+        holdings = prog.holdings
+        w = LocalWeights.in_arena(m, holdings, "cpu", order=prog.order)
+        msgs = [m for s in prog.steps for x in s.sends + s.recvs for m in x.messages]
+        assert sum(prog.out_messages.values()) + sum(prog.in_messages.values()) == len(msgs)
+        for x in msgs:
+            at = arena_place(w, x)
+            if at is not None:  # the place is right: every region's bytes are where the message puts them
+                for r, o in zip(x.regions, x.offsets):
+                    want = torch.zeros(r.nbytes, dtype=torch.uint8)
+                    w.arena[at + o : at + o + r.nbytes] = torch.arange(r.nbytes, dtype=torch.int64).remainder(251).to(torch.uint8)
+                    w.read_into(r.tensor, r.box, want)
+                    assert torch.equal(want, w.arena[at + o : at + o + r.nbytes])
+    # on the receivers: the regions contiguous there (w.eq, w.rc) land in place, the others go through staging
+    for r in (2, 3):
+        prog = compile_program(plan, r)
+        w = LocalWeights.in_arena(m, prog.holdings, "cpu", order=prog.order)
+        for x in (x for s in prog.steps for y in s.recvs for x in y.messages):
+            names = {m.tensors[q.tensor].name for q in x.regions}
+            assert (arena_place(w, x) is not None) == (names <= {"w.eq", "w.rc"}), names
+    # without an arena (an RL framework's own tensors) nothing is placed
+    prog = compile_program(plan, 2)
+    plain = LocalWeights(m, prog.holdings, materialise(m, prog.holdings, 1))
+    assert all(arena_place(plain, x) is None for s in prog.steps for y in s.recvs for x in y.messages)
 
 
 # ---- two-phase commit: agreement on the committed step ----------------------------------------------

@@ -37,13 +37,15 @@ class Unit:
 
 
 def _holdings(model: ModelSpec, layout: SideLayout, rank: int) -> dict[int, tuple[Box, ...]]:
-    """Tensor index -> the boxes ``rank`` (numbered within ``layout``'s side) holds, for the tensors it holds."""
-    out = {}
-    for i in range(len(model.tensors)):
-        boxes = layout.placement(i).holding(rank)
-        if boxes:
-            out[i] = boxes
-    return out
+    """Tensor index -> the boxes ``rank`` (numbered within ``layout``'s side) holds, for the tensors it
+    holds: one lookup per placement class (a few hundred), not per tensor (90k for DeepSeek-V3)."""
+    classes, reps = layout.placement_classes()
+    per_class = [rep.holding(rank) for rep in reps]
+    held = np.nonzero(np.fromiter((bool(b) for b in per_class), dtype=bool, count=len(per_class)))[0]
+    if held.size == 0:
+        return {}
+    idx = np.nonzero(np.isin(classes, held))[0]
+    return {i: per_class[c] for i, c in zip(idx.tolist(), classes[idx].tolist())}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,32 @@ class Plan:
 
     def dst_holdings(self, infer_rank: int) -> dict[int, tuple[Box, ...]]:
         return _holdings(self.model, self.infer, infer_rank)
+
+    def boxes_of(self, rank: int, tensor: int) -> tuple[Box, ...]:
+        """The boxes of one tensor a global rank holds (a peer's holding, looked up tensor by tensor;
+        cached per placement class and rank, so a rank's program pays per class, not per tensor)."""
+        cache = self.__dict__.get("_boxes_of")
+        if cache is None:
+            sides = []
+            for side in (self.train, self.infer):
+                classes, reps = side.placement_classes()
+                sides.append((classes.tolist(), reps))
+            cache = self.__dict__["_boxes_of"] = ({}, sides)
+        memo, sides = cache
+        T = self.train_world
+        s, r = (0, rank) if rank < T else (1, rank - T)
+        classes, reps = sides[s]
+        c = classes[tensor]
+        key = (rank, c) if s == 0 else (rank, -1 - c)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = reps[c].holding(r)
+        return got
+
+    def broadcast_groups(self) -> list[tuple[int, ...]]:
+        """Every distinct broadcast group (sorted members), in a fixed order: every rank creates the
+        same sub-communicators in the same order from this alone."""
+        return sorted({tuple(sorted(b.group)) for b in self.buckets})
 
     def steps_for(self, rank: int) -> list[Step]:
         """Ordered steps of one global rank; every step index appears on every rank that takes part."""

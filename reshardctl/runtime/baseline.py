@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound
 from reshardctl.runtime.groups import Groups
-from reshardctl.runtime.pack import bucket_layout
+from reshardctl.runtime.bucket_format import bucket_layout
 
 _TAG = 1 << 30
 

@@ -240,7 +240,7 @@ def _encode(res: torch.Tensor) -> torch.Tensor:
 def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
     """Checksums of ``buf[o : o + n]`` for every (offset, size), as an int64 [len, WORDS] tensor on
     ``buf``'s device, in one pass of a few kernels whatever the number of segments (no host sync).
-    Offsets must be even (pack.py aligns every region to 8 bytes)."""
+    Offsets must be even (staging blocks and buckets align every message and tensor to 8 bytes)."""
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise ValueError(f"checksums want a 1-D uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")
     offsets, sizes = list(offsets), list(sizes)

@@ -1,71 +1,107 @@
-"""The verify phase's checksums: what each sender computed, exchanged once per refit, compared.
+"""The verify phase's checksums: one per message, taken where the bytes lie, exchanged once per refit.
 
-A mixin of ``Executor`` (it uses the executor's ``out_sums``/``in_sums``/``out_count``/``in_count``,
-``device``, ``rank`` and stream helpers): every sender's checksums of one refit travel as ONE int64
-message per peer (``WORDS`` per region, sizes from the plan), then every receiver compares them with
-its own (taken where the bytes finally landed), in one host sync. A rank whose transfer failed publishes the failure instead (groups.py), so no peer waits for it.
+The executor owns one ``ChecksumExchange``. Per refit it books, per peer and in plan order, the
+checksum of every message this rank sent (``out``) and received (``in``). A checksum is either taken
+at once or *later*: segments of one buffer (the arena, a step's staging block, a bucket) are summed
+together in one ``segment_checksums`` call (a few kernels, whatever the number of messages) when the
+buffer is settled: a staging block before it is released, the arenas in the verify phase. Then every
+sender's checksums travel as ONE int64 message per peer (``WORDS`` per message, counts from the
+program) on the gloo control group, and each receiver compares them with its own in one host sync.
+A rank whose transfer failed publishes the failure instead (groups.py), so no peer waits for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.runtime.checksum import WORDS, checksum, segment_checksums
-from reshardctl.runtime.groups import Abandoned, wait_works
+from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 
 TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 
 
-@dataclass(frozen=True)
-class Later:
-    """A region's bytes at ``buf[off:off+n]`` (a packed or scratch copy), summed with the rest of its buffer."""
-
-    buf: torch.Tensor
-    off: int
-    n: int
-
-
 class ChecksumExchange:
-    def _post_sums(self, outgoing: list) -> None:
-        """Keep the checksums of what was just posted, per peer, in plan order: copies in packed or
-        scratch buffers (``_Later``) are summed now, one pass per buffer, while the transfer is in flight;
-        zero-copy views of the weights are summed in the verify phase (on a GPU: now, on the side stream)."""
-        with self._side():
-            by_buf: dict[int, list] = {}
-            for _, sources in outgoing:
-                for k, x in enumerate(sources):
-                    if isinstance(x, Later):
-                        by_buf.setdefault(id(x.buf), []).append((sources, k, x))
-            for items in by_buf.values():
-                sums = segment_checksums(items[0][2].buf, [x.off for _, _, x in items], [x.n for _, _, x in items])
-                for i, (sources, k, _) in enumerate(items):
-                    sources[k] = sums[i]
-            for peer, sources in outgoing:
-                sources = [checksum(x) if self.early_sums and x.dtype == torch.uint8 else x for x in sources]
-                self.out_sums.setdefault(peer, []).extend(sources)
+    def __init__(self, rank: int, groups: Groups, out_messages: dict[int, int], in_messages: dict[int, int]):
+        self.rank, self.groups = rank, groups
+        self.out_messages, self.in_messages = out_messages, in_messages
+        self.begin()
 
-    def exchange_checksums(self) -> None:
-        """Verify phase: every sender's checksums of this refit to its receivers, one int64 message per
-        peer (``WORDS`` per region, sizes from the plan), on the gloo control group (CPU tensors),
-        every wait bounded (a dead, silent or failed peer ends it within the timeout)."""
-        ops, self._got = [], {}
+    def begin(self) -> None:
+        """A new refit: nothing booked."""
+        self.out: dict[int, list] = {}
+        self.inn: dict[int, list] = {}
+        self.whats: dict[int, list[Callable[[], str]]] = {}
+        self.local: list[tuple[torch.Tensor, list[Callable[[], str]]]] = []  # local copy checks
+        self._later: dict[int, tuple[torch.Tensor, list]] = {}  # id(buf) -> (buf, [(slot list, pos, off, n)])
+        self._got: dict[int, torch.Tensor] = {}
+
+    def _book(self, book: dict, peer: int, value) -> tuple[list, int]:
+        slots = book.setdefault(peer, [])
+        slots.append(value)
+        return slots, len(slots) - 1
+
+    def sent(self, peer: int, sum_now: torch.Tensor | None = None, *, buf=None, off: int = 0, n: int = 0) -> None:
+        """The checksum of a message sent to ``peer``: ``sum_now``, or later from ``buf[off:off+n]``."""
+        slots, pos = self._book(self.out, peer, sum_now)
+        if sum_now is None:
+            self._defer(buf, slots, pos, off, n)
+
+    def received(self, peer: int, what: Callable[[], str], *, buf, off: int, n: int) -> None:
+        """A message from ``peer`` that now lies (finally) at ``buf[off:off+n]``; ``what`` names it."""
+        slots, pos = self._book(self.inn, peer, None)
+        self.whats.setdefault(peer, []).append(what)
+        self._defer(buf, slots, pos, off, n)
+
+    def _defer(self, buf: torch.Tensor, slots: list, pos: int, off: int, n: int) -> None:
+        if off % 2:  # checksums read 16-bit limbs from even offsets: an odd start is summed alone, now
+            slots[pos] = checksum(buf[off : off + n])
+            return
+        entry = self._later.get(id(buf))
+        if entry is None:
+            entry = self._later[id(buf)] = (buf, [])
+        entry[1].append((slots, pos, off, n))
+
+    def settle(self, buf: torch.Tensor) -> None:
+        """Sum every booked segment of ``buf`` now (one pass); call before ``buf`` is reused."""
+        entry = self._later.pop(id(buf), None)
+        if entry is None:
+            return
+        buf, items = entry
+        sums = segment_checksums(buf, [o for _, _, o, _ in items], [n for _, _, _, n in items])
+        for k, (slots, pos, _, _) in enumerate(items):
+            slots[pos] = sums[k]
+
+    def settle_all(self) -> None:
+        for key in list(self._later):
+            self.settle(self._later[key][0])
+
+    def check(self, mismatch: torch.Tensor, what: list[Callable[[], str]]) -> None:
+        """A local comparison (bool per item, True = differs), resolved in the verify phase."""
+        self.local.append((mismatch, what))
+
+    def exchange(self) -> None:
+        """Every sender's checksums of this refit to its receivers, one int64 message per peer, on the
+        gloo control group (CPU tensors); every wait bounded (a dead, silent or failed peer ends it
+        within the timeout)."""
+        self.settle_all()
+        ops = []
         ctrl = self.groups.ctrl
-        with self._side():
-            for peer, n in sorted(self.out_count.items()):
-                items = self.out_sums.get(peer, [])
-                if len(items) != n:
-                    raise TransferError(f"rank {self.rank}: {len(items)} checksums for rank {peer}, the plan says {n}")
-                v = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x in items]).cpu()
-                ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
-                self._got[("out", peer)] = v
-            for peer, n in sorted(self.in_count.items()):
-                v = torch.empty(n, WORDS, dtype=torch.int64)
-                ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS, group=ctrl))
-                self._got[peer] = v
+        keep = []
+        for peer, n in sorted(self.out_messages.items()):
+            items = self.out.get(peer, [])
+            if len(items) != n:
+                raise TransferError(f"rank {self.rank}: {len(items)} checksums for rank {peer}, the program says {n}")
+            v = torch.stack(items).cpu()
+            keep.append(v)
+            ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
+        for peer, n in sorted(self.in_messages.items()):
+            v = torch.empty(n, WORDS, dtype=torch.int64)
+            ops.append(dist.P2POp(dist.irecv, v, peer, tag=TAG_SUMS, group=ctrl))
+            self._got[peer] = v
         if not ops:
             return
         try:
@@ -76,28 +112,24 @@ class ChecksumExchange:
         except (RuntimeError, TransferError) as exc:
             raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
 
-    def _check(self, mismatch: torch.Tensor, what: list[str]) -> None:
-        self.checks.append((mismatch, what))
-
-    def checksum_failures(self, limit: int = 20) -> list[str]:
-        """The verify phase: checksums of the regions received straight into the staged weights, then
-        every comparison of this refit (one host sync)."""
-        with self._side():
-            for peer, items in sorted(self.in_sums.items()):
-                want = self._got.get(peer)
-                if want is None or want.shape[0] != len(items):
-                    self._check(torch.ones(1, dtype=torch.bool), [f"checksums from rank {peer}: "
-                                f"{len(items)} regions arrived, {0 if want is None else want.shape[0]} checksums"])
-                    continue
-                got = torch.stack([x if x.dtype == torch.int64 else checksum(x) for x, _ in items])
-                self._check((got.cpu() != want).any(1), [w for _, w in items])
-            self.in_sums = {}
-        self._settle()
+    def failures(self, limit: int = 20) -> list[str]:
+        """Every comparison of this refit (one host sync): received messages, then local copies."""
+        checks = list(self.local)
+        for peer, items in sorted(self.inn.items()):
+            want = self._got.get(peer)
+            whats = self.whats.get(peer, [])
+            if want is None or want.shape[0] != len(items) or any(x is None for x in items):
+                n = 0 if want is None else want.shape[0]
+                checks.append((torch.ones(1, dtype=torch.bool),
+                               [lambda p=peer, k=len(items), n=n: f"checksums from rank {p}: {k} messages arrived, {n} checksums"]))
+                continue
+            got = torch.stack(items).cpu()
+            checks.append(((got != want).any(1), whats))
         out = []
-        for mismatch, what in self.checks:
+        for mismatch, what in checks:
             for bad, w in zip(mismatch.cpu().tolist(), what):
                 if bad:
-                    out.append(f"checksum mismatch: {w}")
+                    out.append(f"checksum mismatch: {w()}")
                     if len(out) >= limit:
                         return out
         return out

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
-from reshardctl.runtime.pack import LocalWeights, byte_view
+from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
 from reshardctl.topology import is_trainer, side_of_global
 

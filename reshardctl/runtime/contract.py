@@ -12,7 +12,8 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from reshardctl.layout.placement import Box
 from reshardctl.models.spec import ModelSpec
-from reshardctl.plan.schedule import Step
+from reshardctl.plan.schedule import BroadcastBucket, Step
+from reshardctl.runtime.mirror import check_mirror
 
 Holdings = Mapping[int, tuple[Box, ...]]  # tensor index -> boxes (in a fixed order)
 
@@ -32,6 +33,10 @@ class ExecutablePlan(Protocol):
 
     def dst_holdings(self, infer_rank: int) -> Holdings: ...
 
+    def boxes_of(self, global_rank: int, tensor: int) -> tuple[Box, ...]: ...
+
+    def broadcast_groups(self) -> list[tuple[int, ...]]: ...
+
 
 @dataclass(frozen=True)
 class StaticPlan:
@@ -46,6 +51,9 @@ class StaticPlan:
     steps: Mapping[int, tuple[Step, ...]]  # global rank -> steps (missing = no steps)
     src: Mapping[int, Holdings]  # train rank -> holdings
     dst: Mapping[int, Holdings]  # infer rank -> holdings
+
+    def __post_init__(self) -> None:
+        check_mirror(self.steps)
 
     @property
     def world_size(self) -> int:
@@ -66,6 +74,15 @@ class StaticPlan:
 
     def dst_holdings(self, infer_rank: int) -> Holdings:
         return self.dst.get(infer_rank, {})
+
+    def boxes_of(self, global_rank: int, tensor: int) -> tuple[Box, ...]:
+        T = self.train_world
+        held = self.src.get(global_rank, {}) if global_rank < T else self.dst.get(global_rank - T, {})
+        return tuple(held.get(tensor, ()))
+
+    def broadcast_groups(self) -> list[tuple[int, ...]]:
+        return sorted({tuple(sorted(s.group)) for steps in self.steps.values() for s in steps
+                       if isinstance(s, BroadcastBucket)})
 
     @classmethod
     def freeze(cls, plan: ExecutablePlan) -> "StaticPlan":
@@ -105,7 +122,6 @@ class RunOptions:
     initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
     full_check: bool = False  # compare every destination box to the weight source before commit
     overlap: bool = True  # pack/gather step k+1 while step k is in flight
-    direct_min_bytes: int = 64 << 10  # contiguous regions at least this big travel zero-copy (own message)
     dump_weights: bool = False  # inference ranks torch.save their current weights at the end
     baseline: bool = False  # after the refits, time raw send/recv (and broadcasts) of the same byte volumes
     faults: str | None = None  # fault drills (drills.py), worker layer only

@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
-from reshardctl.plan.schedule import BroadcastBucket
 from reshardctl.runtime.env import RankEnv
 
 TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
@@ -109,14 +108,12 @@ def rendezvous(env: RankEnv, timeout_s: float, token: str | None = None):
 
 
 def broadcast_groups(plan) -> list[tuple[int, ...]]:
-    """Every distinct broadcast group of the plan, or of a list of plans (sorted members), in a fixed order."""
+    """Every distinct broadcast group of a plan, or of a list of plans (sorted members), in a fixed
+    order: from the plan itself (``plan.broadcast_groups()``: its buckets), not from walking every
+    rank's steps, so every rank creates the same sub-communicators in O(buckets)."""
     found: set[tuple[int, ...]] = set()
     for pl in plan if isinstance(plan, (list, tuple)) else [plan]:
-        world = pl.train_world + pl.infer_world
-        for r in range(world):
-            for s in pl.steps_for(r):
-                if isinstance(s, BroadcastBucket):
-                    found.add(tuple(sorted(s.group)))
+        found.update(pl.broadcast_groups())
     return sorted(found)
 
 

@@ -1,51 +1,66 @@
-"""Before anything is posted: every message a rank will post is mirrored by its peer's plan.
+"""Every message of a plan is mirrored: what one rank sends in a step, its peer expects in that step.
 
-gloo aborts the process (not an exception) when a receive buffer's size differs from the message, so
-the executor checks, when it is built, that for every round and bucket the peer expects exactly the
-regions (hence bytes) this rank will send, and sends exactly what it expects.
+gloo aborts the process (not an exception) when a receive buffer's size differs from the message, and
+NCCL hangs, so a plan whose steps are not mirrored must be refused before anything is posted. The
+planner's plans are mirrored by construction (one table entry yields both the send and the receive;
+tests/test_planner_properties.py checks it on random plans with this function); a plan written out
+rank by rank (``StaticPlan``: hand-made, or from another tool) is checked once, whole, when it is
+built or unpickled: O(the plan), not per rank and per peer.
 """
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from reshardctl.errors import TransferError
-from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Step
+from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Step
 
 
-def check_mirror(plan, rank: int) -> None:
-    """Every message this rank posts has the same regions (hence size) on the peer's side."""
-    cache: dict[int, dict[int, Step]] = {}
-
-    def peer_step(peer: int, index: int) -> Step | None:
-        if peer not in cache:
-            cache[peer] = {s.index: s for s in plan.steps_for(peer)}
-        return cache[peer].get(index)
-
-    def regions_of(prs: tuple[PeerRegions, ...], peer: int):
-        return next((p.regions for p in prs if p.peer == peer), None)
-
-    problems = []
-    for s in plan.steps_for(rank):
-        if isinstance(s, P2PRound):
-            for mine, theirs_attr, verb in ((s.sends, "recvs", "sends"), (s.recvs, "sends", "receives")):
-                for pr in mine:
+def mirror_problems(steps: Mapping[int, Sequence[Step]]) -> list[str]:
+    sent: dict[tuple[int, int, int], tuple] = {}
+    expected: dict[tuple[int, int, int], tuple] = {}
+    buckets: dict[int, BroadcastBucket] = {}
+    present: set[tuple[int, int]] = set()  # (rank, bucket index)
+    problems: list[str] = []
+    for rank, ss in sorted(steps.items()):
+        for s in ss:
+            if isinstance(s, P2PRound):
+                for pr in s.sends:
                     if pr.peer == rank:
-                        problems.append(f"round {s.index}: rank {rank} {verb} to itself")
-                        continue
-                    other = peer_step(pr.peer, s.index)
-                    theirs = regions_of(getattr(other, theirs_attr), rank) if isinstance(other, P2PRound) else None
-                    if theirs != pr.regions:
-                        problems.append(
-                            f"round {s.index}: rank {rank} {verb} {pr.nbytes} B with rank {pr.peer}, which expects "
-                            + ("nothing" if theirs is None else f"{sum(r.nbytes for r in theirs)} B in other regions")
-                        )
-        elif isinstance(s, BroadcastBucket):
-            for g in s.gather:
-                if rank in (g.peer, s.root) and g.peer != s.root:
-                    other = peer_step(s.root if rank == g.peer else g.peer, s.index)
-                    if other != s:
-                        problems.append(f"bucket {s.index}: rank {rank} and its gather peer disagree on the bucket")
+                        problems.append(f"round {s.index}: rank {rank} sends to itself")
+                    sent[(s.index, rank, pr.peer)] = pr.regions
+                for pr in s.recvs:
+                    if pr.peer == rank:
+                        problems.append(f"round {s.index}: rank {rank} receives from itself")
+                    expected[(s.index, pr.peer, rank)] = pr.regions
+            elif isinstance(s, BroadcastBucket):
+                first = buckets.setdefault(s.index, s)
+                if first is not s and first != s:
+                    problems.append(f"bucket {s.index}: rank {rank} and another rank disagree on the bucket")
+                present.add((rank, s.index))
+    for idx, b in buckets.items():
+        for who in sorted(set(b.group) | {g.peer for g in b.gather}):
+            if (who, idx) not in present:
+                problems.append(f"bucket {idx}: rank {who} takes part but does not have the step")
+    for key, regions in sent.items():
+        theirs = expected.get(key)
+        if theirs != regions:
+            idx, a, b = key
+            nb = sum(r.nbytes for r in regions)
+            problems.append(f"round {idx}: rank {a} sends {nb} B to rank {b}, which expects "
+                            + ("nothing" if theirs is None else f"{sum(r.nbytes for r in theirs)} B in other regions"))
+    for key, regions in expected.items():
+        if key not in sent:
+            idx, a, b = key
+            problems.append(f"round {idx}: rank {b} expects {sum(r.nbytes for r in regions)} B from rank {a}, "
+                            f"which sends nothing")
+    return problems
+
+
+def check_mirror(steps: Mapping[int, Sequence[Step]]) -> None:
+    problems = mirror_problems(steps)
     if problems:
         raise TransferError(
-            f"plan is inconsistent for rank {rank} ({len(problems)} problems): " + "; ".join(problems[:5]),
+            f"plan is inconsistent ({len(problems)} problems): " + "; ".join(problems[:5]),
             hint="messages of mismatched sizes would abort the process; the planner must produce mirrored steps",
         )

@@ -5,7 +5,7 @@ Checks (``CHECKS``), all through the runtime's real functions:
 
 * ``pack_roundtrip``: regions of boxes of eight dtypes (fp8, bool and 3-d included), read out of
   non-contiguous column-slice views with ``LocalWeights.read_into`` into one 8-byte aligned message
-  (pack.py), then written into other non-contiguous views with ``LocalWeights.write_from``; the message
+  (local_weights.py), then written into other non-contiguous views with ``LocalWeights.write_from``; the message
   and every destination byte (written or not) compared byte for byte with a reference built on the CPU.
 * ``checksums``: ``checksum`` / ``segment_checksums`` (checksum.py) of adversarial buffers (all zeros,
   all 0xFF, odd lengths, row boundaries, random) equal on the CPU and on the device, and on the device a
@@ -122,8 +122,9 @@ def _bsl(box, origin, itemsize: int):
 def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckResult:
     from reshardctl.layout.placement import box_numel
     from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
-    from reshardctl.runtime.pack import LocalWeights, layout_of
-    from reshardctl.runtime.weights import torch_dtype
+    from reshardctl.runtime.dtypes import torch_dtype
+    from reshardctl.runtime.local_weights import LocalWeights
+    from reshardctl.runtime.wire import layout_of
 
     dims = ModelDims(arch="llama", hidden=8, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4, vocab=16,
                      intermediate=16)

@@ -36,10 +36,12 @@ from reshardctl.runtime.env import RankEnv, read_rank_env
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
-from reshardctl.runtime.pack import BufferPool, LocalWeights
+from reshardctl.runtime.buffer_pool import BufferPool
+from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.synthetic_weights import SyntheticWeights
-from reshardctl.runtime.weights import empty_like_holdings, materialise, weight_source
+from reshardctl.runtime.program import compile_program
+from reshardctl.runtime.weights import weight_source
 
 
 def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
@@ -52,7 +54,7 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
             {
                 "step": st.committed_step,
                 "holdings": dict(st.current.boxes),
-                "tensors": {i: [t.cpu() for t in ts] for i, ts in st.current.data.items()},
+                "tensors": {i: [t.to("cpu", copy=True) for t in ts] for i, ts in st.current.data.items()},
             },
             tmp,
         )
@@ -72,9 +74,10 @@ def _same_layout(a, b, side: str, rank: int) -> bool:
 
 
 def _prepare_weights(prev, plan, env: RankEnv, st: State, source, options: RunOptions, step: int,
-                     device, events: EventLog) -> float:
+                     device, events: EventLog, order) -> float:
     """Weights for ``plan``'s refits starting at ``step``: carried over from the previous plan of the
-    session when this rank's holdings are the same, materialised otherwise. Returns the seconds spent."""
+    session when this rank's holdings are the same, materialised otherwise, in one arena whose boxes
+    follow ``order`` (the program's first use, arena.py). Returns the seconds spent."""
     if _same_layout(prev, plan, env.side, env.side_rank):
         return 0.0
     with events.phase("materialise", step=step) as ph:
@@ -82,21 +85,21 @@ def _prepare_weights(prev, plan, env: RankEnv, st: State, source, options: RunOp
         if env.side == "train":
             holdings = plan.src_holdings(env.side_rank)
             st.src = None
-            st.src = LocalWeights(plan.model, holdings, materialise(
-                plan.model, holdings, step, source=source, device=device))
+            st.src = LocalWeights.in_arena(plan.model, holdings, device,
+                                           lambda i, b: source.region(i, b, step, device), order=order)
             st.src_step = step
             ph["bytes"] = st.src.nbytes
         else:
             holdings = plan.dst_holdings(env.side_rank)
             st.current = st.staged = None
+            fill = None
             if st.committed_step is not None or options.initial_weights == "synthetic":
                 at = st.committed_step if st.committed_step is not None else step - 1
-                cur = materialise(plan.model, holdings, at, source=SyntheticWeights(plan.model), device=device)
+                synthetic = SyntheticWeights(plan.model)
+                fill = lambda i, b: synthetic.region(i, b, at, device)  # noqa: E731
                 st.committed_step = at
-            else:
-                cur = empty_like_holdings(plan.model, holdings, device=device)
-            st.current = LocalWeights(plan.model, holdings, cur)
-            st.staged = LocalWeights(plan.model, holdings, empty_like_holdings(plan.model, holdings, device=device))
+            st.current = LocalWeights.in_arena(plan.model, holdings, device, fill, order=order)
+            st.staged = LocalWeights.in_arena(plan.model, holdings, device, order=order)
             ph["bytes"] = st.staged.nbytes
         return time.perf_counter() - t
 
@@ -168,15 +171,19 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
             if st.src is not None and st.src_step != step and _same_layout(prev, plan, env.side, env.side_rank):
                 with events.phase("materialise", step=step):
                     advance_source(plan, st, source, step)
-            rec["materialise_s"] = _prepare_weights(prev, plan, env, st, source, options, step, device, events)
+            with events.phase("program") as ph:
+                program = compile_program(plan, env.global_rank)
+                ph.update(program.counts)
+            rec["materialise_s"] = _prepare_weights(prev, plan, env, st, source, options, step, device, events,
+                                                    program.order)
             pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
             rec["pool"] = pool
 
-            def executor(p):
+            def executor(p, program=None):
                 return Executor(p, groups, events, pool, tap=drills.corrupt, overlap=options.overlap,
-                                direct_min=options.direct_min_bytes)
+                                program=program)
 
-            ex, ex_plan = executor(plan), plan
+            ex, ex_plan = executor(plan, program), plan
             events.common["transport"] = plan.transport  # every event says which transport it belongs to
             for it in range(warmup + options.iterations):
                 if it < warmup:  # events of warm-up (untimed) refits say so

@@ -1,0 +1,73 @@
+"""A gather-and-broadcast bucket's bytes: every full tensor at an 8-byte aligned offset, then one
+checksum per tensor (``SUM_BYTES``, checksum.py), written by the root and checked by every receiver."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from reshardctl.layout.placement import Box, full_box
+from reshardctl.models.spec import ModelSpec
+from reshardctl.runtime.checksum import SUM_BYTES, WORDS, segment_checksums
+from reshardctl.runtime.local_weights import byte_shape, byte_slices, norm_box
+from reshardctl.runtime.wire import Layout, layout_of
+
+
+def bucket_layout(model: ModelSpec, tensors: Sequence[int]) -> Layout:
+    return layout_of([model.tensors[i].nbytes for i in tensors], SUM_BYTES)
+
+
+def bucket_tensor_view(model: ModelSpec, index: int, layout: Layout, pos: int, buf: torch.Tensor) -> torch.Tensor:
+    """The uint8 byte view (full shape, last dim in bytes) of the ``pos``-th tensor of a bucket."""
+    t = model.tensors[index]
+    off = layout.offsets[pos]
+    return buf[off : off + t.nbytes].view(byte_shape(full_box(t.shape), t.itemsize))
+
+
+def box_bytes_in(full_view: torch.Tensor, box: Box, itemsize: int) -> torch.Tensor:
+    """``box`` of a full-tensor byte view."""
+    nb = norm_box(box)
+    return full_view[byte_slices(nb, tuple((0, 0) for _ in nb), itemsize)]
+
+
+def item_checksums(layout: Layout, buf: torch.Tensor, items=None) -> torch.Tensor:
+    """Checksums [len, WORDS] of the layout's items (all, or those numbered in ``items``), one pass."""
+    ks = range(len(layout.sizes)) if items is None else items
+    return segment_checksums(buf, [layout.offsets[k] for k in ks], [layout.sizes[k] for k in ks])
+
+
+def trailer_view(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
+    """The trailer as int64 [items, WORDS]."""
+    return buf[layout.trailer : layout.size].view(torch.int64).view(-1, WORDS)
+
+
+def write_trailer(buf: torch.Tensor, layout: Layout, sums: torch.Tensor) -> None:
+    """The items' checksums into the trailer; the alignment padding zeroed (deterministic wire bytes)."""
+    if not len(layout.sizes):
+        return
+    gaps = buf[: layout.trailer]
+    for off, n, nxt in zip(layout.offsets, layout.sizes, layout.offsets[1:] + (layout.trailer,)):
+        if off + n < nxt:
+            gaps[off + n : nxt].zero_()
+    trailer_view(layout, buf).copy_(sums)
+
+
+class BucketTarget:
+    """A bucket at its root, seen like LocalWeights: every tensor of the bucket is one full box."""
+
+    def __init__(self, model: ModelSpec, lay: Layout, pos: dict[int, int], buf: torch.Tensor):
+        self.model, self.lay, self.pos, self.buf = model, lay, pos, buf
+        self.arena = buf
+
+    def _box(self, index: int, box: Box) -> torch.Tensor:
+        t = self.model.tensors[index]
+        return box_bytes_in(bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf), box, t.itemsize)
+
+    def write_from(self, index: int, box: Box, seg: torch.Tensor) -> None:
+        dst = self._box(index, box)
+        dst.copy_(seg.view(dst.shape))
+
+    def read_into(self, index: int, box: Box, dst: torch.Tensor) -> None:
+        src = self._box(index, box)
+        dst.view(src.shape).copy_(src)
