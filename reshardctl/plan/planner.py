@@ -113,14 +113,24 @@ def fingerprint(plan: Plan) -> str:
 
 
 def _buckets_bytes(buckets) -> bytes:
-    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous)."""
-    flat: list[int] = [len(buckets)]
+    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous).
+    A bucket's group (the root, its stage and every inference rank) is shared by many buckets: encoded
+    once per group object, not converted from Python ints per bucket."""
+    parts: list[bytes] = []
+    groups: dict[int, bytes] = {}  # id(group) -> its bytes; the buckets keep the groups alive
+    flat = [len(buckets)]
     for b in buckets:
-        flat += (b.index, b.root, b.nbytes, len(b.group), *b.group, len(b.tensors), *b.tensors, len(b.gather))
+        group = groups.get(id(b.group))
+        if group is None:
+            group = groups[id(b.group)] = np.asarray(b.group, dtype=np.int64).tobytes()
+        flat += (b.index, b.root, b.nbytes, len(b.group))
+        parts += (np.asarray(flat, dtype=np.int64).tobytes(), group)
+        flat = [len(b.tensors), *b.tensors, len(b.gather)]
         for pr in b.gather:
             flat += (pr.peer, len(pr.regions))
             for r in pr.regions:
                 flat += (r.tensor, r.nbytes, len(r.box))
                 for lo, hi in r.box:
                     flat += (lo, hi)
-    return np.asarray(flat, dtype=np.int64).tobytes()
+    parts.append(np.asarray(flat, dtype=np.int64).tobytes())
+    return b"".join(parts)
