@@ -184,13 +184,15 @@ def p2p_stats(plan: Plan) -> PlanStats:
         cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
         net = cls == 2
 
-        def per_slice(ranks: np.ndarray, w: np.ndarray | None) -> np.ndarray:  # [S, world]
-            return np.bincount(seg * world + ranks, weights=w, minlength=S * world).reshape(S, world)
-
         # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
         # (entry, rank) pairs where the entry's slice touches the rank
-        touched = (per_slice(src, None) + per_slice(dst, None)) > 0
-        t_seg, t_rank = np.nonzero(touched)  # by slice, then rank
+        touched = np.zeros(S * world, dtype=bool)
+        touched[seg * world + src] = True
+        touched[seg * world + dst] = True
+        t_seg, t_rank = np.divmod(np.nonzero(touched)[0], world)  # by slice, then rank
+        pos = np.zeros(S * world, dtype=np.int64)
+        pos[t_seg * world + t_rank] = np.arange(t_seg.size)
+        src_pos, dst_pos = pos[seg * world + src], pos[seg * world + dst]  # each transfer's two touched pairs
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
         span = t_len[e_seg]
@@ -198,27 +200,31 @@ def p2p_stats(plan: Plan) -> PlanStats:
         entry = np.repeat(np.arange(e_seg.size), span)
         bins = e_round[entry] * world + t_rank[pick]
         scale = e_n[entry]
+
+        def on(at: np.ndarray, w: np.ndarray) -> np.ndarray:  # per touched pair
+            return np.bincount(at, weights=w, minlength=t_seg.size)
+
         direct_msg = (src_direct | dst_direct).astype(np.float64)
         rows = (
-            (PACK_SEND, lambda: per_slice(src, np.where(src_direct, 0.0, nb))),
-            (PACK_RECV, lambda: per_slice(dst, np.where(dst_direct, 0.0, nb))),
-            (DIRECT_MSGS, lambda: per_slice(src, direct_msg) + per_slice(dst, direct_msg)),
-            (NIC_SEND, lambda: per_slice(src, np.where(net, nb, 0.0))),
-            (NIC_RECV, lambda: per_slice(dst, np.where(net, nb, 0.0))),
-            (NVL_SEND, lambda: per_slice(src, np.where(net, 0.0, nb))),
-            (NVL_RECV, lambda: per_slice(dst, np.where(net, 0.0, nb))),
+            (PACK_SEND, lambda: on(src_pos, np.where(src_direct, 0.0, nb))),
+            (PACK_RECV, lambda: on(dst_pos, np.where(dst_direct, 0.0, nb))),
+            (DIRECT_MSGS, lambda: on(src_pos, direct_msg) + on(dst_pos, direct_msg)),
+            (NIC_SEND, lambda: on(src_pos, np.where(net, nb, 0.0))),
+            (NIC_RECV, lambda: on(dst_pos, np.where(net, nb, 0.0))),
+            (NVL_SEND, lambda: on(src_pos, np.where(net, 0.0, nb))),
+            (NVL_RECV, lambda: on(dst_pos, np.where(net, 0.0, nb))),
         )
-        for k, per in rows:  # one [S, world] matrix at a time (memory)
-            value = per()[t_seg, t_rank]
-            rounds[:, k] = np.bincount(bins, weights=scale * value[pick], minlength=R * world).reshape(R, world)
+        for k, value in rows:
+            rounds[:, k] = np.bincount(bins, weights=scale * value()[pick], minlength=R * world).reshape(R, world)
         # one message per distinct (src, dst) pair of a slice, counted on both ends; per round the largest
         # count of any of its entries (packed messages merge per peer)
         pairs = np.sort((seg * world + src) * world + dst)  # sorted, not np.unique: numpy 2.4 hashes, 100x slower
         pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]]
         pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
-        msgs = np.bincount(pseg * world + psrc, minlength=S * world) + np.bincount(pseg * world + pdst, minlength=S * world)
+        msgs = (np.bincount(pos[pseg * world + psrc], minlength=t_seg.size)
+                + np.bincount(pos[pseg * world + pdst], minlength=t_seg.size))
         most = np.zeros(R * world, dtype=np.int64)
-        np.maximum.at(most, bins, msgs.reshape(S, world)[t_seg, t_rank][pick])
+        np.maximum.at(most, bins, msgs[pick])
         rounds[:, MSGS] = most.reshape(R, world)
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
         by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
