@@ -170,16 +170,19 @@ def p2p_stats(plan: Plan) -> PlanStats:
         src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
         dst = np.concatenate([t.dst for t in tables])[row].astype(np.int64)
         nb = np.concatenate([t.nbytes for t in tables])[row].astype(np.float64)
-        lo = np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables])[row]
-        hi = np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables])[row]
+        # zero copy: only transfers of at least DIRECT_MIN_BYTES can be; judge their boxes against the holdings
+        big = np.nonzero(nb >= DIRECT_MIN_BYTES)[0]
+        lo = np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables])[row[big]]
+        hi = np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables])[row[big]]
         hold_lo, hold_hi = boxes.arrays()
-        tb, ib = np.asarray(tbase, np.int64)[seg], np.asarray(ibase, np.int64)[seg]
+        tb, ib = np.asarray(tbase, np.int64)[seg[big]], np.asarray(ibase, np.int64)[seg[big]]
         side_ok = []
-        for ranks in (src, dst):
+        for ranks in (src[big], dst[big]):
             at = np.where(ranks < T, tb, ib) + ranks
-            side_ok.append(_contiguous(lo, hi, hold_lo[at], hold_hi[at]))
-        direct = (nb >= DIRECT_MIN_BYTES) & (side_ok[0] | side_ok[1])
-        src_direct, dst_direct = direct & side_ok[0], direct & side_ok[1]
+            ok = np.zeros(seg.size, dtype=bool)
+            ok[big] = _contiguous(lo, hi, hold_lo[at], hold_hi[at])
+            side_ok.append(ok)
+        src_direct, dst_direct = side_ok  # sent from / received into the weights themselves
         node, dom = topo.node_of, topo.domain_of
         cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
         net = cls == 2
