@@ -53,43 +53,43 @@ class BucketStats:
 def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
     topo = plan.topology
     node, dom = topo.node_of, topo.domain_of
-    members = np.asarray(group)
+    members = np.asarray(group, dtype=np.int64)
     per_node = np.bincount(node[members], minlength=int(node.max()) + 1)
-    intra = net = 0
-    rails = None
-    by_link = [0, 0, 0]
-    for a, c in zip(group, group[1:]):
-        if dom[a] == dom[c]:
-            intra += 1
-            by_link[0 if node[a] == node[c] else 1] += 1
-        else:
-            net += 1
-            by_link[2] += 1
-            m = int(min(per_node[node[a]], per_node[node[c]]))
-            rails = m if rails is None else min(rails, m)
-    return Ring(len(group) - 1, intra, net, rails or 1, tuple(by_link))
+    a, c = members[:-1], members[1:]  # the hops, in member order
+    same_dom = dom[a] == dom[c]
+    same_node = node[a] == node[c]
+    net = ~same_dom
+    rails = int(np.minimum(per_node[node[a[net]]], per_node[node[c[net]]]).min()) if net.any() else 1
+    by_link = (int((same_dom & same_node).sum()), int((same_dom & ~same_node).sum()), int(net.sum()))
+    return Ring(len(group) - 1, int(same_dom.sum()), int(net.sum()), rails or 1, by_link)
 
 
 def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
     """Per distinct inference placement of ``tensors``: which ranks hold part of it, and the fraction
-    of the tensor each holds."""
+    of the tensor each holds (a rank's fractions added in slot order)."""
     col: dict[int, int] = {}
     keep, held, frac = [], [], []
     I = plan.infer_world
+    slot_numel: dict[int, tuple] = {}  # id(template) -> (template, numel per slot)
     for i in tensors:
         p = plan.infer.placement(i)
         if id(p) in col:
             continue
         keep.append(p)
         col[id(p)] = len(held)
+        tpl = p.template
+        got = slot_numel.get(id(tpl))
+        if got is None:
+            got = slot_numel[id(tpl)] = (tpl, np.fromiter((tpl.slot_numel(s) for s in range(tpl.num_slots)),
+                                                           dtype=np.int64, count=tpl.num_slots))
+        n = got[1]
+        some = n > 0
+        ranks = np.asarray(p.ranks, dtype=np.int64)[some]
         h = np.zeros(I)
         f = np.zeros(I)
-        total = max(1, int(np.prod(p.template.shape)))
-        for slot, r in enumerate(p.ranks):
-            n = p.template.slot_numel(slot)
-            if n:
-                h[r] = 1.0
-                f[r] += n / total
+        total = max(1, int(np.prod(tpl.shape)))
+        h[ranks] = 1.0
+        np.add.at(f, ranks, n[some] / total)
         held.append(h)
         frac.append(f)
     by_tensor = {i: col[id(plan.infer.placement(i))] for i in tensors}
