@@ -57,15 +57,16 @@ def transport_report(plan: Plan, links, lb) -> dict:
 
 def infer_needed_bytes(model, infer) -> int:
     """Bytes all inference ranks together must end up holding (replicas counted per rank)."""
-    total = 0
-    cache: dict = {}
-    for i, t in enumerate(model.tensors):
-        p = infer.placement(i)
-        n = cache.get(id(p.template))
+    classes, reps = infer.placement_classes()
+    per_template: dict[int, int] = {}
+    numel = np.empty(len(reps), dtype=np.int64)  # per placement class: elements over all its slots
+    for c, p in enumerate(reps):
+        tpl = p.template
+        n = per_template.get(id(tpl))
         if n is None:
-            n = cache[id(p.template)] = sum(p.template.slot_numel(s) for s in range(p.template.num_slots))
-        total += n * t.itemsize
-    return int(total)
+            n = per_template[id(tpl)] = sum(tpl.slot_numel(s) for s in range(tpl.num_slots))
+        numel[c] = n
+    return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
 def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
