@@ -159,22 +159,11 @@ def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: 
     every tensor of the group: the planner rotates source replicas from instance to instance, which
     changes which replica feeds a destination, not how many distinct ranks do."""
     from reshardctl.plan.model import Unit
-    from reshardctl.plan.pairs import intersect_templates
-    from reshardctl.plan.reshard import group_tensors
-    from reshardctl.plan.routing import route
+    from reshardctl.plan.reshard import route_requests, routing_requests
 
-    units = []
-    pair_cache: dict = {}
-    T = topology.train_world
-    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, None)):
-        key = (id(sp.template), id(dp.template))
-        pieces = pair_cache.get(key)
-        if pieces is None:
-            pieces = pair_cache[key] = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
-        table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray(dp.ranks, np.int32) + T, topology,
-                      model.tensors[members[0]].itemsize, rotation=gi, relay=False)
-        units.append(Unit(np.asarray(members, dtype=np.int32), table, 1, model.tensors[members[0]].itemsize))
-    return units
+    requests = routing_requests(model, train, infer, topology, rotate_replicas=False)
+    tables = route_requests(requests, topology, relay=False)
+    return [Unit(req[0], table, 1, req[1]) for req, table in zip(requests, tables)]
 
 
 def _mesh_codes(layout: SideLayout, n: int, keep: list) -> np.ndarray:
