@@ -72,16 +72,14 @@ def build_buckets(
             ]
         return got
 
-    whole_cache: dict[int, tuple[int, ...]] = {}
-
-    def whole_holders(i: int) -> tuple[int, ...]:
-        """Trainer ranks holding tensor i whole (cached per placement class)."""
+    # per placement class of the selected tensors: the trainer ranks holding the tensor whole
+    whole_by_class: dict[int, tuple[int, ...]] = {}
+    for i in index_all.tolist():
         c = cls_of[i]
-        got = whole_cache.get(c)
-        if got is None:
+        if c not in whole_by_class:
             full = (full_box(model.tensors[i].shape),)
-            got = whole_cache[c] = tuple(sorted({r for r, h in reps[c].items() if tuple(h) == full}))
-        return got
+            whole_by_class[c] = tuple(sorted({r for r, h in reps[c].items() if tuple(h) == full}))
+    holders_of = [whole_by_class.get(c, ()) for c in cls_of]
 
     def whole_region(i: int) -> Region:
         t = model.tensors[i]
@@ -110,7 +108,7 @@ def build_buckets(
                 return
             gather: dict[int, list[Region]] = {}
             for i in tensors:
-                if root in whole_holders(i):
+                if holders_of[i]:  # then its root is one of them
                     gather.setdefault(root, []).append(whole_region(i))
                     continue
                 for src, box, nb in gather_pieces(i, root):
@@ -132,7 +130,7 @@ def build_buckets(
             index += 1
 
         for i in by_stage[stage]:
-            holders = whole_holders(i)
+            holders = holders_of[i]
             if holders:
                 root = holders[spread % len(holders)] if len(holders) > 1 else holders[0]
                 spread += len(holders) > 1
