@@ -91,17 +91,7 @@ def fingerprint(plan: Plan) -> str:
     # the placements themselves: describe() need not determine them (a layout file edited in place
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
-        classes, reps = layout.placement_classes()
-        by_content: dict[tuple, int] = {}
-        ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
-        for c, p in enumerate(reps):
-            content = (p.template.shape, p.template.holdings, p.ranks)
-            k = by_content.get(content)
-            if k is None:
-                k = by_content[content] = len(by_content)
-                put(content)
-            ordinal[c] = k
-        h.update(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
+        h.update(_placements_bytes(layout))
     for u in plan.units:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
@@ -110,6 +100,28 @@ def fingerprint(plan: Plan) -> str:
     h.update(np.asarray(entries, dtype=np.int64).tobytes())
     h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]
+
+
+def _placements_bytes(layout: SideLayout) -> bytes:
+    """What the fingerprint hashes of a layout's placements: every distinct (shape, holdings, ranks), in
+    first-seen order, then each tensor's content ordinal and stage. Computed once per layout (it is
+    immutable; the transports of one command share it)."""
+    cached = layout.__dict__.get("_placements_bytes")
+    if cached is None:
+        classes, reps = layout.placement_classes()
+        parts: list[bytes] = []
+        by_content: dict[tuple, int] = {}
+        ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
+        for c, p in enumerate(reps):
+            content = (p.template.shape, p.template.holdings, p.ranks)
+            k = by_content.get(content)
+            if k is None:
+                k = by_content[content] = len(by_content)
+                parts.append(repr(content).encode() + b"\0")
+            ordinal[c] = k
+        parts.append(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
+        cached = layout.__dict__["_placements_bytes"] = b"".join(parts)
+    return cached
 
 
 def _buckets_bytes(buckets) -> bytes:
