@@ -48,56 +48,60 @@ class _HoldingBoxes:
     """Every rank's box of the placements a plan's units use, stacked into one [rows, ndim] lo/hi pair
     (``ndim``: the plan's largest, shorter shapes padded in front). A rank holding several boxes (or
     none) gets the full tensor: contiguous there implies contiguous in any box holding it, so the
-    zero-copy answer errs towards copying."""
+    zero-copy answer errs towards copying. Placements are registered first (``add``), then built at
+    once per template (``arrays``): thousands of expert placements share a few templates."""
 
     def __init__(self, ndim: int):
         self.ndim = ndim
-        self.base: dict[int, int] = {}  # id(placement) -> first row
-        self.keep: list = []  # placements stay referenced, so their ids are stable
-        self.slots: dict[int, tuple] = {}  # id(template) -> (slot lo, slot hi, boxes per slot)
-        self.lo: list[np.ndarray] = []
-        self.hi: list[np.ndarray] = []
-        self.rows = 0
+        self.ordinal: dict[int, int] = {}  # id(placement) -> its number
+        self.placements: list[tuple] = []  # (placement, side world, shape); keeps the ids stable
 
-    def _slots(self, tpl, shape: np.ndarray) -> tuple:
-        got = self.slots.get(id(tpl))
-        if got is None:
+    def add(self, p, side_world: int, shape: tuple[int, ...]) -> int:
+        """The number of placement ``p`` (rows ``side_world``: one per side-local rank)."""
+        k = self.ordinal.get(id(p))
+        if k is None:
+            k = self.ordinal[id(p)] = len(self.placements)
+            self.placements.append((p, side_world, shape))
+        return k
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """First row of every placement, and the stacked lo / hi."""
+        groups: dict[tuple, list[int]] = {}
+        for k, (p, world, shape) in enumerate(self.placements):
+            groups.setdefault((id(p.template), world, shape), []).append(k)
+        first = np.zeros(len(self.placements), dtype=np.int64)
+        los, his = [], []
+        rows = 0
+        for (_, world, shape), ks in groups.items():
+            tpl = self.placements[ks[0]][0].template
+            shp = np.asarray(shape, dtype=np.int64)
             n = tpl.num_slots
-            lo = np.zeros((n, shape.size), dtype=np.int64)
-            hi = np.broadcast_to(shape, (n, shape.size)).copy()
+            slot_lo = np.zeros((n, shp.size), dtype=np.int64)
+            slot_hi = np.broadcast_to(shp, (n, shp.size)).copy()
             count = np.fromiter(map(len, tpl.holdings), dtype=np.int64, count=n)
             for slot in np.nonzero(count == 1)[0].tolist():
                 box = tpl.holdings[slot][0]
-                lo[slot] = [a for a, _ in box]
-                hi[slot] = [b for _, b in box]
-            got = self.slots[id(tpl)] = (tpl, lo, hi, count)
-        return got[1:]
-
-    def add(self, p, side_world: int, shape: tuple[int, ...]) -> int:
-        """First row of placement ``p``'s boxes (one row per side-local rank); computed once per placement."""
-        got = self.base.get(id(p))
-        if got is None:
-            shp = np.asarray(shape, dtype=np.int64)
-            slot_lo, slot_hi, slot_count = self._slots(p.template, shp)
-            ranks = np.asarray(p.ranks, dtype=np.int64)
-            lo = np.zeros((side_world, shp.size), dtype=np.int64)
-            hi = np.broadcast_to(shp, (side_world, shp.size)).copy()
-            one = slot_count == 1
-            lo[ranks[one]] = slot_lo[one]
-            hi[ranks[one]] = slot_hi[one]
-            many = np.bincount(ranks, weights=slot_count, minlength=side_world)[:side_world] != 1
+                slot_lo[slot] = [a for a, _ in box]
+                slot_hi[slot] = [b for _, b in box]
+            P = len(ks)
+            ranks = np.asarray([self.placements[k][0].ranks for k in ks], dtype=np.int64).reshape(P, n)
+            lo = np.zeros((P, world, shp.size), dtype=np.int64)
+            hi = np.broadcast_to(shp, (P, world, shp.size)).copy()
+            one = count == 1
+            inst = np.repeat(np.arange(P), int(one.sum()))
+            lo[inst, ranks[:, one].reshape(-1)] = np.tile(slot_lo[one], (P, 1))
+            hi[inst, ranks[:, one].reshape(-1)] = np.tile(slot_hi[one], (P, 1))
+            held = np.bincount((np.arange(P)[:, None] * world + ranks).reshape(-1), weights=np.tile(count, P),
+                               minlength=P * world)[: P * world].reshape(P, world)
+            many = held != 1
             lo[many] = 0
             hi[many] = shp
-            self.keep.append(p)
-            self.lo.append(_pad_front(lo, self.ndim, 0))
-            self.hi.append(_pad_front(hi, self.ndim, 1))
-            got = self.base[id(p)] = self.rows
-            self.rows += side_world
-        return got
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+            los.append(_pad_front(lo.reshape(P * world, shp.size), self.ndim, 0))
+            his.append(_pad_front(hi.reshape(P * world, shp.size), self.ndim, 1))
+            first[ks] = rows + np.arange(P) * world
+            rows += P * world
         empty = np.zeros((0, self.ndim), dtype=np.int64)
-        return np.concatenate(self.lo or [empty]), np.concatenate(self.hi or [empty])
+        return first, np.concatenate(los or [empty]), np.concatenate(his or [empty])
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ def p2p_stats(plan: Plan) -> PlanStats:
             t0 = int(units[u].tensors[0])
             shape = plan.model.tensors[t0].shape
             tbase.append(boxes.add(plan.train.placement(t0), T, shape))
-            ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape) - T)
+            ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
         length = np.asarray(lengths, np.int64)
         seg = np.repeat(np.arange(S), length)
         row = np.arange(seg.size) + np.repeat(np.asarray(starts, np.int64) - (np.cumsum(length) - length), length)
@@ -174,8 +178,9 @@ def p2p_stats(plan: Plan) -> PlanStats:
         big = np.nonzero(nb >= DIRECT_MIN_BYTES)[0]
         lo = np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables])[row[big]]
         hi = np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables])[row[big]]
-        hold_lo, hold_hi = boxes.arrays()
-        tb, ib = np.asarray(tbase, np.int64)[seg[big]], np.asarray(ibase, np.int64)[seg[big]]
+        first_row, hold_lo, hold_hi = boxes.arrays()
+        tb = first_row[np.asarray(tbase, np.int64)][seg[big]]
+        ib = first_row[np.asarray(ibase, np.int64)][seg[big]] - T
         side_ok = []
         for ranks in (src[big], dst[big]):
             at = np.where(ranks < T, tb, ib) + ranks
