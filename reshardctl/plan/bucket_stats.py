@@ -112,6 +112,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     f = {k: np.zeros(B) for k in ("root_nic_recv", "root_nvl_recv", "send_nic_max", "send_nvl_max", "node_send_max",
                                    "root_msgs", "root_copy", "pack_send_max", "gather_send_total", "pack_send_total")}
     rings: dict[tuple[int, ...], int] = {}
+    ring_by_id: dict[int, int] = {}  # the buckets keep their groups alive
     ring_of = np.zeros(B, dtype=np.int64)
     link_bytes = np.zeros(3)
     all_tensors = [i for b in plan.buckets for i in b.tensors]
@@ -156,12 +157,17 @@ def bucket_stats(plan: Plan) -> BucketStats:
         if node_send:
             f["node_send_max"][k] = max(node_send.values())
         g = b.group
-        ri = rings.get(g)
+        ri = ring_by_id.get(id(g))  # buckets share group tuples: hash 270 ranks once per tuple, not per bucket
         if ri is None:
-            ri = rings[g] = len(rings)
+            ri = rings.get(g)
+            if ri is None:
+                ri = rings[g] = len(rings)
+            ring_by_id[id(g)] = ri
         ring_of[k] = ri
-        for i in b.tensors:
-            per_pl[k, by_tensor[i]] += model.tensors[i].nbytes
+    # bytes of every bucket per inference placement (integers: exact whatever the order)
+    bucket_of = np.repeat(np.arange(B), [len(b.tensors) for b in plan.buckets])
+    np.add.at(per_pl, (bucket_of, np.asarray([by_tensor[i] for i in all_tensors], dtype=np.int64)),
+              np.asarray([model.tensors[i].nbytes for i in all_tensors], dtype=np.float64))
     ring_list = [None] * len(rings)
     for g, ri in rings.items():
         ring_list[ri] = _ring(plan, g)
