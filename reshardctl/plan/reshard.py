@@ -57,15 +57,18 @@ def routing_requests(
     placements, in model order; with ``rotate_replicas``, a group whose pieces have k source replicas is
     cut into up to k interleaved subsets routed with successive rotations (replicas share the load
     across instances too)."""
-    pair_cache: dict[tuple[int, int], PairPieces] = {}
+    # pieces per template pair, kept with the trainer layout (with both templates, so their ids stay
+    # theirs): the transports of one command and the m2n report intersect each pair once
+    pair_cache: dict[tuple[int, int], tuple] = train.__dict__.setdefault("_pair_pieces", {})
     T = topo.train_world
     requests = []
     for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, select)):
         pkey = (id(sp.template), id(dp.template))
-        pieces = pair_cache.get(pkey)
-        if pieces is None:
-            pieces = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
-            pair_cache[pkey] = pieces
+        got = pair_cache.get(pkey)
+        if got is None:
+            got = pair_cache[pkey] = (sp.template, dp.template,
+                                      intersect_templates(sp.template, dp.template, model.tensors[members[0]].name))
+        pieces = got[2]
         itemsize = model.tensors[members[0]].itemsize
         src_ranks = np.asarray(sp.ranks, dtype=np.int32)
         dst_ranks = np.asarray(dp.ranks, dtype=np.int32) + T
