@@ -18,6 +18,7 @@ from reshardctl.plan.model import Plan
 NIC_SEND, NIC_RECV, NVL_SEND, NVL_RECV, MSGS, DIRECT_MSGS, PACK_SEND, PACK_RECV = range(8)
 K = 8
 DIRECT_MIN_BYTES = 64 << 10  # the executor's threshold (runtime/pack.py): smaller regions are packed
+_EXPAND = 1 << 20  # (entry, rank) pairs expanded at once by p2p_stats (memory bound)
 
 
 def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np.ndarray) -> np.ndarray:
@@ -187,6 +188,7 @@ def p2p_stats(plan: Plan) -> PlanStats:
             ok = np.zeros(seg.size, dtype=bool)
             ok[big] = _contiguous(lo, hi, hold_lo[at], hold_hi[at])
             side_ok.append(ok)
+        del lo, hi, tb, ib, at, hold_lo, hold_hi
         src_direct, dst_direct = side_ok  # sent from / received into the weights themselves
         node, dom = topo.node_of, topo.domain_of
         cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
@@ -203,27 +205,20 @@ def p2p_stats(plan: Plan) -> PlanStats:
         src_pos, dst_pos = pos[seg * world + src], pos[seg * world + dst]  # each transfer's two touched pairs
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
-        span = t_len[e_seg]
-        pick = np.arange(span.sum()) + np.repeat(t_first[e_seg] - (np.cumsum(span) - span), span)  # -> touched pair
-        entry = np.repeat(np.arange(e_seg.size), span)
-        bins = e_round[entry] * world + t_rank[pick]
-        scale = e_n[entry]
 
         def on(at: np.ndarray, w: np.ndarray) -> np.ndarray:  # per touched pair
             return np.bincount(at, weights=w, minlength=t_seg.size)
 
         direct_msg = (src_direct | dst_direct).astype(np.float64)
-        rows = (
-            (PACK_SEND, lambda: on(src_pos, np.where(src_direct, 0.0, nb))),
-            (PACK_RECV, lambda: on(dst_pos, np.where(dst_direct, 0.0, nb))),
-            (DIRECT_MSGS, lambda: on(src_pos, direct_msg) + on(dst_pos, direct_msg)),
-            (NIC_SEND, lambda: on(src_pos, np.where(net, nb, 0.0))),
-            (NIC_RECV, lambda: on(dst_pos, np.where(net, nb, 0.0))),
-            (NVL_SEND, lambda: on(src_pos, np.where(net, 0.0, nb))),
-            (NVL_RECV, lambda: on(dst_pos, np.where(net, 0.0, nb))),
-        )
-        for k, value in rows:
-            rounds[:, k] = np.bincount(bins, weights=scale * value()[pick], minlength=R * world).reshape(R, world)
+        values = {  # per touched pair: the slice's row of every summed traffic row
+            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),
+            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
+            DIRECT_MSGS: on(src_pos, direct_msg) + on(dst_pos, direct_msg),
+            NIC_SEND: on(src_pos, np.where(net, nb, 0.0)),
+            NIC_RECV: on(dst_pos, np.where(net, nb, 0.0)),
+            NVL_SEND: on(src_pos, np.where(net, 0.0, nb)),
+            NVL_RECV: on(dst_pos, np.where(net, 0.0, nb)),
+        }
         # one message per distinct (src, dst) pair of a slice, counted on both ends; per round the largest
         # count of any of its entries (packed messages merge per peer)
         pairs = np.sort((seg * world + src) * world + dst)  # sorted, not np.unique: numpy 2.4 hashes, 100x slower
@@ -231,11 +226,30 @@ def p2p_stats(plan: Plan) -> PlanStats:
         pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
         msgs = (np.bincount(pos[pseg * world + psrc], minlength=t_seg.size)
                 + np.bincount(pos[pseg * world + pdst], minlength=t_seg.size))
-        most = np.zeros(R * world, dtype=np.int64)
-        np.maximum.at(most, bins, msgs[pick])
-        rounds[:, MSGS] = most.reshape(R, world)
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
         by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
+        del src, dst, nb, seg, row, side_ok, src_direct, dst_direct, direct_msg
+        del cls, net, touched, pos, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
+        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
+        span = t_len[e_seg]
+        ends = np.cumsum(span)
+        sums = {k: np.zeros(R * world) for k in values}
+        most = np.zeros(R * world, dtype=np.int64)
+        lo_e = 0
+        while lo_e < e_seg.size:
+            hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
+            sp = span[lo_e:hi_e]
+            pick = np.arange(sp.sum()) + np.repeat(t_first[e_seg[lo_e:hi_e]] - (np.cumsum(sp) - sp), sp)
+            entry = np.repeat(np.arange(lo_e, hi_e), sp)
+            bins = e_round[entry] * world + t_rank[pick]
+            scale = e_n[entry]
+            for k, value in values.items():
+                sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R * world)
+            np.maximum.at(most, bins, msgs[pick])
+            lo_e = hi_e
+        for k, total in sums.items():
+            rounds[:, k] = total.reshape(R, world)
+        rounds[:, MSGS] = most.reshape(R, world)
     staging = rounds[:, NIC_SEND] + rounds[:, NIC_RECV] + rounds[:, NVL_SEND] + rounds[:, NVL_RECV]
     max_staging = int(staging.max()) if R and world else 0
     per_rank = rounds.sum(axis=0) if R else np.zeros((K, world))
