@@ -78,17 +78,15 @@ class RoundPacker:
         placed = int(take.sum())
         if placed < count:
             extra = -(-(count - placed) // per_new)
-            start = len(self.load)
             self._grow(extra)
             rest = count - placed
             new_take = np.full(extra, per_new, dtype=np.int64)
             new_take[-1] = rest - per_new * (extra - 1)
             take = np.concatenate([take, new_take])
-            del start
+        used = np.nonzero(take)[0]
+        self.load[np.ix_(used, nz)] += take[used, None] * v
         pos = 0
-        for r in np.nonzero(take)[0].tolist():
-            k = int(take[r])
-            self.load[r, nz] += k * v
+        for r, k in zip(used.tolist(), take[used].tolist()):
             self.entries[r].append(Entry(unit, pos, pos + k, 0, n_transfers))
             pos += k
 
