@@ -71,8 +71,8 @@ def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np
     keep, held, frac = [], [], []
     I = plan.infer_world
     slot_numel: dict[int, tuple] = {}  # id(template) -> (template, numel per slot)
-    for i in tensors:
-        p = plan.infer.placement(i)
+    placements = [plan.infer.placement(i) for i in tensors]
+    for p in placements:
         if id(p) in col:
             continue
         keep.append(p)
@@ -92,7 +92,7 @@ def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np
         np.add.at(f, ranks, n[some] / total)
         held.append(h)
         frac.append(f)
-    by_tensor = {i: col[id(plan.infer.placement(i))] for i in tensors}
+    by_tensor = {i: col[id(p)] for i, p in zip(tensors, placements)}
     return by_tensor, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
 
 
