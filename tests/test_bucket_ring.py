@@ -12,7 +12,7 @@ from reshardctl.plan.bucket_stats import Ring, _ring
 from reshardctl.topology import Topology
 
 
-def reference_ring(plan: Plan, group: tuple[int, ...]) -> Ring:
+def reference_ring(plan, group: tuple[int, ...]) -> Ring:
     topo = plan.topology
     node, dom = topo.node_of, topo.domain_of
     members = np.asarray(group)
