@@ -7,6 +7,9 @@ how planning time grows with tensors x ranks, measured side by side in this one 
     .venv/bin/python benchmarks/plan_scale.py --quick    # the smallest case of each model
     .venv/bin/python benchmarks/plan_scale.py --command  # also the whole `reshardctl plan --transport all`
                                                          # command per case: wall time and peak memory
+    .venv/bin/python benchmarks/plan_scale.py --goal --base /tmp/base --repeat 5
+        # only the goal case (and --compare-infer x 3), alternating with the source tree /tmp/base
+        # (`git archive <commit> | tar -x -C /tmp/base`), 5 times each: medians side by side
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -67,25 +71,71 @@ print(json.dumps({
 """
 
 
-def whole_command(model: str, train: str, infer: str, extra: tuple[str, ...] = ()) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one `reshardctl plan --transport all` process, start to exit."""
-    exe = Path(sys.executable).parent / "reshardctl"
-    argv = [str(exe), "plan", "--site", "dgx-h100", "--model", model, "--train", train, "--infer", infer,
+# runs the CLI of another source tree (--base) with this interpreter: the editable install's finder
+# (which would import this checkout) is dropped first
+OTHER_TREE = r"""
+import sys
+src = sys.argv[1]
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path.insert(0, src)
+sys.argv = ["reshardctl", *sys.argv[2:]]
+import reshardctl
+assert reshardctl.__file__.startswith(src), reshardctl.__file__
+from reshardctl.cli import main
+main()
+"""
+
+
+def whole_command(model: str, train: str, infer: str, extra: tuple[str, ...] = (),
+                  tree: str | None = None) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MiB) of one `reshardctl plan --transport
+    all` process, start to exit; ``tree``: run that source tree's CLI instead of this checkout's."""
+    args = ["plan", "--site", "dgx-h100", "--model", model, "--train", train, "--infer", infer,
             "--transport", "all", "--json", *extra]
+    argv = ([sys.executable, "-c", OTHER_TREE, str(Path(tree).absolute()), *args] if tree
+            else [str(Path(sys.executable).parent / "reshardctl"), *args])
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {p.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def goal_side_by_side(base: str | None, repeat: int) -> None:
+    """The goal case, plain and with --compare-infer x 3, this checkout alternating with ``base``:
+    medians of ``repeat`` runs each (wall, CPU, peak RSS), every run listed."""
+    model, tr, inf = CASES[6]
+    cands = ("tp=32,dp=8", "tp=16,dp=16", "tp=64,dp=4")
+    variants = (("plan --transport all", ()),
+                ("+ --compare-infer x 3", tuple(x for c in cands for x in ("--compare-infer", c))))
+    trees = (("base", base), ("this", None)) if base else (("this", None),)
+    print(f"whole command: reshardctl plan --site dgx-h100 --model {model} --train {tr} --infer {inf} "
+          f"--transport all --json; {repeat} runs each, alternating; goals: < 2 s (1 s), < 1 GiB; compare < 5 s")
+    for label, extra in variants:
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in trees}
+        for _ in range(repeat):
+            for name, tree in trees:
+                runs[name].append(whole_command(model, tr, inf, extra, tree))
+        for name, _ in trees:
+            walls, cpus, rss = zip(*runs[name])
+            print(f"  {label:<24} {name:<5} wall median {statistics.median(walls):6.2f} s  CPU median "
+                  f"{statistics.median(cpus):6.2f} s  peak {max(rss):5.0f} MiB   walls "
+                  + " ".join(f"{w:.2f}" for w in walls) + "   CPUs " + " ".join(f"{c:.2f}" for c in cpus))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--command", action="store_true", help="also time the whole `reshardctl plan` command")
+    ap.add_argument("--goal", action="store_true", help="only the goal case's whole command (see --base, --repeat)")
+    ap.add_argument("--base", metavar="DIR", help="with --goal: a source tree to run alternately with this one")
+    ap.add_argument("--repeat", type=int, default=3, help="with --goal: runs of each command (default 3)")
     args = ap.parse_args()
+    if args.goal:
+        goal_side_by_side(args.base, args.repeat)
+        return
     rows = []
     print(f"{'model':<16} {'trainer':<32} {'inference':<30} {'tensors':>7} {'ranks':>9} {'plan s':>7} "
           f"{'stats+cost s':>12} {'peak MB':>8} {'+MB':>6} {'rounds':>6} {'transfers':>10} {'pred s':>7} {'LB s':>6}")
@@ -108,13 +158,13 @@ def main() -> None:
         for i, (model, tr, inf) in enumerate(CASES):
             if args.quick and i not in QUICK:
                 continue
-            wall, mib = whole_command(model, tr, inf)
-            print(f"  {model:<16} {tr:<32} {inf:<14} wall {wall:6.2f} s  peak {mib:6.0f} MiB")
+            wall, cpu, mib = whole_command(model, tr, inf)
+            print(f"  {model:<16} {tr:<32} {inf:<14} wall {wall:6.2f} s  CPU {cpu:6.2f} s  peak {mib:6.0f} MiB")
         model, tr, inf = CASES[6]
         cands = ("tp=32,dp=8", "tp=16,dp=16", "tp=64,dp=4")
-        wall, mib = whole_command(model, tr, inf, tuple(x for c in cands for x in ("--compare-infer", c)))
-        print(f"  {model:<16} {tr:<32} --compare-infer {len(cands)} candidates: wall {wall:6.2f} s  peak {mib:6.0f} MiB "
-              f"(goal < 5 s)")
+        wall, cpu, mib = whole_command(model, tr, inf, tuple(x for c in cands for x in ("--compare-infer", c)))
+        print(f"  {model:<16} {tr:<32} --compare-infer {len(cands)} candidates: wall {wall:6.2f} s  CPU {cpu:6.2f} s  "
+              f"peak {mib:6.0f} MiB (goal < 5 s)")
     if len(rows) > 1:
         base = min(rows, key=lambda r: r["tensors"] * (r["train"] + r["infer"]))
         print("\ngrowth vs the smallest case (tensors x ranks, planning time):")

@@ -17,7 +17,7 @@ from plan_fixtures import SplitLayout, toy_model
 from reshardctl.errors import ProfileError
 from reshardctl.plan.cost import TERMS, Links, _round_terms, lower_bound, predict
 from reshardctl.plan.planner import build_plan
-from reshardctl.plan.stats import DIRECT_MSGS, K, MSGS, NIC_RECV, NIC_SEND
+from reshardctl.plan.stats import K, MSGS, NIC_RECV, NIC_SEND
 from reshardctl.topology import Topology
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -54,11 +54,10 @@ def test_more_messages_cost_more_latency(world, base, extra, cpu):
     links = CPU if cpu else GPU
     tr = np.zeros((1, K, world))
     tr[0, NIC_SEND, 0] = tr[0, NIC_RECV, 1] = 1 << 20
-    tr[0, MSGS, :2] = 1
-    tr[0, DIRECT_MSGS, :2] = base
+    tr[0, MSGS, :2] = 1 + base
     node_of = np.arange(world) // 2
     lat0 = _round_terms(tr, node_of, int(node_of.max()) + 1, links)[1][0]
-    tr[0, DIRECT_MSGS, :2] += extra
+    tr[0, MSGS, :2] += extra
     lat1 = _round_terms(tr, node_of, int(node_of.max()) + 1, links)[1][0]
     assert lat1 > lat0 if cpu or (base + 1) // 8 != (base + extra + 1) // 8 else lat1 >= lat0
     wire0 = _round_terms(tr, node_of, int(node_of.max()) + 1, replace(links, nic_latency=links.nic_latency * 10))[0][0]

@@ -40,9 +40,13 @@ def preset_config(name: str) -> dict:
 
 
 @lru_cache(maxsize=16)
-def _preset_full(name: str) -> ModelSpec:
-    """A preset's full checkpoint view (MTP + fp8 scales where it has them); immutable, cached."""
-    return spec_from_config(preset_config(name), name, source=f"preset:{name}", include_mtp=True, include_scales=True)
+def _preset_view(name: str, mtp: bool, scales: bool) -> ModelSpec:
+    """A preset in the asked view, built directly from its config (not cut out of the full checkpoint
+    view: DeepSeek-V3 without scales is half the tensors); immutable, cached. ``select_view`` drops
+    nothing here, it only refuses MTP layers / scales the preset lacks (asked for neither: nothing to check)."""
+    config = preset_config(name)
+    model = spec_from_config(config, name, source=f"preset:{name}", include_mtp=mtp, include_scales=scales)
+    return select_view(model, mtp=mtp, scales=scales, dtype=model_dtype(config, model.source)) if mtp or scales else model
 
 
 def _full_from_path(path: Path) -> ModelSpec:
@@ -85,10 +89,10 @@ def load_model(
     if isinstance(spec, str) and not spec.strip():
         raise ModelError(f"model {spec!r}: empty; give a preset ({', '.join(PRESETS)}) or a path")
     if isinstance(spec, str) and spec in PRESETS:
-        full = _preset_full(spec)
+        model = _preset_view(spec, bool(include_mtp), bool(include_scales))
     else:
         full = _full_from_path(Path(spec))
-    model = select_view(full, mtp=include_mtp, scales=include_scales, dtype=model_dtype(full.config, full.source))
+        model = select_view(full, mtp=include_mtp, scales=include_scales, dtype=model_dtype(full.config, full.source))
     if layers is not None:
         model = truncate(model, layers)
     return model

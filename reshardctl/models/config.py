@@ -241,32 +241,47 @@ class _Builder:
         self.dtype = dtype
         self.fp8 = fp8
         self.out: list[TensorSpec] = []
+        self._resolved: dict[int, tuple] = {}
 
-    def row(self, prefix: str, row, layer: int | None = None, expert: int | None = None) -> None:
-        suffix, kind, shape_syms, dtype = row
-        name = prefix + (suffix.format(e=expert) if expert is not None else suffix)
-        shape = tuple(self.sym[s] for s in shape_syms)
-        dtype = dtype or self.dtype
-        scaled = self.fp8 is not None and kind in FP8_KINDS
-        if scaled:
-            dtype = self.fp8[0]
-        self.out.append(TensorSpec(name, shape, dtype, KIND_ROLE[kind], kind, layer, expert))
-        if scaled:
-            (bo, bi), (o, i) = self.fp8[1], shape
+    def _resolve(self, block: Block) -> tuple:
+        """Per row of a block: (suffix, kind, role, shape, dtype, scale shape or None); once per block."""
+        got = self._resolved.get(id(block))
+        if got is None:
+            rows = []
+            for suffix, kind, shape_syms, dtype in block:
+                shape = tuple(self.sym[s] for s in shape_syms)
+                dtype = dtype or self.dtype
+                scale = None
+                if self.fp8 is not None and kind in FP8_KINDS:
+                    dtype = self.fp8[0]
+                    (bo, bi), (o, i) = self.fp8[1], shape
+                    scale = (ceil(o / bo), ceil(i / bi))
+                rows.append((suffix, kind, KIND_ROLE[kind], shape, dtype, scale))
+            got = self._resolved[id(block)] = (block, tuple(rows))
+        return got[1]
+
+    def _add(self, name: str, kind: str, role: str, shape: tuple, dtype: str, scale, layer, expert) -> None:
+        self.out.append(TensorSpec(name, shape, dtype, role, kind, layer, expert))
+        if scale is not None:
             self.out.append(TensorSpec(
-                name[: -len("weight")] + "weight_scale_inv", (ceil(o / bo), ceil(i / bi)), "float32",
-                "scale", "scale_inv", layer, expert, scale_of=name,
+                name[: -len("weight")] + "weight_scale_inv", scale, "float32", "scale", "scale_inv", layer, expert,
+                scale_of=name,
             ))
+
+    def row(self, prefix: str, row, layer: int | None = None) -> None:
+        for suffix, kind, role, shape, dtype, scale in self._resolve((row,)):
+            self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None)
 
     def blocks(self, prefix: str, blocks: tuple[Block, ...], layer: int) -> None:
         for block in blocks:
+            rows = self._resolve(block)
             if block is EXPERT:
                 for e in range(self.sym["E"]):
-                    for row in block:
-                        self.row(prefix, row, layer, e)
+                    for suffix, kind, role, shape, dtype, scale in rows:
+                        self._add(prefix + suffix.format(e=e), kind, role, shape, dtype, scale, layer, e)
             else:
-                for row in block:
-                    self.row(prefix, row, layer)
+                for suffix, kind, role, shape, dtype, scale in rows:
+                    self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None)
 
 
 def spec_from_config(

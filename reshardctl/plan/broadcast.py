@@ -45,22 +45,24 @@ def build_buckets(
     if span not in SPANS:
         raise ValueError(f"broadcast span {span!r}: expected one of {', '.join(SPANS)}")
     infer_group = tuple(range(topo.train_world, topo.world))
-    by_stage: dict[int, list[int]] = {}
-    for i, t in enumerate(model.tensors):
-        if select is None or select(t):
-            by_stage.setdefault(train.stage_of(i), []).append(i)
+    tcls, reps = train.placement_classes()  # a class: one template object on the same ranks
+    stage_of = train.stage_array()
+    index_all = np.arange(len(model.tensors))
+    if select is not None:
+        index_all = index_all[np.fromiter(map(select, model.tensors), dtype=bool, count=len(model.tensors))]
+    by_stage = {int(s): index_all[stage_of[index_all] == s].tolist() for s in np.unique(stage_of[index_all])}
+    cls_of = tcls.tolist()
     full_templates: dict[tuple[int, ...], ShardTemplate] = {}
     piece_cache: dict[tuple[int, int, int], list[tuple[int, tuple, int]]] = {}
-    keep = []  # placements stay referenced, so their ids are stable
 
     def gather_pieces(i: int, leader: int) -> list[tuple[int, tuple, int]]:
-        """(source rank, box, bytes) covering tensor i once, routed to the leader; cached per placement."""
+        """(source rank, box, bytes) covering tensor i once, routed to the leader; cached per placement
+        class (one template: one shape) and itemsize."""
         t = model.tensors[i]
-        sp = train.placement(i)
-        key = (id(sp), leader, t.itemsize)
+        key = (cls_of[i], leader, t.itemsize)
         got = piece_cache.get(key)
         if got is None:
-            keep.append(sp)
+            sp = reps[cls_of[i]]
             tpl = full_templates.setdefault(t.shape, ShardTemplate(t.shape, ((full_box(t.shape),),)))
             pieces = intersect_templates(sp.template, tpl, t.name)
             table = route(pieces, np.asarray(sp.ranks, np.int32), np.asarray([leader], np.int32), topo, t.itemsize)
@@ -70,17 +72,14 @@ def build_buckets(
             ]
         return got
 
-    whole_cache: dict[int, tuple[int, ...]] = {}
-
-    def whole_holders(i: int) -> tuple[int, ...]:
-        """Trainer ranks holding tensor i whole (cached per placement)."""
-        sp = train.placement(i)
-        got = whole_cache.get(id(sp))
-        if got is None:
-            keep.append(sp)
+    # per placement class of the selected tensors: the trainer ranks holding the tensor whole
+    whole_by_class: dict[int, tuple[int, ...]] = {}
+    for i in index_all.tolist():
+        c = cls_of[i]
+        if c not in whole_by_class:
             full = (full_box(model.tensors[i].shape),)
-            got = whole_cache[id(sp)] = tuple(sorted({r for r, h in sp.items() if tuple(h) == full}))
-        return got
+            whole_by_class[c] = tuple(sorted({r for r, h in reps[c].items() if tuple(h) == full}))
+    holders_of = [whole_by_class.get(c, ()) for c in cls_of]
 
     def whole_region(i: int) -> Region:
         t = model.tensors[i]
@@ -99,6 +98,7 @@ def build_buckets(
         current: dict[int, list[int]] = {}  # root -> tensors of its open bucket
         size: dict[int, int] = {}
         spread = 0  # rotates replicated tensors over their holders
+        groups: dict[int, tuple[int, ...]] = {}  # root -> its broadcast group (one tuple, shared by its buckets)
 
         def flush(root: int) -> None:
             nonlocal index
@@ -108,17 +108,20 @@ def build_buckets(
                 return
             gather: dict[int, list[Region]] = {}
             for i in tensors:
-                if root in whole_holders(i):
+                if holders_of[i]:  # then its root is one of them
                     gather.setdefault(root, []).append(whole_region(i))
                     continue
                 for src, box, nb in gather_pieces(i, root):
                     gather.setdefault(src, []).append(Region(i, box, nb))
-            others = tuple(r for r in stage_ranks if r != root) if span == "stage" else ()
+            group = groups.get(root)
+            if group is None:
+                others = tuple(r for r in stage_ranks if r != root) if span == "stage" else ()
+                group = groups[root] = (root,) + others + infer_group
             buckets.append(
                 BroadcastBucket(
                     index=index,
                     root=root,
-                    group=(root,) + others + infer_group,
+                    group=group,
                     tensors=tuple(tensors),
                     gather=tuple(PeerRegions(p, tuple(r)) for p, r in sorted(gather.items())),
                     nbytes=nbytes,
@@ -127,7 +130,7 @@ def build_buckets(
             index += 1
 
         for i in by_stage[stage]:
-            holders = whole_holders(i)
+            holders = holders_of[i]
             if holders:
                 root = holders[spread % len(holders)] if len(holders) > 1 else holders[0]
                 spread += len(holders) > 1

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from reshardctl.plan.model import Plan
-from reshardctl.plan.stats import DIRECT_MIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -37,10 +36,8 @@ class BucketStats:
     send_nvl_max: np.ndarray  # [B]
     node_send_max: np.ndarray  # [B] the busiest node's gather bytes leaving over its NICs
     root_msgs: np.ndarray  # [B] messages the root receives
-    root_copy: np.ndarray  # [B] bytes the root copies into the bucket (own pieces, packed and scattered pieces)
-    pack_send_max: np.ndarray  # [B] the busiest sender's bytes packed into a buffer
+    root_copy: np.ndarray  # [B] bytes the root copies into the bucket (own pieces, staged pieces)
     gather_send_total: np.ndarray  # [B] bytes all senders (root excluded) send
-    pack_send_total: np.ndarray  # [B]
     rings: tuple[Ring, ...]  # distinct rings
     ring_of: np.ndarray  # [B] index into rings
     held_full_max: np.ndarray  # [B] the busiest inference rank's bytes of bucket tensors it holds part of
@@ -53,46 +50,46 @@ class BucketStats:
 def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
     topo = plan.topology
     node, dom = topo.node_of, topo.domain_of
-    members = np.asarray(group)
+    members = np.asarray(group, dtype=np.int64)
     per_node = np.bincount(node[members], minlength=int(node.max()) + 1)
-    intra = net = 0
-    rails = None
-    by_link = [0, 0, 0]
-    for a, c in zip(group, group[1:]):
-        if dom[a] == dom[c]:
-            intra += 1
-            by_link[0 if node[a] == node[c] else 1] += 1
-        else:
-            net += 1
-            by_link[2] += 1
-            m = int(min(per_node[node[a]], per_node[node[c]]))
-            rails = m if rails is None else min(rails, m)
-    return Ring(len(group) - 1, intra, net, rails or 1, tuple(by_link))
+    a, c = members[:-1], members[1:]  # the hops, in member order
+    same_dom = dom[a] == dom[c]
+    same_node = node[a] == node[c]
+    net = ~same_dom
+    rails = int(np.minimum(per_node[node[a[net]]], per_node[node[c[net]]]).min()) if net.any() else 1
+    by_link = (int((same_dom & same_node).sum()), int((same_dom & ~same_node).sum()), int(net.sum()))
+    return Ring(len(group) - 1, int(same_dom.sum()), int(net.sum()), rails or 1, by_link)
 
 
 def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
     """Per distinct inference placement of ``tensors``: which ranks hold part of it, and the fraction
-    of the tensor each holds."""
+    of the tensor each holds (a rank's fractions added in slot order)."""
     col: dict[int, int] = {}
     keep, held, frac = [], [], []
     I = plan.infer_world
-    for i in tensors:
-        p = plan.infer.placement(i)
+    slot_numel: dict[int, tuple] = {}  # id(template) -> (template, numel per slot)
+    placements = [plan.infer.placement(i) for i in tensors]
+    for p in placements:
         if id(p) in col:
             continue
         keep.append(p)
         col[id(p)] = len(held)
+        tpl = p.template
+        got = slot_numel.get(id(tpl))
+        if got is None:
+            got = slot_numel[id(tpl)] = (tpl, np.fromiter((tpl.slot_numel(s) for s in range(tpl.num_slots)),
+                                                           dtype=np.int64, count=tpl.num_slots))
+        n = got[1]
+        some = n > 0
+        ranks = np.asarray(p.ranks, dtype=np.int64)[some]
         h = np.zeros(I)
         f = np.zeros(I)
-        total = max(1, int(np.prod(p.template.shape)))
-        for slot, r in enumerate(p.ranks):
-            n = p.template.slot_numel(slot)
-            if n:
-                h[r] = 1.0
-                f[r] += n / total
+        total = max(1, int(np.prod(tpl.shape)))
+        h[ranks] = 1.0
+        np.add.at(f, ranks, n[some] / total)
         held.append(h)
         frac.append(f)
-    by_tensor = {i: col[id(plan.infer.placement(i))] for i in tensors}
+    by_tensor = {i: col[id(p)] for i, p in zip(tensors, placements)}
     return by_tensor, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
 
 
@@ -110,8 +107,9 @@ def bucket_stats(plan: Plan) -> BucketStats:
     node, dom = topo.node_of, topo.domain_of
     model = plan.model
     f = {k: np.zeros(B) for k in ("root_nic_recv", "root_nvl_recv", "send_nic_max", "send_nvl_max", "node_send_max",
-                                   "root_msgs", "root_copy", "pack_send_max", "gather_send_total", "pack_send_total")}
+                                   "root_msgs", "root_copy", "gather_send_total")}
     rings: dict[tuple[int, ...], int] = {}
+    ring_by_id: dict[int, int] = {}  # the buckets keep their groups alive
     ring_of = np.zeros(B, dtype=np.int64)
     link_bytes = np.zeros(3)
     all_tensors = [i for b in plan.buckets for i in b.tensors]
@@ -126,23 +124,20 @@ def bucket_stats(plan: Plan) -> BucketStats:
             if pr.peer == root:
                 f["root_copy"][k] += nb
                 continue
-            small = 0
-            direct = 0
+            # a trainer's pieces are whole boxes of its own (in place in its arena, first-use order); at
+            # the root, whole tensors lie back to back in the bucket (in place), other pieces are staged
+            # and copied in; one message per class (contiguous in the tensor or not, wire.py)
+            classes = set()
             for r in pr.regions:
-                if r.nbytes < DIRECT_MIN_BYTES:
-                    small += r.nbytes
-                else:
-                    direct += 1
-                    key = (r.tensor, r.box)
-                    c = contig.get(key)
-                    if c is None:
-                        c = contig[key] = _contiguous_in_tensor(r.box, model.tensors[r.tensor].shape)
-                    if not c:
-                        f["root_copy"][k] += r.nbytes  # lands in scratch, copied into the bucket
-            f["root_copy"][k] += small
-            f["root_msgs"][k] += direct + (1 if small else 0)
-            f["pack_send_max"][k] = max(f["pack_send_max"][k], small)
-            f["pack_send_total"][k] += small
+                key = (r.tensor, r.box)
+                c = contig.get(key)
+                if c is None:
+                    shape = model.tensors[r.tensor].shape
+                    c = contig[key] = (_contiguous_in_tensor(r.box, shape), r.box == tuple((0, n) for n in shape))
+                classes.add(c[0])
+                if not c[1]:
+                    f["root_copy"][k] += r.nbytes  # staged at the root, copied into the bucket
+            f["root_msgs"][k] += len(classes)
             f["gather_send_total"][k] += nb
             if dom[pr.peer] != dom[root]:
                 f["root_nic_recv"][k] += nb
@@ -156,12 +151,17 @@ def bucket_stats(plan: Plan) -> BucketStats:
         if node_send:
             f["node_send_max"][k] = max(node_send.values())
         g = b.group
-        ri = rings.get(g)
+        ri = ring_by_id.get(id(g))  # buckets share group tuples: hash 270 ranks once per tuple, not per bucket
         if ri is None:
-            ri = rings[g] = len(rings)
+            ri = rings.get(g)
+            if ri is None:
+                ri = rings[g] = len(rings)
+            ring_by_id[id(g)] = ri
         ring_of[k] = ri
-        for i in b.tensors:
-            per_pl[k, by_tensor[i]] += model.tensors[i].nbytes
+    # bytes of every bucket per inference placement (integers: exact whatever the order)
+    bucket_of = np.repeat(np.arange(B), [len(b.tensors) for b in plan.buckets])
+    np.add.at(per_pl, (bucket_of, np.asarray([by_tensor[i] for i in all_tensors], dtype=np.int64)),
+              np.asarray([model.tensors[i].nbytes for i in all_tensors], dtype=np.float64))
     ring_list = [None] * len(rings)
     for g, ri in rings.items():
         ring_list[ri] = _ring(plan, g)

@@ -31,7 +31,7 @@ from reshardctl.plan.bucket_stats import BucketStats, bucket_stats
 from reshardctl.plan.lower_bound import LowerBound, lower_bound  # noqa: F401  (re-exported)
 from reshardctl.plan.model import Plan
 from reshardctl.plan.stats import (
-    DIRECT_MSGS, MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, p2p_stats,
+    MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, p2p_stats,
 )
 
 TERMS = ("wire", "latency", "pack", "checksum", "sync")
@@ -159,7 +159,7 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
             (int(np.nonzero(node_of == j)[0][0]) if name.startswith("node") else
              int((rounds[r, NIC_SEND] + rounds[r, NVL_SEND]).argmax()))
         busiest.append((rank, name, float(v[r, j])))
-    msgs = rounds[:, MSGS] + rounds[:, DIRECT_MSGS]
+    msgs = rounds[:, MSGS]
     per_msg = np.where(rounds[:, NIC_SEND].sum(axis=1) > 0, max(links.nic_latency, links.nvlink_latency),
                        links.nvlink_latency)
     busy = np.ceil(msgs.max(axis=1) / links.msg_concurrency)
@@ -192,8 +192,7 @@ def _bucket_terms(bs: BucketStats, links: Links):
     per_msg = max(links.nic_latency, links.nvlink_latency)
     g_msgs = np.ceil(bs.root_msgs / links.msg_concurrency)
     g_lat = np.where(bs.root_msgs > 0, links.launch + g_msgs * per_msg, 0.0)
-    g_pack = _shared(np.maximum(bs.root_copy, bs.pack_send_max), bs.root_copy + bs.pack_send_total, links.copy,
-                     links.copy_all)
+    g_pack = _shared(bs.root_copy, bs.root_copy, links.copy, links.copy_all)  # senders send in place
     # the root checksums the bucket (its trailer) and every gathered piece; senders their pieces
     g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + 2 * bs.gather_send_total, links.checksum,
                    links.checksum_all)

@@ -34,7 +34,7 @@ import numpy as np
 from reshardctl.layout.placement import Placement
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
-from reshardctl.topology import Topology, infer_global
+from reshardctl.topology import Topology
 
 LIMITS = {"mesh_ndim": 2, "tensor_rank": 3, "fan_in": 16, "fan_out": 64}
 EXAMPLES = 3
@@ -140,23 +140,18 @@ def _side_checks(layout: SideLayout, index: int, side: str, cache: dict) -> tupl
     return list(got[0]), dict(got[1])
 
 
-def _fans(units) -> dict[int, tuple[int, int]]:
-    """tensor index -> (max fan-in, max fan-out) over its routed transfers."""
-    out: dict[int, tuple[int, int]] = {}
+def _fans(units, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per tensor: (max fan-in, max fan-out) over its routed transfers (0 for tensors in no unit)."""
+    fan_in = np.zeros(n, dtype=np.int64)
+    fan_out = np.zeros(n, dtype=np.int64)
     for u in units:
-        src = u.table.src.astype(np.int64)
-        dst = u.table.dst.astype(np.int64)
-        if src.size:
-            pairs = np.unique(src * (1 << 32) + dst)
-            s, d = pairs >> 32, pairs & ((1 << 32) - 1)
-            fin = int(np.unique(d, return_counts=True)[1].max())
-            fout = int(np.unique(s, return_counts=True)[1].max())
-        else:
-            fin = fout = 0
-        for t in u.tensors.tolist():
-            a, b = out.get(t, (0, 0))
-            out[t] = (max(a, fin), max(b, fout))
-    return out
+        if not len(u.table):
+            continue
+        pairs = np.sort(u.table.src.astype(np.int64) * (1 << 32) + u.table.dst)  # np.unique hashes: slow on numpy 2.4
+        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]]
+        np.maximum.at(fan_in, u.tensors, np.bincount(pairs & ((1 << 32) - 1)).max())  # distinct sources per destination
+        np.maximum.at(fan_out, u.tensors, np.bincount(pairs >> 32).max())
+    return fan_in, fan_out
 
 
 def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology) -> list:
@@ -164,94 +159,115 @@ def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: 
     every tensor of the group: the planner rotates source replicas from instance to instance, which
     changes which replica feeds a destination, not how many distinct ranks do."""
     from reshardctl.plan.model import Unit
-    from reshardctl.plan.pairs import intersect_templates
-    from reshardctl.plan.reshard import group_tensors
-    from reshardctl.plan.routing import route
+    from reshardctl.plan.reshard import route_requests, routing_requests
 
-    units = []
-    pair_cache: dict = {}
-    T = topology.train_world
-    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, None)):
-        key = (id(sp.template), id(dp.template))
-        pieces = pair_cache.get(key)
-        if pieces is None:
-            pieces = pair_cache[key] = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
-        table = route(pieces, np.asarray(sp.ranks, np.int32), infer_global(np.asarray(dp.ranks, np.int32), T), topology,
-                      model.tensors[members[0]].itemsize, rotation=gi, relay=False)
-        units.append(Unit(np.asarray(members, dtype=np.int32), table, 1, model.tensors[members[0]].itemsize))
-    return units
+    requests = routing_requests(model, train, infer, topology, rotate_replicas=False)
+    tables = route_requests(requests, topology, relay=False)
+    return [Unit(req[0], table, 1, req[1]) for req, table in zip(requests, tables)]
+
+
+def _mesh_codes(layout: SideLayout, n: int, keep: list) -> np.ndarray:
+    """Per tensor, a number standing for its ``layout_mesh`` (mesh and placement objects; 0: none)."""
+    if not callable(getattr(layout, "mesh_for", None)) and getattr(layout, "rules", None) is None:
+        return np.zeros(n, dtype=np.int64)  # no mesh for any tensor
+    codes: dict[tuple, int] = {}
+    out = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        m = layout_mesh(layout, i)
+        if m is not None:
+            keep.append(m)  # the objects stay referenced, so their ids are stable
+            out[i] = codes.setdefault((id(m[0]), tuple(map(id, m[1]))), len(codes) + 1)
+    return out
+
+
+def verdicts(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology,
+             units=None) -> tuple[np.ndarray, list[tuple[tuple[str, ...], dict]]]:
+    """Per tensor its group, and per group its (reasons, values), groups numbered in model order of their
+    first tensor. Tensors with the same placements (template and ranks), meshes, tensor rank and fans
+    share one verdict, judged once. ``units``: reshard units routed without relays (``fan_units`` when
+    None)."""
+    if units is None:
+        units = fan_units(model, train, infer, topology)
+    n = len(model.tensors)
+    fan_in, fan_out = _fans(units, n)
+    keep: list = []
+    ndim = np.fromiter((len(t.shape) for t in model.tensors), dtype=np.int64, count=n)
+    cols = (train.placement_classes()[0], infer.placement_classes()[0], _mesh_codes(train, n, keep),
+            _mesh_codes(infer, n, keep), ndim, fan_in, fan_out)
+    order = np.lexsort(cols[::-1])  # stable: members ascending within a run of equal keys
+    new = np.ones(n, dtype=bool)  # a tensor whose key differs from the one before it, in key order
+    if n > 1:
+        new[1:] = np.any([c[order][1:] != c[order][:-1] for c in cols], axis=0)
+    run = np.cumsum(new) - 1  # run number, in key order
+    first = order[new]  # first (lowest) tensor of every run
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # runs in model order of their first tensor
+    group = np.empty(n, dtype=np.int64)
+    group[order] = rank[run]
+    tcache: dict = {}
+    icache: dict = {}
+    reason_order = list(REASONS)
+    out: list[tuple[tuple[str, ...], dict]] = []
+    for i in np.sort(first).tolist():
+        r1, v1 = _side_checks(train, i, "train", tcache)
+        r2, v2 = _side_checks(infer, i, "infer", icache)
+        reasons = r1 + r2
+        rank_i, fin, fout = int(ndim[i]), int(fan_in[i]), int(fan_out[i])
+        if rank_i > LIMITS["tensor_rank"]:
+            reasons.append("tensor_rank")
+        if fin > LIMITS["fan_in"]:
+            reasons.append("fan_in")
+        if fout > LIMITS["fan_out"]:
+            reasons.append("fan_out")
+        vals = {**v1, **v2, "tensor_rank": rank_i, "fan_in": fin, "fan_out": fout}
+        out.append((tuple(sorted(set(reasons), key=reason_order.index)), vals))
+    return group, out
 
 
 def check(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology, units=None) -> list[TensorCompat]:
     """Per-tensor results. ``units``: reshard units routed without relays (``fan_units`` when None)."""
-    if units is None:
-        units = fan_units(model, train, infer, topology)
-    fans = _fans(units)
-    tcache: dict = {}
-    icache: dict = {}
-    out = []
-    order = list(REASONS)
-    memo: dict = {}  # tensors with the same placements, rank and fans share one verdict
-    keep = []  # placements stay referenced, so their ids are stable
-    for i, t in enumerate(model.tensors):
-        sp, ip = train.placement(i), infer.placement(i)
-        fin, fout = fans.get(i, (0, 0))
-        meshes = tuple(None if m is None else (id(m[0]), tuple(map(id, m[1])))
-                       for m in (layout_mesh(train, i), layout_mesh(infer, i)))
-        key = (id(sp), id(ip), meshes, len(t.shape), fin, fout)
-        got = memo.get(key)
-        if got is None:
-            keep.append((sp, ip))
-            r1, v1 = _side_checks(train, i, "train", tcache)
-            r2, v2 = _side_checks(infer, i, "infer", icache)
-            reasons = r1 + r2
-            if len(t.shape) > LIMITS["tensor_rank"]:
-                reasons.append("tensor_rank")
-            if fin > LIMITS["fan_in"]:
-                reasons.append("fan_in")
-            if fout > LIMITS["fan_out"]:
-                reasons.append("fan_out")
-            vals = {**v1, **v2, "tensor_rank": len(t.shape), "fan_in": fin, "fan_out": fout}
-            got = memo[key] = (tuple(sorted(set(reasons), key=order.index)), vals)
-        out.append(TensorCompat(t.name, t.nbytes, got[0], got[1]))
-    return out
+    group, judged = verdicts(model, train, infer, topology, units)
+    return [TensorCompat(t.name, t.nbytes, *judged[g]) for t, g in zip(model.tensors, group.tolist())]
 
 
-def summarize(results: list[TensorCompat]) -> dict:
-    """JSON-ready summary: totals, and incompatible tensors grouped by reason."""
-    ok = [r for r in results if r.ok]
-    bad = [r for r in results if not r.ok]
+def summarize(model: ModelSpec, group: np.ndarray, judged: list[tuple[tuple[str, ...], dict]]) -> dict:
+    """JSON-ready summary of ``verdicts``: totals, and incompatible tensors grouped by reason (reasons in
+    order of their first tensor, then by tensor count; examples: the first tensors in model order)."""
+    nbytes = np.fromiter((t.nbytes for t in model.tensors), dtype=np.int64, count=len(model.tensors))
+    count = np.bincount(group, minlength=len(judged))
+    size = np.bincount(group, weights=nbytes, minlength=len(judged))  # exact: integers far below 2**53
+    bad = np.asarray([bool(r) for r, _ in judged], dtype=bool)
     reasons: dict[str, dict] = {}
-    for r in bad:
-        for key in r.reasons:
+    members: dict[str, list[int]] = {}
+    vkeys = ("fan_in", "fan_out", "tensor_rank", "train_mesh_ndim", "infer_mesh_ndim")
+    for gi, (keys, vals) in enumerate(judged):
+        for key in keys:
             g = reasons.setdefault(key, {"description": REASONS[key], "tensors": 0, "bytes": 0, "examples": []})
-            g["tensors"] += 1
-            g["bytes"] += r.nbytes
-            if len(g["examples"]) < EXAMPLES:
-                g["examples"].append(r.name)
-            vkey = {"fan_in": "fan_in", "fan_out": "fan_out", "tensor_rank": "tensor_rank",
-                    "train_mesh_ndim": "train_mesh_ndim", "infer_mesh_ndim": "infer_mesh_ndim"}.get(key)
-            if vkey:
-                g["max"] = max(g.get("max", 0), int(r.values.get(vkey, 0)))
-    fan_in = max((r.values.get("fan_in", 0) for r in results), default=0)
-    fan_out = max((r.values.get("fan_out", 0) for r in results), default=0)
-    sources = sorted({r.values.get(f"{s}_mesh_source") for r in results for s in ("train", "infer")} - {None})
+            members.setdefault(key, []).append(gi)
+            g["tensors"] += int(count[gi])
+            g["bytes"] += int(size[gi])
+            if key in vkeys:
+                g["max"] = max(g.get("max", 0), int(vals.get(key, 0)))
+    for key, g in reasons.items():
+        first = np.nonzero(np.isin(group, members[key]))[0][:EXAMPLES]
+        g["examples"] = [model.tensors[i].name for i in first.tolist()]
+    sources = sorted({v.get(f"{s}_mesh_source") for _, v in judged for s in ("train", "infer")} - {None})
     return {
         "limits": dict(LIMITS),
-        "tensors": len(results),
-        "compatible_tensors": len(ok),
-        "compatible_bytes": sum(r.nbytes for r in ok),
-        "incompatible_tensors": len(bad),
-        "incompatible_bytes": sum(r.nbytes for r in bad),
-        "max_fan_in": int(fan_in),
-        "max_fan_out": int(fan_out),
+        "tensors": len(model.tensors),
+        "compatible_tensors": int(count[~bad].sum()),
+        "compatible_bytes": int(size[~bad].sum()),
+        "incompatible_tensors": int(count[bad].sum()),
+        "incompatible_bytes": int(size[bad].sum()),
+        "max_fan_in": max((v.get("fan_in", 0) for _, v in judged), default=0),
+        "max_fan_out": max((v.get("fan_out", 0) for _, v in judged), default=0),
         "mesh_source": sources,
         "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]["tensors"])),
     }
 
 
 def m2n_compat(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topology, units=None) -> dict:
-    return summarize(check(model, train, infer, topology, units))
+    return summarize(model, *verdicts(model, train, infer, topology, units))
 
 
 def summary_line(s: dict) -> str:
@@ -267,4 +283,4 @@ def summary_line(s: dict) -> str:
 
 
 __all__ = ["LIMITS", "REASONS", "TensorCompat", "check", "inferred_mesh_ndim", "layout_mesh", "m2n_compat",
-           "summarize", "summary_line"]
+           "summarize", "summary_line", "verdicts"]

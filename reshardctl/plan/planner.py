@@ -91,17 +91,7 @@ def fingerprint(plan: Plan) -> str:
     # the placements themselves: describe() need not determine them (a layout file edited in place
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
-        classes, reps = layout.placement_classes()
-        by_content: dict[tuple, int] = {}
-        ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
-        for c, p in enumerate(reps):
-            content = (p.template.shape, p.template.holdings, p.ranks)
-            k = by_content.get(content)
-            if k is None:
-                k = by_content[content] = len(by_content)
-                put(content)
-            ordinal[c] = k
-        h.update(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
+        h.update(_placements_bytes(layout))
     for u in plan.units:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
@@ -112,15 +102,47 @@ def fingerprint(plan: Plan) -> str:
     return h.hexdigest()[:16]
 
 
+def _placements_bytes(layout: SideLayout) -> bytes:
+    """What the fingerprint hashes of a layout's placements: every distinct (shape, holdings, ranks), in
+    first-seen order, then each tensor's content ordinal and stage. Computed once per layout (it is
+    immutable; the transports of one command share it)."""
+    cached = layout.__dict__.get("_placements_bytes")
+    if cached is None:
+        classes, reps = layout.placement_classes()
+        parts: list[bytes] = []
+        by_content: dict[tuple, int] = {}
+        ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
+        for c, p in enumerate(reps):
+            content = (p.template.shape, p.template.holdings, p.ranks)
+            k = by_content.get(content)
+            if k is None:
+                k = by_content[content] = len(by_content)
+                parts.append(repr(content).encode() + b"\0")
+            ordinal[c] = k
+        parts.append(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
+        cached = layout.__dict__["_placements_bytes"] = b"".join(parts)
+    return cached
+
+
 def _buckets_bytes(buckets) -> bytes:
-    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous)."""
-    flat: list[int] = [len(buckets)]
+    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous).
+    A bucket's group (the root, its stage and every inference rank) is shared by many buckets: encoded
+    once per group object, not converted from Python ints per bucket."""
+    parts: list[bytes] = []
+    groups: dict[int, bytes] = {}  # id(group) -> its bytes; the buckets keep the groups alive
+    flat = [len(buckets)]
     for b in buckets:
-        flat += (b.index, b.root, b.nbytes, len(b.group), *b.group, len(b.tensors), *b.tensors, len(b.gather))
+        group = groups.get(id(b.group))
+        if group is None:
+            group = groups[id(b.group)] = np.asarray(b.group, dtype=np.int64).tobytes()
+        flat += (b.index, b.root, b.nbytes, len(b.group))
+        parts += (np.asarray(flat, dtype=np.int64).tobytes(), group)
+        flat = [len(b.tensors), *b.tensors, len(b.gather)]
         for pr in b.gather:
             flat += (pr.peer, len(pr.regions))
             for r in pr.regions:
                 flat += (r.tensor, r.nbytes, len(r.box))
                 for lo, hi in r.box:
                     flat += (lo, hi)
-    return np.asarray(flat, dtype=np.int64).tobytes()
+    parts.append(np.asarray(flat, dtype=np.int64).tobytes())
+    return b"".join(parts)

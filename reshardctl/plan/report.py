@@ -53,15 +53,16 @@ def transport_report(plan: Plan, links, lb) -> dict:
 
 def infer_needed_bytes(model, infer) -> int:
     """Bytes all inference ranks together must end up holding (replicas counted per rank)."""
-    total = 0
-    cache: dict = {}
-    for i, t in enumerate(model.tensors):
-        p = infer.placement(i)
-        n = cache.get(id(p.template))
+    classes, reps = infer.placement_classes()
+    per_template: dict[int, int] = {}
+    numel = np.empty(len(reps), dtype=np.int64)  # per placement class: elements over all its slots
+    for c, p in enumerate(reps):
+        tpl = p.template
+        n = per_template.get(id(tpl))
         if n is None:
-            n = cache[id(p.template)] = sum(p.template.slot_numel(s) for s in range(p.template.num_slots))
-        total += n * t.itemsize
-    return int(total)
+            n = per_template[id(tpl)] = sum(tpl.slot_numel(s) for s in range(tpl.num_slots))
+        numel[c] = n
+    return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
 def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
@@ -95,27 +96,40 @@ def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
         "inputs": inputs_json(inp),
     }
     if inp.compare:
-        result["compare"] = compare(inp, order[0])
+        result["compare"] = compare(inp, order[0], (first, reports[order[0]], lb))
     result["planning_s"] = time.perf_counter() - t0
     return plans, result
 
 
-def compare(inp: Inputs, transport: str) -> list[dict]:
+def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | None = None) -> list[dict]:
+    """Rank the candidate inference layouts. ``current``: the plan of ``transport`` for the current layout,
+    its report row and its lower bound, already computed (the current candidate reuses them); a candidate
+    repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row."""
     from reshardctl.plan.cost import lower_bound, predict
     from reshardctl.plan.planner import build_plan
 
     rows = []
+    seen: dict[str, dict] = {}
     for c in inp.compare:
-        p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
-                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
-        pred = predict(p, inp.links)
-        lb = lower_bound(p, inp.links)
+        figures = seen.get(c.spec)
+        if figures is None and current is not None and c.layout is inp.infer and c.topology is inp.topology:
+            plan, report, lb = current
+            figures = {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
+                       "bytes_moved": report["bytes_moved"], "fingerprint": plan.fingerprint}
+        if figures is None:
+            p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
+                           bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
+            pred = predict(p, inp.links)
+            figures = {"predicted_s": pred.predicted_s, "lower_bound_s": lower_bound(p, inp.links).seconds,
+                       "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint}
+        seen.setdefault(c.spec, figures)
+        pred_s, lb_s = figures["predicted_s"], figures["lower_bound_s"]
         rows.append({
             "infer": c.spec, "layout": c.layout.describe(), "current": c.current,
-            "infer_world": c.layout.world_size, "transport": transport, "predicted_s": pred.predicted_s,
-            "lower_bound_s": lb.seconds,
-            "efficiency": lb.seconds / pred.predicted_s if pred.predicted_s > 0 else 1.0,
-            "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint,
+            "infer_world": c.layout.world_size, "transport": transport, "predicted_s": pred_s,
+            "lower_bound_s": lb_s,
+            "efficiency": lb_s / pred_s if pred_s > 0 else 1.0,
+            "bytes_moved": figures["bytes_moved"], "fingerprint": figures["fingerprint"],
         })
     rows.sort(key=lambda r: (r["predicted_s"], r["infer"]))
     for k, r in enumerate(rows, 1):

@@ -13,7 +13,7 @@ from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
 from reshardctl.plan.rounds import Round, RoundPacker
-from reshardctl.plan.routing import TransferTable, route
+from reshardctl.plan.routing import TransferTable, route_many
 from reshardctl.topology import Topology, infer_global
 
 
@@ -44,6 +44,42 @@ def group_tensors(
     return out
 
 
+def routing_requests(
+    model: ModelSpec,
+    train: SideLayout,
+    infer: SideLayout,
+    topo: Topology,
+    select: Callable[[TensorSpec], bool] | None = None,
+    *,
+    rotate_replicas: bool = True,
+) -> list[tuple[np.ndarray, int, PairPieces, np.ndarray, np.ndarray, int]]:
+    """``(tensors, itemsize, pieces, src_ranks, dst_ranks, rotation)`` per group of tensors with the same
+    placements, in model order; with ``rotate_replicas``, a group whose pieces have k source replicas is
+    cut into up to k interleaved subsets routed with successive rotations (replicas share the load
+    across instances too)."""
+    # pieces per template pair, kept with the trainer layout (with both templates, so their ids stay
+    # theirs): the transports of one command and the m2n report intersect each pair once
+    pair_cache: dict[tuple[int, int], tuple] = train.__dict__.setdefault("_pair_pieces", {})
+    T = topo.train_world
+    requests = []
+    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, select)):
+        pkey = (id(sp.template), id(dp.template))
+        got = pair_cache.get(pkey)
+        if got is None:
+            got = pair_cache[pkey] = (sp.template, dp.template,
+                                      intersect_templates(sp.template, dp.template, model.tensors[members[0]].name))
+        pieces = got[2]
+        itemsize = model.tensors[members[0]].itemsize
+        src_ranks = np.asarray(sp.ranks, dtype=np.int32)
+        dst_ranks = infer_global(np.asarray(dp.ranks, dtype=np.int32), T)
+        k = max((len(c) for c in pieces.src_classes), default=1)
+        nsub = min(k, len(members)) if k > 1 and rotate_replicas else 1
+        members_arr = np.asarray(members, dtype=np.int32)
+        for j in range(nsub):
+            requests.append((members_arr[j::nsub], itemsize, pieces, src_ranks, dst_ranks, gi + j))
+    return requests
+
+
 def build_units(
     model: ModelSpec,
     train: SideLayout,
@@ -54,29 +90,36 @@ def build_units(
     select: Callable[[TensorSpec], bool] | None = None,
 ) -> list[Unit]:
     """Units of identical instances, stage-1 and stage-2 tables separated, in model order."""
-    pair_cache: dict[tuple[int, int], PairPieces] = {}
+    requests = routing_requests(model, train, infer, topo, select)
     units: list[Unit] = []
-    T = topo.train_world
-    for gi, (sp, dp, members) in enumerate(group_tensors(model, train, infer, select)):
-        pkey = (id(sp.template), id(dp.template))
-        pieces = pair_cache.get(pkey)
-        if pieces is None:
-            pieces = intersect_templates(sp.template, dp.template, model.tensors[members[0]].name)
-            pair_cache[pkey] = pieces
-        itemsize = model.tensors[members[0]].itemsize
-        src_ranks = np.asarray(sp.ranks, dtype=np.int32)
-        dst_ranks = infer_global(np.asarray(dp.ranks, dtype=np.int32), T)
-        k = max((len(c) for c in pieces.src_classes), default=1)
-        nsub = min(k, len(members)) if k > 1 else 1
-        members_arr = np.asarray(members, dtype=np.int32)
-        for j in range(nsub):  # rotate source replicas across instances too
-            tensors = members_arr[j::nsub]
-            table = route(pieces, src_ranks, dst_ranks, topo, itemsize, rotation=gi + j, relay=relay)
-            for stage in (1, 2):
-                sel = np.nonzero(table.stage == stage)[0]
-                if sel.size:
-                    units.append(Unit(tensors, table.take(sel), stage, itemsize))
+    for (tensors, itemsize, *_), table in zip(requests, route_requests(requests, topo, relay)):
+        for stage in (1, 2):
+            sel = np.nonzero(table.stage == stage)[0]
+            if sel.size:
+                units.append(Unit(tensors, table.take(sel), stage, itemsize))
     return units
+
+
+def route_requests(requests: list[tuple], topo: Topology, relay: bool) -> list[TransferTable]:
+    """Tables of ``(tensors, itemsize, pieces, src_ranks, dst_ranks, rotation)`` requests, in request
+    order: requests of one pieces object (so of one pair of templates, same slot counts) routed at once."""
+    batches: dict[int, list[int]] = {}
+    for r, req in enumerate(requests):
+        batches.setdefault(id(req[2]), []).append(r)
+    tables: list[TransferTable | None] = [None] * len(requests)
+    for rs in batches.values():
+        got = route_many(
+            requests[rs[0]][2],
+            np.stack([requests[r][3] for r in rs]),
+            np.stack([requests[r][4] for r in rs]),
+            topo,
+            np.asarray([requests[r][1] for r in rs]),
+            np.asarray([requests[r][5] for r in rs]),
+            relay=relay,
+        )
+        for r, table in zip(rs, got):
+            tables[r] = table
+    return tables
 
 
 def staging_vector(table: TransferTable, world: int) -> np.ndarray:

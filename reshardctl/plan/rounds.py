@@ -56,6 +56,21 @@ class RoundPacker:
         if nz.size == 0:
             return
         v = load[nz]
+        if count == 1:  # the common case: the first round where every touched rank has room for it
+            hits = np.flatnonzero((self.load[:, nz] + v <= self.bound).all(axis=1)) if len(self.load) else ()
+            if len(hits):
+                r = int(hits[0])
+            else:
+                self._grow(1)
+                r = len(self.load) - 1
+            self.load[r, nz] += v
+            self.entries[r].append(Entry(unit, 0, 1, 0, n_transfers))
+            return
+        self._place_many(unit, nz, v, count, n_transfers)
+
+    def _place_many(self, unit: int, nz: np.ndarray, v: np.ndarray, count: int, n_transfers: int) -> None:
+        """First fit of ``count`` instances loading ranks ``nz`` by ``v`` each: as many as fit into each
+        open round in order, then new rounds."""
         per_new = int((self.bound // v).min())  # instances that fit in an empty round (>= 1)
         room = ((self.bound - self.load[:, nz]) // v).min(axis=1) if len(self.load) else np.zeros(0, np.int64)
         room = np.maximum(room, 0)
@@ -68,10 +83,10 @@ class RoundPacker:
             new_take = np.full(extra, per_new, dtype=np.int64)
             new_take[-1] = rest - per_new * (extra - 1)
             take = np.concatenate([take, new_take])
+        used = np.nonzero(take)[0]
+        self.load[np.ix_(used, nz)] += take[used, None] * v
         pos = 0
-        for r in np.nonzero(take)[0].tolist():
-            k = int(take[r])
-            self.load[r, nz] += k * v
+        for r, k in zip(used.tolist(), take[used].tolist()):
             self.entries[r].append(Entry(unit, pos, pos + k, 0, n_transfers))
             pos += k
 

@@ -11,28 +11,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from reshardctl.plan.model import Plan
-from reshardctl.plan.routing import TransferTable
 from reshardctl.topology import infer_rank_of, is_trainer
 
-# rows of a traffic matrix [K, world]: bytes per link and direction, peers exchanged with (one packed
-# message each), messages sent straight from/into the weights (zero copy: ``runtime/pack.py``), and the
-# bytes that go through a packed buffer (copied by the sender, and by the receiver)
-NIC_SEND, NIC_RECV, NVL_SEND, NVL_RECV, MSGS, DIRECT_MSGS, PACK_SEND, PACK_RECV = range(8)
-K = 8
-DIRECT_MIN_BYTES = 64 << 10  # the executor's threshold (runtime/pack.py): smaller regions are packed
-
-
-def link_class(table: TransferTable, plan_topology) -> np.ndarray:
-    """0 intra_node, 1 intra_domain, 2 cross_domain, per transfer."""
-    node, dom = plan_topology.node_of, plan_topology.domain_of
-    same_node = node[table.src] == node[table.dst]
-    same_dom = dom[table.src] == dom[table.dst]
-    return np.where(same_node, 0, np.where(same_dom, 1, 2)).astype(np.int8)
+# rows of a traffic matrix [K, world]: bytes per link and direction, messages (the executor's, wire.py:
+# per peer and step, one per class of where its regions are contiguous), and the bytes that go through a
+# staging block (copied by the sender, and by the receiver) rather than in place (runtime/arena.py)
+NIC_SEND, NIC_RECV, NVL_SEND, NVL_RECV, MSGS, PACK_SEND, PACK_RECV = range(7)
+K = 7
+_EXPAND = 1 << 20  # (entry, rank) pairs expanded at once by p2p_stats (memory bound)
 
 
 def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np.ndarray) -> np.ndarray:
     """Is each box [lo, hi) one contiguous byte range of its holding box (row-major)? True when, for some
-    dim d, the dims before d have extent 1 and the dims after d span the holding box."""
+    dim d, the dims before d have extent 1 and the dims after d span the holding box. (Leading dims of
+    extent 1 in both boxes change no answer: that is how tables of fewer dims are padded.)"""
     ext, hext = hi - lo, hold_hi - hold_lo
     n, ndim = ext.shape
     ones_before = np.ones((n, ndim), dtype=bool)
@@ -44,80 +36,73 @@ def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np
     return (ones_before & full_after).any(axis=1) if ndim else np.ones(n, dtype=bool)
 
 
-def _holding_boxes(p, side_world: int, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[side_world, ndim] lo/hi of every rank's box of placement ``p``; the full tensor for a rank
-    holding several boxes (or none)."""
-    lo = np.zeros((side_world, shape.size), dtype=np.int64)
-    hi = np.broadcast_to(shape, (side_world, shape.size)).copy()
-    count = np.zeros(side_world, dtype=np.int64)
-    for slot, r in enumerate(p.ranks):
-        boxes = p.template.holdings[slot]
-        count[r] += len(boxes)
-        if len(boxes) == 1:
-            lo[r] = [a for a, _ in boxes[0]]
-            hi[r] = [b for _, b in boxes[0]]
-    many = count != 1
-    lo[many] = 0
-    hi[many] = shape
-    return lo, hi
-
-
-def zero_copy(plan: Plan, unit, cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per transfer of a unit: does the sender send straight from its weights, and does the receiver
-    receive straight into its staged weights (``pack.wire_of``: at least ``DIRECT_MIN_BYTES`` and a
-    contiguous range of one side's box)? A holding of several boxes is judged against the full tensor
-    (contiguous there implies contiguous in any box holding it), so the answer errs towards copying.
-    ``cache``: per-placement boxes, shared across the units of a plan."""
-    cache = {} if cache is None else cache
-    table = unit.table
-    t0 = int(unit.tensors[0])
-    shape = np.asarray(plan.model.tensors[t0].shape, dtype=np.int64)
-    T = plan.train_world
-    boxes = []
-    for side, layout, world in (("t", plan.train, T), ("i", plan.infer, plan.infer_world)):
-        p = layout.placement(t0)
-        got = cache.get((side, id(p)))
-        if got is None:
-            got = cache[(side, id(p))] = (p, _holding_boxes(p, world, shape))
-        boxes.append(got[1])
-    sides = []
-    for ranks in (table.src, table.dst):
-        trainer = is_trainer(ranks, T)
-        local = np.where(trainer, ranks, infer_rank_of(ranks, T))
-        hold_lo = np.where(trainer[:, None], boxes[0][0][np.minimum(local, T - 1)], boxes[1][0][np.clip(local, 0, plan.infer_world - 1)])
-        hold_hi = np.where(trainer[:, None], boxes[0][1][np.minimum(local, T - 1)], boxes[1][1][np.clip(local, 0, plan.infer_world - 1)])
-        sides.append(_contiguous(table.lo, table.hi, hold_lo, hold_hi))
-    big = table.nbytes >= DIRECT_MIN_BYTES
-    direct = big & (sides[0] | sides[1])
-    return direct & sides[0], direct & sides[1]
-
-
-def traffic(table: TransferTable, topo, world: int, direct: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """[K, world] bytes (and message counts) of one instance of a table. ``direct``: (sender side, receiver
-    side) zero-copy masks (``zero_copy``); None counts every transfer as packed on both sides."""
-    cls = link_class(table, topo)
-    out = np.zeros((K, world), dtype=np.float64)
-    net = cls == 2
-    nb = table.nbytes.astype(np.float64)
-    src_direct, dst_direct = direct if direct is not None else (np.zeros(len(table), bool), np.zeros(len(table), bool))
-    out[PACK_SEND] = np.bincount(table.src[~src_direct], weights=nb[~src_direct], minlength=world)
-    out[PACK_RECV] = np.bincount(table.dst[~dst_direct], weights=nb[~dst_direct], minlength=world)
-    msg_direct = src_direct | dst_direct
-    out[DIRECT_MSGS] = (np.bincount(table.src[msg_direct], minlength=world)
-                        + np.bincount(table.dst[msg_direct], minlength=world))
-    out[NIC_SEND] = np.bincount(table.src[net], weights=nb[net], minlength=world)
-    out[NIC_RECV] = np.bincount(table.dst[net], weights=nb[net], minlength=world)
-    out[NVL_SEND] = np.bincount(table.src[~net], weights=nb[~net], minlength=world)
-    out[NVL_RECV] = np.bincount(table.dst[~net], weights=nb[~net], minlength=world)
-    # one message per distinct (src, dst) pair, counted on both ends
-    if len(table):
-        pairs = np.unique(table.src.astype(np.int64) * world + table.dst)
-        out[MSGS] = np.bincount(pairs // world, minlength=world) + np.bincount(pairs % world, minlength=world)
+def _pad_front(a: np.ndarray, ndim: int, fill: int) -> np.ndarray:
+    """[n, k] -> [n, ndim]: ``fill`` in the leading ``ndim - k`` columns."""
+    if a.shape[1] == ndim:
+        return a
+    out = np.full((a.shape[0], ndim), fill, dtype=np.int64)
+    out[:, ndim - a.shape[1]:] = a
     return out
 
 
-def _by_link(table: TransferTable, topo) -> np.ndarray:
-    return np.bincount(link_class(table, topo), weights=table.nbytes.astype(np.float64), minlength=3)
+class _HoldingBoxes:
+    """Every rank's box of the placements a plan's units use, stacked into one [rows, ndim] lo/hi pair
+    (``ndim``: the plan's largest, shorter shapes padded in front). A rank holding several boxes (or
+    none) gets the full tensor: contiguous there implies contiguous in any box holding it, so the
+    zero-copy answer errs towards copying. Placements are registered first (``add``), then built at
+    once per template (``arrays``): thousands of expert placements share a few templates."""
+
+    def __init__(self, ndim: int):
+        self.ndim = ndim
+        self.ordinal: dict[int, int] = {}  # id(placement) -> its number
+        self.placements: list[tuple] = []  # (placement, side world, shape); keeps the ids stable
+
+    def add(self, p, side_world: int, shape: tuple[int, ...]) -> int:
+        """The number of placement ``p`` (rows ``side_world``: one per side-local rank)."""
+        k = self.ordinal.get(id(p))
+        if k is None:
+            k = self.ordinal[id(p)] = len(self.placements)
+            self.placements.append((p, side_world, shape))
+        return k
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """First row of every placement, and the stacked lo / hi."""
+        groups: dict[tuple, list[int]] = {}
+        for k, (p, world, shape) in enumerate(self.placements):
+            groups.setdefault((id(p.template), world, shape), []).append(k)
+        first = np.zeros(len(self.placements), dtype=np.int64)
+        los, his = [], []
+        rows = 0
+        for (_, world, shape), ks in groups.items():
+            tpl = self.placements[ks[0]][0].template
+            shp = np.asarray(shape, dtype=np.int64)
+            n = tpl.num_slots
+            slot_lo = np.zeros((n, shp.size), dtype=np.int64)
+            slot_hi = np.broadcast_to(shp, (n, shp.size)).copy()
+            count = np.fromiter(map(len, tpl.holdings), dtype=np.int64, count=n)
+            for slot in np.nonzero(count == 1)[0].tolist():
+                box = tpl.holdings[slot][0]
+                slot_lo[slot] = [a for a, _ in box]
+                slot_hi[slot] = [b for _, b in box]
+            P = len(ks)
+            ranks = np.asarray([self.placements[k][0].ranks for k in ks], dtype=np.int64).reshape(P, n)
+            lo = np.zeros((P, world, shp.size), dtype=np.int64)
+            hi = np.broadcast_to(shp, (P, world, shp.size)).copy()
+            one = count == 1
+            inst = np.repeat(np.arange(P), int(one.sum()))
+            lo[inst, ranks[:, one].reshape(-1)] = np.tile(slot_lo[one], (P, 1))
+            hi[inst, ranks[:, one].reshape(-1)] = np.tile(slot_hi[one], (P, 1))
+            held = np.bincount((np.arange(P)[:, None] * world + ranks).reshape(-1), weights=np.tile(count, P),
+                               minlength=P * world)[: P * world].reshape(P, world)
+            many = held != 1
+            lo[many] = 0
+            hi[many] = shp
+            los.append(_pad_front(lo.reshape(P * world, shp.size), self.ndim, 0))
+            his.append(_pad_front(hi.reshape(P * world, shp.size), self.ndim, 1))
+            first[ks] = rows + np.arange(P) * world
+            rows += P * world
+        empty = np.zeros((0, self.ndim), dtype=np.int64)
+        return first, np.concatenate(los or [empty]), np.concatenate(his or [empty])
 
 
 @dataclass(frozen=True)
@@ -135,45 +120,145 @@ class PlanStats:
         return self.bytes_by_link["cross_domain"]
 
 
+def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct unit slices (unit, t_lo, t_hi) the rounds reference, and per round entry: its
+    round, its slice and its number of instances."""
+    seg_of: dict[tuple[int, int, int], int] = {}
+    e_round, e_seg, e_n = [], [], []
+    for r, rnd in enumerate(plan.rounds):
+        for e in rnd.entries:
+            key = (e.unit, e.t_lo, e.t_hi)
+            s = seg_of.get(key)
+            if s is None:
+                s = seg_of[key] = len(seg_of)
+            e_round.append(r)
+            e_seg.append(s)
+            e_n.append(e.inst_hi - e.inst_lo)
+    return list(seg_of), np.asarray(e_round, np.int64), np.asarray(e_seg, np.int64), np.asarray(e_n, np.float64)
+
+
 def p2p_stats(plan: Plan) -> PlanStats:
+    """Traffic of every round, computed once per distinct unit slice over all their transfers at once.
+
+    Per round r and rank: the byte and count rows are sums over the round's entries of (instances x the
+    slice's row); ``MSGS`` is the largest per-peer message count of any one slice (packed messages merge
+    per peer). Every figure is an integer-valued float64 far below 2**53, so sums are exact in any order."""
     world = plan.world
     topo = plan.topology
-    unit_traffic: dict[int, np.ndarray] = {}
-    masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    box_cache: dict = {}
-    rounds = np.zeros((len(plan.rounds), K, world), dtype=np.float64)
+    T = plan.train_world
+    segs, e_round, e_seg, e_n = _segments(plan)
+    R, S = len(plan.rounds), len(segs)
+    rounds = np.zeros((R, K, world), dtype=np.float64)
     by_link = np.zeros(3, dtype=np.float64)
-    max_staging = 0
-    for r, rnd in enumerate(plan.rounds):
-        staging = np.zeros(world, dtype=np.float64)
-        for e in rnd.entries:
-            unit = plan.units[e.unit]
-            n = e.inst_hi - e.inst_lo
-            full = e.t_lo == 0 and e.t_hi == len(unit.table)
-            direct = masks.get(e.unit)
-            if direct is None:
-                direct = masks[e.unit] = zero_copy(plan, unit, box_cache)
-            if full:
-                got = unit_traffic.get(e.unit)
-                if got is None:
-                    got = unit_traffic[e.unit] = (traffic(unit.table, topo, world, direct), _by_link(unit.table, topo))
-                tr, links = got
-            else:
-                sl = slice(e.t_lo, e.t_hi)
-                tab = unit.table.take(np.arange(e.t_lo, e.t_hi))
-                tr, links = traffic(tab, topo, world, (direct[0][sl], direct[1][sl])), _by_link(tab, topo)
-            rounds[r] += n * tr
-            rounds[r, MSGS] -= n * tr[MSGS]
-            rounds[r, MSGS] = np.maximum(rounds[r, MSGS], tr[MSGS])  # packed messages merge per peer
-            staging += n * (tr[NIC_SEND] + tr[NIC_RECV] + tr[NVL_SEND] + tr[NVL_RECV])
-            by_link += n * links
-        max_staging = max(max_staging, int(staging.max()) if world else 0)
-    per_rank = rounds.sum(axis=0) if len(plan.rounds) else np.zeros((K, world))
+    if S:
+        units = plan.units
+        ndim = max(max(units[u].table.lo.shape[1] for u, _, _ in segs), 1)
+        boxes = _HoldingBoxes(ndim)
+        starts, lengths, tbase, ibase = [], [], [], []
+        offset: dict[int, int] = {}  # unit -> its first row in the concatenated tables
+        tables = []
+        nrows = 0
+        for u, t_lo, t_hi in segs:
+            if u not in offset:
+                offset[u] = nrows
+                nrows += len(units[u].table)
+                tables.append(units[u].table)
+            starts.append(offset[u] + t_lo)
+            lengths.append(t_hi - t_lo)
+            t0 = int(units[u].tensors[0])
+            shape = plan.model.tensors[t0].shape
+            tbase.append(boxes.add(plan.train.placement(t0), T, shape))
+            ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
+        length = np.asarray(lengths, np.int64)
+        seg = np.repeat(np.arange(S), length)
+        row = np.arange(seg.size) + np.repeat(np.asarray(starts, np.int64) - (np.cumsum(length) - length), length)
+        src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
+        dst = np.concatenate([t.dst for t in tables])[row].astype(np.int64)
+        nb = np.concatenate([t.nbytes for t in tables])[row].astype(np.float64)
+        # each transfer against each side's holding box: contiguous there (its message class, wire.py) and
+        # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
+        # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
+        lo = np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables])[row]
+        hi = np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables])[row]
+        first_row, hold_lo, hold_hi = boxes.arrays()
+        tb = first_row[np.asarray(tbase, np.int64)][seg]
+        ib = first_row[np.asarray(ibase, np.int64)][seg]
+        contig, whole = [], []
+        for ranks in (src, dst):
+            trainer = is_trainer(ranks, T)
+            at = np.where(trainer, tb + ranks, ib + infer_rank_of(ranks, T))
+            hl, hh = hold_lo[at], hold_hi[at]
+            contig.append(_contiguous(lo, hi, hl, hh))
+            whole.append(((lo == hl) & (hi == hh)).all(axis=1))
+        del lo, hi, tb, ib, at, hold_lo, hold_hi, hl, hh
+        src_direct, dst_direct = contig[0] & whole[0], contig[1] & whole[1]  # in place on that side
+        klass = np.where(contig[0], np.where(contig[1], 0, 1), np.where(contig[1], 2, 3))
+        node, dom = topo.node_of, topo.domain_of
+        cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
+        net = cls == 2
+
+        # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
+        # (entry, rank) pairs where the entry's slice touches the rank
+        touched = np.zeros(S * world, dtype=bool)
+        touched[seg * world + src] = True
+        touched[seg * world + dst] = True
+        t_seg, t_rank = np.divmod(np.nonzero(touched)[0], world)  # by slice, then rank
+        pos = np.zeros(S * world, dtype=np.int64)
+        pos[t_seg * world + t_rank] = np.arange(t_seg.size)
+        src_pos, dst_pos = pos[seg * world + src], pos[seg * world + dst]  # each transfer's two touched pairs
+        t_len = np.bincount(t_seg, minlength=S)
+        t_first = np.cumsum(t_len) - t_len
+
+        def on(at: np.ndarray, w: np.ndarray) -> np.ndarray:  # per touched pair
+            return np.bincount(at, weights=w, minlength=t_seg.size)
+
+        values = {  # per touched pair: the slice's row of every summed traffic row
+            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),
+            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
+            NIC_SEND: on(src_pos, np.where(net, nb, 0.0)),
+            NIC_RECV: on(dst_pos, np.where(net, nb, 0.0)),
+            NVL_SEND: on(src_pos, np.where(net, 0.0, nb)),
+            NVL_RECV: on(dst_pos, np.where(net, 0.0, nb)),
+        }
+        # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
+        # largest count of any of its entries (a pair's messages merge per class within a step)
+        pairs = np.sort(((seg * world + src) * world + dst) * 4 + klass)  # sorted: numpy 2.4's unique hashes, 100x slower
+        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // 4
+        pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
+        msgs = (np.bincount(pos[pseg * world + psrc], minlength=t_seg.size)
+                + np.bincount(pos[pseg * world + pdst], minlength=t_seg.size))
+        seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
+        by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
+        del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
+        del cls, net, touched, pos, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
+        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
+        span = t_len[e_seg]
+        ends = np.cumsum(span)
+        sums = {k: np.zeros(R * world) for k in values}
+        most = np.zeros(R * world, dtype=np.int64)
+        lo_e = 0
+        while lo_e < e_seg.size:
+            hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
+            sp = span[lo_e:hi_e]
+            pick = np.arange(sp.sum()) + np.repeat(t_first[e_seg[lo_e:hi_e]] - (np.cumsum(sp) - sp), sp)
+            entry = np.repeat(np.arange(lo_e, hi_e), sp)
+            bins = e_round[entry] * world + t_rank[pick]
+            scale = e_n[entry]
+            for k, value in values.items():
+                sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R * world)
+            np.maximum.at(most, bins, msgs[pick])
+            lo_e = hi_e
+        for k, total in sums.items():
+            rounds[:, k] = total.reshape(R, world)
+        rounds[:, MSGS] = most.reshape(R, world)
+    staging = rounds[:, NIC_SEND] + rounds[:, NIC_RECV] + rounds[:, NVL_SEND] + rounds[:, NVL_RECV]
+    max_staging = int(staging.max()) if R and world else 0
+    per_rank = rounds.sum(axis=0) if R else np.zeros((K, world))
     return PlanStats(
         bytes_total=int(by_link.sum()),
         bytes_by_link={"intra_node": int(by_link[0]), "intra_domain": int(by_link[1]), "cross_domain": int(by_link[2])},
         num_transfers=plan.num_transfers,
-        num_rounds=len(plan.rounds),
+        num_rounds=R,
         rounds=rounds,
         max_staging=max_staging,
         per_rank=per_rank,

@@ -1,0 +1,67 @@
+"""Before/after check of a planner speed change: `reshardctl plan --json` of this checkout and of another
+source tree (``--base``, e.g. ``git archive <commit> | tar -x -C /tmp/base``) must be identical on every
+case apart from the ``planning_s`` timings (fingerprints, predictions, the m2n report, compare rows).
+
+    .venv/bin/python benchmarks/plan_identity.py --base /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from plan_scale import OTHER_TREE
+
+CASES = [
+    "--model deepseek-v3 --site dgx-h100 --train pp=16,ep=16,first=3,last=2 --infer tp=32,dp=8",
+    "--model deepseek-v3 --site dgx-h100 --train pp=16,ep=16,first=3,last=2 --infer tp=32,dp=8"
+    " --compare-infer tp=32,dp=8 --compare-infer tp=16,dp=16 --compare-infer tp=64,dp=4",
+    "--model deepseek-v3 --site dgx-h100 --train pp=16,ep=4,first=3,last=2 --infer tp=8,dp=8 --relay off",
+    "--model qwen3-235b-a22b --site dgx-h100 --train tp=4,pp=2,ep=8,etp=1,dp=8 --infer tp=8,dp=8",
+    "--model llama-3.1-70b --site dgx-h100 --train tp=8,pp=8 --infer tp=8,dp=8 --bucket-mb 64",
+    "--model llama-3.1-70b --site dgx-h100 --train tp=8,pp=8 --infer tp=8,dp=8 --transport gather_broadcast"
+    " --compare-infer tp=8,dp=8 --compare-infer tp=16,dp=4",
+    "",
+    "--model qwen3-235b-a22b --layers 4 --site local --train tp=2,ep=2,etp=1 --infer tp=2,dp=2 --relay off"
+    " --compare-infer tp=4",
+]
+
+
+def _without_timings(obj):
+    if isinstance(obj, dict):
+        return {k: _without_timings(v) for k, v in obj.items() if k != "planning_s"}
+    if isinstance(obj, list):
+        return [_without_timings(v) for v in obj]
+    return obj
+
+
+def plan_json(args: list[str], tree: str | None) -> str:
+    argv = ([sys.executable, "-c", OTHER_TREE, str(Path(tree).absolute())] if tree
+            else [str(Path(sys.executable).parent / "reshardctl")])
+    argv += ["plan", *args, "--json"] + ([] if "--transport" in args else ["--transport", "all"])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return json.dumps(_without_timings(json.loads(out)), indent=1, sort_keys=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, metavar="DIR", help="the source tree to compare with")
+    args = ap.parse_args()
+    failed = 0
+    for case in CASES:
+        words = case.split()
+        base, this = plan_json(words, args.base), plan_json(words, None)
+        same = base == this
+        failed += not same
+        print(f"{'identical' if same else 'DIFFERS  '}  plan {case or '(defaults)'}")
+        if not same:
+            print("".join(list(difflib.unified_diff(base.splitlines(True), this.splitlines(True), "base", "this"))[:40]))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
