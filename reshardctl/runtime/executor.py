@@ -49,6 +49,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
+from reshardctl.runtime.span_copy import chunk_index, gather, scatter
 from reshardctl.runtime.wire import align8, place
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -121,6 +122,7 @@ class Executor:
         self.timings = PhaseTimings(self.device) if self.cuda else None  # device time of GPU phases
         self.sums = ChecksumExchange(self.rank, groups, self.program.out_messages, self.program.in_messages)
         self._places: dict[tuple[int, int], int | None] = {}
+        self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
@@ -160,6 +162,18 @@ class Executor:
                 self._layouts.append(layout)
         return got
 
+    def _copy_plan(self, m: Message, local):
+        """The chunk index of a staged message (span_copy.py), once per message and arena layout."""
+        layout = getattr(local, "box_offset", None)
+        if layout is None:
+            return None
+        key = (id(m), id(layout))
+        got = self._copies.get(key, _UNSET)
+        if got is _UNSET:
+            got = self._copies[key] = chunk_index(local, m.regions, self.device)
+            self._layouts.append(layout)
+        return got
+
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
         offs, n = [], 0
@@ -187,8 +201,12 @@ class Executor:
                 o = offs[k]
                 k += 1
                 v = block[o : o + m.nbytes]
-                for r, ro in zip(m.regions, m.offsets):
-                    local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
+                cp = self._copy_plan(m, local)
+                if cp is not None:
+                    gather(local.arena, cp[0], cp[1], v)
+                else:
+                    for r, ro in zip(m.regions, m.offsets):
+                        local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
                 self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
@@ -227,10 +245,15 @@ class Executor:
             if n == 0 and self.tap is not None and m.nbytes:
                 self.tap(self.step_no, v, m.nbytes)
             if blk is not None:
-                for r, ro in zip(m.regions, m.offsets):
-                    seg = v[ro : ro + r.nbytes]
-                    target.write_from(r.tensor, r.box, seg)
-                    target.read_into(r.tensor, r.box, seg)
+                cp = self._copy_plan(m, target)
+                if cp is not None:
+                    scatter(target.arena, cp[0], cp[1], v)
+                    gather(target.arena, cp[0], cp[1], v)  # read back what landed
+                else:
+                    for r, ro in zip(m.regions, m.offsets):
+                        seg = v[ro : ro + r.nbytes]
+                        target.write_from(r.tensor, r.box, seg)
+                        target.read_into(r.tensor, r.box, seg)
             self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
                                buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
             stats.bytes_received += m.nbytes
