@@ -6,10 +6,11 @@ step k+1 before finishing step k, so packing (or the next bucket's gather) runs 
 transfer is in flight; an inference relay drains everything pending before it packs a stage-2 round
 from its staged copy.
 
-Messages (wire.py): one per link (peer and step). Where a link's regions lie back to back in this
-rank's arena (arena.py: boxes in first-use order) the message is sent from / received into the arena
-itself (zero copy); otherwise through the step's staging block, region by region. Each step posts its
-messages in one ``batch_isend_irecv``.
+Messages (wire.py): at most four per link (peer and step), by where its regions are contiguous.
+Where a message's regions lie back to back in this rank's arena (arena.py: boxes in first-use order)
+it is sent from / received into the arena itself (zero copy); otherwise it goes through the step's
+staging block: in one indexed copy where its regions are contiguous ranges of the arena
+(span_copy.py), else region by region. Each step posts its messages in one ``batch_isend_irecv``.
 
 Checksums (checksum_exchange.py): one per message, taken where the bytes lie: the sender's arena or
 staging block, the receiver's arena after landing, or its staging block after the bytes were copied
