@@ -6,10 +6,11 @@ step k+1 before finishing step k, so packing (or the next bucket's gather) runs 
 transfer is in flight; an inference relay drains everything pending before it packs a stage-2 round
 from its staged copy.
 
-Messages (wire.py): one per link (peer and step). Where a link's regions lie back to back in this
-rank's arena (arena.py: boxes in first-use order) the message is sent from / received into the arena
-itself (zero copy); otherwise through the step's staging block, region by region. Each step posts its
-messages in one ``batch_isend_irecv``.
+Messages (wire.py): at most four per link (peer and step), by where its regions are contiguous.
+Where a message's regions lie back to back in this rank's arena (arena.py: boxes in first-use order)
+it is sent from / received into the arena itself (zero copy); otherwise it goes through the step's
+staging block: in one indexed copy where its regions are contiguous ranges of the arena
+(span_copy.py), else region by region. Each step posts its messages in one ``batch_isend_irecv``.
 
 Checksums (checksum_exchange.py): one per message, taken where the bytes lie: the sender's arena or
 staging block, the receiver's arena after landing, or its staging block after the bytes were copied
@@ -49,6 +50,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
+from reshardctl.runtime.span_copy import chunk_index, gather, scatter
 from reshardctl.runtime.wire import align8, place
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -121,6 +123,7 @@ class Executor:
         self.timings = PhaseTimings(self.device) if self.cuda else None  # device time of GPU phases
         self.sums = ChecksumExchange(self.rank, groups, self.program.out_messages, self.program.in_messages)
         self._places: dict[tuple[int, int], int | None] = {}
+        self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
@@ -160,6 +163,18 @@ class Executor:
                 self._layouts.append(layout)
         return got
 
+    def _copy_plan(self, m: Message, local):
+        """The chunk index of a staged message (span_copy.py), once per message and arena layout."""
+        layout = getattr(local, "box_offset", None)
+        if layout is None:
+            return None
+        key = (id(m), id(layout))
+        got = self._copies.get(key, _UNSET)
+        if got is _UNSET:
+            got = self._copies[key] = chunk_index(local, m.regions, self.device)
+            self._layouts.append(layout)
+        return got
+
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
         offs, n = [], 0
@@ -187,8 +202,12 @@ class Executor:
                 o = offs[k]
                 k += 1
                 v = block[o : o + m.nbytes]
-                for r, ro in zip(m.regions, m.offsets):
-                    local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
+                cp = self._copy_plan(m, local)
+                if cp is not None:
+                    gather(local.arena, cp[0], cp[1], v)
+                else:
+                    for r, ro in zip(m.regions, m.offsets):
+                        local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
                 self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
@@ -227,10 +246,15 @@ class Executor:
             if n == 0 and self.tap is not None and m.nbytes:
                 self.tap(self.step_no, v, m.nbytes)
             if blk is not None:
-                for r, ro in zip(m.regions, m.offsets):
-                    seg = v[ro : ro + r.nbytes]
-                    target.write_from(r.tensor, r.box, seg)
-                    target.read_into(r.tensor, r.box, seg)
+                cp = self._copy_plan(m, target)
+                if cp is not None:
+                    scatter(target.arena, cp[0], cp[1], v)
+                    gather(target.arena, cp[0], cp[1], v)  # read back what landed
+                else:
+                    for r, ro in zip(m.regions, m.offsets):
+                        seg = v[ro : ro + r.nbytes]
+                        target.write_from(r.tensor, r.box, seg)
+                        target.read_into(r.tensor, r.box, seg)
             self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
                                buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
             stats.bytes_received += m.nbytes
