@@ -20,7 +20,6 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import time
 
 CASES = [
     ("deepseek-v3", "pp=16,ep=4,first=3,last=2", "tp=8,dp=8"),  # 64 + 64

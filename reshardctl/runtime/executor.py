@@ -67,7 +67,6 @@ class ExecStats:
     bytes_received: int = 0
     wire_bytes: int = 0
     steps: int = 0
-    messages: int = 0
     zero_copy_messages: int = 0
 
 
@@ -212,7 +211,6 @@ class Executor:
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
             stats.bytes_sent += m.nbytes
-            stats.messages += 1
         if block is not None:
             self.sums.settle(block)  # summed while the transfer is in flight
         return ops
@@ -236,7 +234,6 @@ class Executor:
             p.recvs.append((peer, m, v, blk, off))
             ops.append(dist.P2POp(dist.irecv, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
-            stats.messages += 1
         return ops
 
     def _land(self, p: _Pending, target, label: str, stats: ExecStats) -> None:

@@ -47,10 +47,6 @@ class Link:
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.messages)
 
-    def regions(self) -> tuple[Region, ...]:
-        """Every region, in message order."""
-        return tuple(r for m in self.messages for r in m.regions)
-
 
 @dataclass(frozen=True)
 class RoundOps:

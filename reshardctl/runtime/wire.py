@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from reshardctl.errors import TransferError
+from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import Box, box_numel
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import Region
@@ -108,8 +109,6 @@ def split_link(model: ModelSpec, regions: Sequence[Region], src_boxes: Callable[
 
 def first_box(boxes: Sequence[Box], box: Box) -> int | None:
     """The first of ``boxes`` that overlaps ``box`` (where a region's bytes first land)."""
-    from reshardctl.layout.indexset import intersect_boxes
-
     nb = norm_box(box)
     for k, lb in enumerate(boxes):
         if intersect_boxes(norm_box(lb), nb) is not None:
