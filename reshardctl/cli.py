@@ -8,13 +8,34 @@ on the command line.
 
 from __future__ import annotations
 
+import os
 import sys
-import typer
-import typer.main
 
-from reshardctl import __version__
-from reshardctl.commands import output
-from reshardctl.errors import ReshardError
+
+def _import_numpy_with_one_blas_thread() -> None:
+    """The commands' numpy work is on small matrices (per round, per bucket), where OpenBLAS's worker
+    threads cost more than they give: after each product they spin waiting for the next, and on a machine
+    with few cores they take the CPU the planner needs (`plan`, the DeepSeek-V3 256+256 case on 2 busy
+    cores: about 0.3 s of 2.5). OpenBLAS reads its thread count once, when numpy loads: one thread for
+    this process unless the user set a count, and the environment is restored, so the processes a
+    command starts (the refit's ranks) see the user's own."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+
+
+_import_numpy_with_one_blas_thread()
+
+import typer  # noqa: E402
+import typer.main  # noqa: E402
+
+from reshardctl import __version__  # noqa: E402
+from reshardctl.commands import output  # noqa: E402
+from reshardctl.errors import ReshardError  # noqa: E402
 
 app = typer.Typer(
     name="reshardctl",

@@ -7,7 +7,6 @@ from typing import List, Optional
 import typer
 
 from reshardctl.commands import output
-from reshardctl.report.render import write_report
 
 
 def report_cmd(
@@ -16,6 +15,8 @@ def report_cmd(
     fmt: str = typer.Option("md", "--format", help="md (report.md + PNGs) | html (one self-contained report.html)."),
 ) -> None:
     """Markdown or HTML page with plots: predicted vs measured, speedup, lower bound, verification, timelines."""
+    from reshardctl.report.render import write_report
+
     files = write_report(run_dirs, out, fmt)
     for f in files:
         output.console().print(str(f), markup=False, highlight=False)

@@ -11,7 +11,6 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from reshardctl.commands import options as opt
@@ -19,7 +18,6 @@ from reshardctl.commands import output
 from reshardctl.errors import InputError
 from reshardctl.plan.inputs import prepare
 from reshardctl.plan.model import TRANSPORTS
-from reshardctl.runs.session import LAUNCHERS, run_refit_session
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
@@ -53,6 +51,11 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
              infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
              launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False, inject=None, retries=0,
              on_failure="abort", timeout_s=None, force=False):
+    # imported here, not at module level: every command's module is imported at start (cli.py)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from reshardctl.runs.session import LAUNCHERS, run_refit_session
+
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
                   infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
                   transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,

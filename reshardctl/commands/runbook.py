@@ -11,8 +11,8 @@ from rich.table import Table
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, RefusedError
-from reshardctl.runbook import framework, operations
-from reshardctl.runbook.gate import seconds
+
+# the runbook modules are imported by each command: every command's module is imported at start (cli.py)
 
 SITE = typer.Option(..., "--site", help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl).")
 WRITE = typer.Option(None, "--write", help="Also write the matching framework settings (NeMo RL YAML) to FILE.")
@@ -31,6 +31,8 @@ def _layout_args(model, layers, train, infer, train_style, infer_style, train_la
 
 
 def _settings(transport: str, site: str, origin: str, write: Optional[str], show: bool = True) -> None:
+    from reshardctl.runbook import framework, operations
+
     text = framework.nemo_rl_settings(transport, site=site, origin=origin)
     if show and not output.quiet():
         output.console().print(text.rstrip("\n"), markup=False, highlight=False)
@@ -41,6 +43,9 @@ def _settings(transport: str, site: str, origin: str, write: Optional[str], show
 
 def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
     """Active refit transport and since when, the budget, the latest measured runs, the last rollback."""
+    from reshardctl.runbook import operations
+    from reshardctl.runbook.gate import seconds
+
     st = operations.status(site)
     if as_json:
         output.print_json(st)
@@ -87,6 +92,8 @@ def promote_cmd(
 ) -> None:
     """Make reshard (or hybrid) the site's refit transport, if the run proves it: verified, within budget,
     faster than gather-and-broadcast in the same run, same site/model/layouts, today's plan."""
+    from reshardctl.runbook import framework, operations
+
     if transport not in ("reshard", "hybrid"):
         raise InputError(f"--transport {transport!r}: promote takes reshard or hybrid (gather_broadcast is "
                          "`reshardctl rollback`)")
@@ -138,6 +145,9 @@ def rollback_cmd(
     write: Optional[str] = WRITE,
 ) -> None:
     """Switch the site back to gather-and-broadcast, recording why; --verify proves the rollback path first."""
+    from reshardctl.runbook import framework, operations
+    from reshardctl.runbook.gate import seconds
+
     operations.check_writable(write)
     args = _layout_args(model, layers, train, infer, train_style, infer_style, train_layout, infer_layout)
     if args is not None and not verify:

@@ -50,7 +50,8 @@ def build_buckets(
     index_all = np.arange(len(model.tensors))
     if select is not None:
         index_all = index_all[np.fromiter(map(select, model.tensors), dtype=bool, count=len(model.tensors))]
-    by_stage = {int(s): index_all[stage_of[index_all] == s].tolist() for s in np.unique(stage_of[index_all])}
+    stages = np.flatnonzero(np.bincount(stage_of[index_all])) if index_all.size else ()  # (np.unique hashes)
+    by_stage = {int(s): index_all[stage_of[index_all] == s].tolist() for s in stages}
     cls_of = tcls.tolist()
     full_templates: dict[tuple[int, ...], ShardTemplate] = {}
     piece_cache: dict[tuple[int, int, int], list[tuple[int, tuple, int]]] = {}
@@ -88,6 +89,8 @@ def build_buckets(
             box = full_boxes[t.shape] = full_box(t.shape)
         return Region(i, box, t.nbytes)
 
+    tensor_bytes = [t.nbytes for t in model.tensors]
+
     full_boxes: dict[tuple[int, ...], tuple] = {}
 
     buckets: list[BroadcastBucket] = []
@@ -109,7 +112,10 @@ def build_buckets(
             gather: dict[int, list[Region]] = {}
             for i in tensors:
                 if holders_of[i]:  # then its root is one of them
-                    gather.setdefault(root, []).append(whole_region(i))
+                    own = gather.get(root)
+                    if own is None:
+                        own = gather[root] = []
+                    own.append(whole_region(i))
                     continue
                 for src, box, nb in gather_pieces(i, root):
                     gather.setdefault(src, []).append(Region(i, box, nb))
@@ -129,18 +135,27 @@ def build_buckets(
             )
             index += 1
 
+        half = bucket_bytes // 2
         for i in by_stage[stage]:
             holders = holders_of[i]
-            if holders:
-                root = holders[spread % len(holders)] if len(holders) > 1 else holders[0]
-                spread += len(holders) > 1
-            else:
+            if not holders:
                 root = leader
-            nb = model.tensors[i].nbytes
-            if current.get(root) and size[root] + nb > bucket_bytes // 2:
+            elif len(holders) > 1:
+                root = holders[spread % len(holders)]
+                spread += 1
+            else:
+                root = holders[0]
+            nb = tensor_bytes[i]
+            open_ = current.get(root)
+            if open_ and size[root] + nb > half:
                 flush(root)
-            current.setdefault(root, []).append(i)
-            size[root] = size.get(root, 0) + nb
+                open_ = None
+            if open_ is None:
+                current[root] = [i]
+                size[root] = nb
+            else:
+                open_.append(i)
+                size[root] += nb
         for root in sorted(current):
             flush(root)
     return buckets

@@ -106,8 +106,11 @@ def bucket_stats(plan: Plan) -> BucketStats:
     topo = plan.topology
     node, dom = topo.node_of, topo.domain_of
     model = plan.model
-    f = {k: np.zeros(B) for k in ("root_nic_recv", "root_nvl_recv", "send_nic_max", "send_nvl_max", "node_send_max",
-                                   "root_msgs", "root_copy", "gather_send_total")}
+    names = ("root_nic_recv", "root_nvl_recv", "send_nic_max", "send_nvl_max", "node_send_max", "root_msgs",
+             "root_copy", "gather_send_total")
+    f = {k: [0.0] * B for k in names}  # Python floats (exact: integers far below 2**53), arrays at the end
+    root_nic_recv, root_nvl_recv, send_nic_max, send_nvl_max, node_send_max, root_msgs, root_copy, send_total = (
+        f[k] for k in names)
     rings: dict[tuple[int, ...], int] = {}
     ring_by_id: dict[int, int] = {}  # the buckets keep their groups alive
     ring_of = np.zeros(B, dtype=np.int64)
@@ -115,14 +118,15 @@ def bucket_stats(plan: Plan) -> BucketStats:
     all_tensors = [i for b in plan.buckets for i in b.tensors]
     by_tensor, held, frac = _holder_matrices(plan, all_tensors)
     per_pl = np.zeros((B, held.shape[0]))
-    contig: dict[tuple, bool] = {}
+    contig: dict[tuple, tuple[bool, bool]] = {}
+    node_l, dom_l = node.tolist(), dom.tolist()
     for k, b in enumerate(plan.buckets):
         root = b.root
         node_send: dict[int, float] = {}
         for pr in b.gather:
             nb = pr.nbytes
             if pr.peer == root:
-                f["root_copy"][k] += nb
+                root_copy[k] += nb
                 continue
             # a trainer's pieces are whole boxes of its own (in place in its arena, first-use order); at
             # the root, whole tensors lie back to back in the bucket (in place), other pieces are staged
@@ -136,20 +140,21 @@ def bucket_stats(plan: Plan) -> BucketStats:
                     c = contig[key] = (_contiguous_in_tensor(r.box, shape), r.box == tuple((0, n) for n in shape))
                 classes.add(c[0])
                 if not c[1]:
-                    f["root_copy"][k] += r.nbytes  # staged at the root, copied into the bucket
-            f["root_msgs"][k] += len(classes)
-            f["gather_send_total"][k] += nb
-            if dom[pr.peer] != dom[root]:
-                f["root_nic_recv"][k] += nb
-                f["send_nic_max"][k] = max(f["send_nic_max"][k], nb)
-                node_send[int(node[pr.peer])] = node_send.get(int(node[pr.peer]), 0.0) + nb
+                    root_copy[k] += r.nbytes  # staged at the root, copied into the bucket
+            root_msgs[k] += len(classes)
+            send_total[k] += nb
+            peer_node = node_l[pr.peer]
+            if dom_l[pr.peer] != dom_l[root]:
+                root_nic_recv[k] += nb
+                send_nic_max[k] = max(send_nic_max[k], nb)
+                node_send[peer_node] = node_send.get(peer_node, 0.0) + nb
                 link_bytes[2] += nb
             else:
-                f["root_nvl_recv"][k] += nb
-                f["send_nvl_max"][k] = max(f["send_nvl_max"][k], nb)
-                link_bytes[0 if node[pr.peer] == node[root] else 1] += nb
+                root_nvl_recv[k] += nb
+                send_nvl_max[k] = max(send_nvl_max[k], nb)
+                link_bytes[0 if peer_node == node_l[root] else 1] += nb
         if node_send:
-            f["node_send_max"][k] = max(node_send.values())
+            node_send_max[k] = max(node_send.values())
         g = b.group
         ri = ring_by_id.get(id(g))  # buckets share group tuples: hash 270 ranks once per tuple, not per bucket
         if ri is None:
@@ -158,6 +163,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
                 ri = rings[g] = len(rings)
             ring_by_id[id(g)] = ri
         ring_of[k] = ri
+    f = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
     # bytes of every bucket per inference placement (integers: exact whatever the order)
     bucket_of = np.repeat(np.arange(B), [len(b.tensors) for b in plan.buckets])
     np.add.at(per_pl, (bucket_of, np.asarray([by_tensor[i] for i in all_tensors], dtype=np.int64)),
@@ -166,8 +172,9 @@ def bucket_stats(plan: Plan) -> BucketStats:
     for g, ri in rings.items():
         ring_list[ri] = _ring(plan, g)
     nbytes = np.asarray([b.nbytes for b in plan.buckets], dtype=np.float64)
+    ring_bytes = np.bincount(ring_of, weights=nbytes, minlength=len(ring_list))  # integers: exact in any order
     for k in range(3):
-        link_bytes[k] += float(sum(nbytes[ring_of == ri].sum() * r.by_link[k] for ri, r in enumerate(ring_list)))
+        link_bytes[k] += float(sum(ring_bytes[ri] * r.by_link[k] for ri, r in enumerate(ring_list)))
     full = per_pl @ held if B else np.zeros((0, plan.infer_world))
     sl = per_pl @ frac if B else np.zeros((0, plan.infer_world))
     return BucketStats(

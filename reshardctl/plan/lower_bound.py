@@ -51,49 +51,51 @@ class LowerBound:
     reason: str  # which resource binds
 
 
+def needed_bytes(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes each inference rank must end up with, distinct bytes each inference NVLink domain needs, in
+    ascending domain order), from the placement classes (template and ranks: what the bytes depend on) and
+    itemsizes of the tensors. Every figure is an integer far below 2**53: the sums are exact in any order."""
+    topo = plan.topology
+    T, I = topo.train_world, topo.infer_world
+    model = plan.model
+    need = np.zeros(I)
+    infer_dom = topo.domain_of[T:]
+    domains = np.unique(infer_dom)
+    dom_index = {int(d): k for k, d in enumerate(domains)}
+    dom_bytes = np.zeros(len(domains))
+    classes, reps = plan.infer.placement_classes()
+    tensors_of = np.bincount(classes * 16 + model.itemsizes) if len(classes) else np.zeros(0, np.int64)  # itemsize <= 8
+    for key in np.flatnonzero(tensors_of).tolist():
+        c, itemsize = divmod(key, 16)
+        p = reps[c]
+        tpl = p.template
+        per_rank = np.zeros(I)
+        per_dom = np.zeros(len(domains))
+        dom_classes: dict[int, list[int]] = {}
+        for k, cls in enumerate(tpl.replica_classes()):
+            n = tpl.slot_numel(cls[0])
+            ranks = np.asarray([p.ranks[s] for s in cls])
+            np.add.at(per_rank, ranks, n)
+            for d in np.unique(infer_dom[ranks]):
+                per_dom[dom_index[int(d)]] += n
+                dom_classes.setdefault(dom_index[int(d)], []).append(k)
+        if _classes_overlap(tpl):  # count each element once per domain, not once per class
+            replica_classes = tpl.replica_classes()
+            for k, cs in dom_classes.items():
+                per_dom[k] = _union_numel([b for c in cs for b in tpl.holdings[replica_classes[c][0]]])
+        need += per_rank * itemsize * int(tensors_of[key])
+        dom_bytes += per_dom * itemsize * int(tensors_of[key])
+    return need, dom_bytes
+
+
 def lower_bound(plan: Plan, links) -> LowerBound:
     """Transport-independent: bytes that must cross the most loaded GPU ingress / domain NICs."""
     topo = plan.topology
     T, I = topo.train_world, topo.infer_world
     model = plan.model
-    need = np.zeros(I)  # bytes each inference rank must end up with
     infer_dom = topo.domain_of[T:]
     domains = np.unique(infer_dom)
-    dom_index = {int(d): k for k, d in enumerate(domains)}
-    dom_bytes = np.zeros(len(domains))  # distinct bytes needed per inference domain
-    cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-    counts: dict[tuple[int, int], int] = {}
-    keep = []  # placements stay referenced, so their ids are stable
-    for i, t in enumerate(model.tensors):
-        p = plan.infer.placement(i)
-        key = (id(p), t.itemsize)
-        if key in counts:
-            counts[key] += 1
-            continue
-        counts[key] = 1
-        keep.append(p)
-        got = cache.get(key)
-        if got is None:
-            tpl = p.template
-            per_rank = np.zeros(I)
-            per_dom = np.zeros(len(domains))
-            dom_classes: dict[int, list[int]] = {}
-            for c, cls in enumerate(tpl.replica_classes()):
-                n = tpl.slot_numel(cls[0])
-                ranks = np.asarray([p.ranks[s] for s in cls])
-                np.add.at(per_rank, ranks, n)
-                for d in np.unique(infer_dom[ranks]):
-                    per_dom[dom_index[int(d)]] += n
-                    dom_classes.setdefault(dom_index[int(d)], []).append(c)
-            if _classes_overlap(tpl):  # count each element once per domain, not once per class
-                classes = tpl.replica_classes()
-                for k, cs in dom_classes.items():
-                    per_dom[k] = _union_numel([b for c in cs for b in tpl.holdings[classes[c][0]]])
-            cache[key] = (per_rank, per_dom)
-    for key, n in counts.items():
-        per_rank, per_dom = cache[key]
-        need += per_rank * key[1] * n
-        dom_bytes += per_dom * key[1] * n
+    need, dom_bytes = needed_bytes(plan)
     cands: list[tuple[float, str]] = []
     shares_domain = np.intersect1d(topo.domain_of[:T], infer_dom).size > 0
     has_nvlink_peer = topo.gpus_per_node > 1 or topo.nodes_per_domain > 1

@@ -127,22 +127,34 @@ def _placements_bytes(layout: SideLayout) -> bytes:
 def _buckets_bytes(buckets) -> bytes:
     """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous).
     A bucket's group (the root, its stage and every inference rank) is shared by many buckets: encoded
-    once per group object, not converted from Python ints per bucket."""
-    parts: list[bytes] = []
+    once per group object and spliced in, not converted from Python ints per bucket; a region's box
+    likewise once per box object (whole-tensor boxes and gathered pieces are shared)."""
     groups: dict[int, bytes] = {}  # id(group) -> its bytes; the buckets keep the groups alive
+    boxes: dict[int, tuple[int, ...]] = {}  # id(box) -> (ndim, lo0, hi0, ...); the regions keep them alive
+    cuts: list[tuple[int, bytes]] = []  # (position in flat, the group's bytes that go there)
     flat = [len(buckets)]
     for b in buckets:
         group = groups.get(id(b.group))
         if group is None:
             group = groups[id(b.group)] = np.asarray(b.group, dtype=np.int64).tobytes()
         flat += (b.index, b.root, b.nbytes, len(b.group))
-        parts += (np.asarray(flat, dtype=np.int64).tobytes(), group)
-        flat = [len(b.tensors), *b.tensors, len(b.gather)]
+        cuts.append((len(flat), group))
+        flat.append(len(b.tensors))
+        flat += b.tensors
+        flat.append(len(b.gather))
         for pr in b.gather:
             flat += (pr.peer, len(pr.regions))
             for r in pr.regions:
-                flat += (r.tensor, r.nbytes, len(r.box))
-                for lo, hi in r.box:
-                    flat += (lo, hi)
-    parts.append(np.asarray(flat, dtype=np.int64).tobytes())
+                box = boxes.get(id(r.box))
+                if box is None:
+                    box = boxes[id(r.box)] = (len(r.box), *(x for lo_hi in r.box for x in lo_hi))
+                flat += (r.tensor, r.nbytes)
+                flat += box
+    data = np.asarray(flat, dtype=np.int64).tobytes()
+    parts: list[bytes] = []
+    prev = 0
+    for pos, group in cuts:
+        parts += (data[prev * 8:pos * 8], group)
+        prev = pos
+    parts.append(data[prev * 8:])
     return b"".join(parts)
