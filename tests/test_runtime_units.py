@@ -288,3 +288,21 @@ def test_a_rank_ahead_rolls_back_to_the_previous_weights_it_holds(monkeypatch, t
         common_start(groups, st2, 2, 3, None, log)
     log.close()
     assert any(e["phase"] == "rollback" for e in read_events(tmp_path / "events" / "rank-3.jsonl"))
+
+
+def test_when_the_executor_drains_pending_steps():
+    """A relay drains before packing a stage-2 round; with NCCL a bucket step never overlaps another
+    step (one communicator at a time); on gloo rounds and buckets overlap one deep."""
+    from reshardctl.runtime.executor import must_drain
+    from reshardctl.runtime.program import BucketOps, RoundOps
+
+    send_round = RoundOps(3, 2, sends=("x",), recvs=(), peers=(1,))
+    recv_round = RoundOps(4, 1, sends=(), recvs=("y",), peers=(1,))
+    bucket = BucketOps(None, None, {}, (), (), (), (), (), True)
+    assert must_drain(send_round, ["round"], is_infer=True, one_communicator=False)  # relay
+    assert not must_drain(send_round, ["round"], is_infer=False, one_communicator=False)  # trainer
+    assert not must_drain(recv_round, ["round"], is_infer=True, one_communicator=True)  # same communicator
+    assert must_drain(bucket, ["round"], is_infer=False, one_communicator=True)
+    assert must_drain(recv_round, ["bucket"], is_infer=True, one_communicator=True)
+    assert not must_drain(bucket, ["round"], is_infer=False, one_communicator=False)  # gloo overlaps
+    assert not must_drain(recv_round, ["bucket"], is_infer=True, one_communicator=False)

@@ -94,6 +94,15 @@ def arena_place(local, m: Message) -> int | None:
     return place(local.model, local.boxes, local.box_offset, m.regions, m.offsets)
 
 
+def must_drain(step, pending_kinds: list[str], *, is_infer: bool, one_communicator: bool) -> bool:
+    """Finish every pending step before starting ``step``? An inference relay packs a stage-2 round
+    from what it received in earlier rounds; with NCCL (``one_communicator``) a bucket step, whose
+    broadcast runs on a sub-communicator, never overlaps another step (docs/gpu.md)."""
+    relay = is_infer and isinstance(step, RoundOps) and bool(step.sends)
+    other = one_communicator and (isinstance(step, BucketOps) or "bucket" in pending_kinds)
+    return relay or other
+
+
 def describe(model, m: Message, limit: int = 3) -> str:
     names = [f"{model.tensors[r.tensor].name} {list(r.box)}" for r in m.regions[:limit]]
     more = len(m.regions) - limit
@@ -319,9 +328,7 @@ class Executor:
         if self.stream is not None:  # the producer's writes (the trainer's weights) before any pack
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for s in self.program.steps:
-            relay = self.is_infer and isinstance(s, RoundOps) and s.sends
-            other_comm = self.cuda and (isinstance(s, BucketOps) or any(x.kind == "bucket" for x in pending))
-            if relay or other_comm:  # a relay packs what it received; NCCL: one communicator at a time
+            if must_drain(s, [x.kind for x in pending], is_infer=self.is_infer, one_communicator=self.cuda):
                 while pending:
                     self._finish(pending.popleft(), stats)
             pending.append(self._start(s, stats))
