@@ -249,3 +249,24 @@ def test_only_slurm_commands_run_and_a_missing_one_says_where_to_look(monkeypatc
     with pytest.raises(slurm_cli.SlurmCommandError, match="`squeue` is not on PATH") as e:
         slurm_cli.run(["squeue", "-h"])
     assert e.value.argv == ["squeue", "-h"] and e.value.returncode is None
+
+
+def test_het_job_nodes_per_side_survive_commas_and_accounting_lag(monkeypatch):
+    """A het job's components fold in component order with node lists that may hold commas
+    (``n[1,3]``); accounting that has recorded only the first component yet is polled again until the
+    second is there (a lag a real cluster shows only now and then: sacct is faked here)."""
+    from reshardctl.launch import slurm, slurm_cli
+
+    def st(job, state, nodes):
+        return slurm_cli.JobState(job, state, nodes=nodes)
+
+    run = slurm.SlurmRun("/tmp/x", "hetjob", {"het": "12"}, 0.0)
+    folded = slurm._fold("12", [st("12+1", "COMPLETED", "n[2,4]"), st("12+0", "COMPLETED", "n[1,3]")])
+    w = slurm.Watch({"12": folded}, None, 0.0)
+    assert slurm._side_nodes(run, w) == {"train": "n[1,3]", "infer": "n[2,4]"}
+    answers = iter([{"12+0": st("12+0", "COMPLETED", "n1")},
+                    {"12+0": st("12+0", "COMPLETED", "n1"), "12+1": st("12+1", "COMPLETED", "n2")}])
+    monkeypatch.setattr(slurm_cli, "sacct", lambda ids: next(answers))
+    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
+    got = slurm.final_states(["12"], wait_s=60, components=run.components())
+    assert slurm._side_nodes(run, slurm.Watch(got, None, 0.0)) == {"train": "n1", "infer": "n2"}

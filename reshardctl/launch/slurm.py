@@ -50,6 +50,10 @@ class SlurmRun:
     def ids(self) -> list[str]:
         return list(self.job_ids.values())
 
+    def components(self) -> dict[str, int]:
+        """Job id -> the components accounting must record (a het job: trainers and inference)."""
+        return {j: (2 if self.mode == "hetjob" else 1) for j in self.job_ids.values()}
+
     def save(self) -> None:
         write_json_atomic(Path(self.run_dir) / JOBS_FILE, asdict(self), indent=2)
 
@@ -147,28 +151,41 @@ def job_states(ids: list[str]) -> dict[str, slurm_cli.JobState]:
 def _fold(job: str, comps: list[slurm_cli.JobState]) -> slurm_cli.JobState:
     bad = [c for c in comps if c.terminal and c.state != "COMPLETED"]
     if bad:
-        return slurm_cli.JobState(job, bad[0].state, bad[0].reason, ",".join(c.nodes for c in comps), bad[0].exit_code,
+        return slurm_cli.JobState(job, bad[0].state, bad[0].reason, _nodes(comps), bad[0].exit_code,
                                   comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s)
     states = {c.state for c in comps}
     state = "PENDING" if "PENDING" in states else ("RUNNING" if states & {"RUNNING", "CONFIGURING", "COMPLETING"}
                                                    else comps[0].state)
     reason = next((c.reason for c in comps if c.state == "PENDING"), comps[0].reason)
-    return slurm_cli.JobState(job, state, reason, ",".join(c.nodes for c in comps if c.nodes), comps[0].exit_code,
+    return slurm_cli.JobState(job, state, reason, _nodes(comps), comps[0].exit_code,
                               comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s)
 
 
-def final_states(ids: list[str], *, wait_s: float = SACCT_LAG_S) -> dict[str, slurm_cli.JobState]:
-    """Accounting's final record of each job (sacct), polled until every job has a terminal state or
-    ``wait_s`` passed (accounting lags the queue by a few seconds)."""
+COMPONENT_SEP = " + "  # between a het job's components' node lists (a node list may hold commas)
+
+
+def _nodes(comps: list[slurm_cli.JobState]) -> str:
+    """A het job's node lists in component order (``12+0`` first), ``COMPONENT_SEP`` between them."""
+    return COMPONENT_SEP.join(c.nodes for c in sorted(comps, key=lambda c: c.job_id))
+
+
+def final_states(ids: list[str], *, wait_s: float = SACCT_LAG_S,
+                 components: Mapping[str, int] | None = None) -> dict[str, slurm_cli.JobState]:
+    """Accounting's final record of each job (sacct), polled until every job has a terminal state (and,
+    for a het job, all ``components[job]`` of its components) or ``wait_s`` passed: accounting lags
+    the queue by a few seconds, and a het job's second component may be recorded after its first."""
     end = time.monotonic() + wait_s
     got: dict[str, slurm_cli.JobState] = {}
+    seen: dict[str, int] = {}
+    want = dict(components or {})
     while True:
         acct = slurm_cli.sacct(ids)
         for j in ids:
             comps = [s for k, s in acct.items() if k == j or k.startswith(j + "+")]
             if comps:
                 got[j] = _fold(j, comps)
-        if all(j in got and got[j].terminal for j in ids) or time.monotonic() > end:
+                seen[j] = len(comps)
+        if all(j in got and got[j].terminal and seen[j] >= want.get(j, 1) for j in ids) or time.monotonic() > end:
             return got
         time.sleep(0.5)
 
@@ -219,7 +236,8 @@ def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], No
         raise
     if first_running is None and last and any(s.state != "PENDING" for s in last.values()):
         first_running = time.time()  # started and ended between two polls
-    return Watch(final_states(ids), first_running, time.time(), cancelled_peer=cancelled_peer)
+    return Watch(final_states(ids, components=run.components()), first_running, time.time(),
+                 cancelled_peer=cancelled_peer)
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -320,8 +338,8 @@ def _earliest_start(states: Mapping[str, slurm_cli.JobState]) -> float | None:
 def _side_nodes(run: SlurmRun, w: Watch) -> dict[str, str]:
     if run.mode == "hetjob":
         parts = [s for s in w.states.values()]
-        nodes = parts[0].nodes.split(",") if parts else []
-        # het components fold into "a,b" in component order: trainers first
+        nodes = parts[0].nodes.split(COMPONENT_SEP) if parts else []
+        # het components fold in component order: trainers (+0) first
         return {"train": nodes[0] if nodes else "", "infer": nodes[1] if len(nodes) > 1 else ""}
     return {role: w.states[j].nodes if j in w.states else "" for role, j in run.job_ids.items()}
 

@@ -80,7 +80,8 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     try:
         w = slurm.watch(run, update)
     except KeyboardInterrupt:  # watch() cancelled the jobs already
-        w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0), None, time.time(), interrupted=True)
+        w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0, components=run.components()), None, time.time(),
+                        interrupted=True)
         _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
         raise Interrupted(f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}; "
                           f"run directory {run_dir} (summary.json says so)") from None
@@ -138,7 +139,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
             states = ", ".join(f"{j} {s.state}" for j, s in running.items())
             raise LaunchError(f"{run_dir}: the run has not ended (Slurm job {states})",
                               hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
-        w = slurm.Watch(slurm.final_states(run.ids), None, time.time())
+        w = slurm.Watch(slurm.final_states(run.ids, components=run.components()), None, time.time())
     summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0)
     summary["collected"] = True
     write_summary(run_dir, summary)
