@@ -145,8 +145,8 @@ def _checksum_fn(device: torch.device):
     return lambda: checksum(buf)[0].item()  # .item(): the value is on the host (a GPU is done)
 
 
-def _copy_rate(device: torch.device, reps: int) -> dict:
-    fn, _ = _copy_fn(device)
+def _median_time(fn, reps: int) -> dict:
+    """``fn`` once to warm up, then the median of ``reps`` timed calls, for ``BIG`` bytes."""
     out = []
     fn()
     for _ in range(reps):
@@ -154,14 +154,11 @@ def _copy_rate(device: torch.device, reps: int) -> dict:
         fn()
         out.append(time.perf_counter() - t0)
     return {"bytes": BIG, "seconds": statistics.median(out)}
+
+
+def _copy_rate(device: torch.device, reps: int) -> dict:
+    return _median_time(_copy_fn(device)[0], reps)
 
 
 def _checksum_rate(device: torch.device, reps: int) -> dict:
-    fn = _checksum_fn(device)
-    out = []
-    fn()
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return {"bytes": BIG, "seconds": statistics.median(out)}
+    return _median_time(_checksum_fn(device), reps)

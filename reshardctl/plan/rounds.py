@@ -57,16 +57,19 @@ class RoundPacker:
             return
         v = load[nz]
         if count == 1:  # the common case: the first round where every touched rank has room for it
-            hits = np.flatnonzero((self.load[:, nz] + v <= self.bound).all(axis=1)) if len(self.load) else ()
-            if len(hits):
-                r = int(hits[0])
-            else:
-                self._grow(1)
-                r = len(self.load) - 1
+            r = self._first_fit(nz, v)
             self.load[r, nz] += v
             self.entries[r].append(Entry(unit, 0, 1, 0, n_transfers))
             return
         self._place_many(unit, nz, v, count, n_transfers)
+
+    def _first_fit(self, ranks: np.ndarray, v: np.ndarray) -> int:
+        """The first round where every rank in ``ranks`` has room for ``v`` more bytes (a new one if none)."""
+        hits = np.flatnonzero((self.load[:, ranks] + v <= self.bound).all(axis=1)) if len(self.load) else ()
+        if len(hits):
+            return int(hits[0])
+        self._grow(1)
+        return len(self.load) - 1
 
     def _place_many(self, unit: int, nz: np.ndarray, v: np.ndarray, count: int, n_transfers: int) -> None:
         """First fit of ``count`` instances loading ranks ``nz`` by ``v`` each: as many as fit into each
@@ -107,12 +110,7 @@ class RoundPacker:
         for a, z, ld in chunks:
             ranks = np.fromiter(ld.keys(), dtype=np.int64, count=len(ld))
             v = np.fromiter(ld.values(), dtype=np.int64, count=len(ld))
-            hits = np.nonzero(np.all(self.load[:, ranks] + v <= self.bound, axis=1))[0] if len(self.load) else ()
-            if len(hits):
-                r = int(hits[0])
-            else:
-                self._grow(1)
-                r = len(self.load) - 1
+            r = self._first_fit(ranks, v)
             self.load[r, ranks] += v
             self.entries[r].append(Entry(unit, inst, inst + 1, a, z))
 

@@ -201,7 +201,6 @@ def _bucket_ops(plan, b: BroadcastBucket, rank: int, link, counts, written, use)
             use(Region(t, x, 0) for x in boxes)
     if member or rank == b.root:
         counts["broadcasts"] += 1
-    counts["steps_bucket"] = counts.get("steps_bucket", 0) + 1
     return BucketOps(b, lay, pos, sends, recvs, own, recv_at, held, member)
 
 

@@ -41,6 +41,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from reshardctl.runtime.local_weights import LocalWeights, byte_slices, byte_view
+
 CHECKS = ("pack_roundtrip", "checksums", "stream_order", "pinned_pool", "nccl_refit")
 CPU_CHECKS = CHECKS[:4]
 
@@ -88,10 +90,6 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _u8(t: torch.Tensor) -> torch.Tensor:
-    return (t.reshape(1) if t.dim() == 0 else t).view(torch.uint8)
-
-
 def _rand(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
@@ -111,19 +109,14 @@ _PACK_TENSORS = (  # name, shape, dtype
 
 
 def _bsl(box, origin, itemsize: int):
-    """Slices of ``box`` (global coordinates) in the uint8 view of a tensor holding ``origin`` (None: the
-    full tensor): the last dim in bytes."""
-    origin = origin or tuple((0, 0) for _ in box)
-    sl = [slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin)]
-    sl[-1] = slice(sl[-1].start * itemsize, sl[-1].stop * itemsize)
-    return tuple(sl)
+    """``byte_slices`` of ``box`` in a tensor holding ``origin`` (None: the full tensor)."""
+    return byte_slices(box, origin or tuple((0, 0) for _ in box), itemsize)
 
 
 def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckResult:
     from reshardctl.layout.placement import box_numel
     from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
     from reshardctl.runtime.dtypes import torch_dtype
-    from reshardctl.runtime.local_weights import LocalWeights
     from reshardctl.runtime.wire import layout_of
 
     dims = ModelDims(arch="llama", hidden=8, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4, vocab=16,
@@ -156,10 +149,10 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
                 shape = tuple(b - a for a, b in box)
                 pad = shape[:-1] + (shape[-1] + 5,)
                 fused = torch.empty(pad, dtype=dt, device=device)
-                _u8(fused).fill_(0x5A)
+                byte_view(fused).fill_(0x5A)
                 v = fused[..., 2 : 2 + shape[-1]]
                 if data is src_data:  # byte views throughout: fp8 / bool copies are plain bytes
-                    _u8(v).copy_(_u8(full[i])[_bsl(box, None, t.itemsize)].to(device))
+                    byte_view(v).copy_(byte_view(full[i])[_bsl(box, None, t.itemsize)].to(device))
                 views.append(v)
             data[i] = views
     src = LocalWeights(model, src_hold, src_data)
@@ -173,7 +166,7 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
         buf[lay.offsets[1] + sizes[1] // 2] ^= 0x10
     ref = torch.zeros(lay.trailer, dtype=torch.uint8)
     for (i, box), off, n in zip(regions, lay.offsets, sizes):
-        ref[off : off + n] = _u8(full[i])[_bsl(box, None, model.tensors[i].itemsize)].contiguous().reshape(-1)
+        ref[off : off + n] = byte_view(full[i])[_bsl(box, None, model.tensors[i].itemsize)].contiguous().reshape(-1)
     bad = []
     packed_ok = torch.equal(buf.cpu(), ref)
     if not packed_ok:
@@ -185,15 +178,15 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
     for i, t in enumerate(model.tensors):
         for box, got in zip(dst_hold[i], dst_data[i]):
             want = torch.empty(got.shape, dtype=got.dtype)
-            _u8(want).fill_(0x5A)
+            byte_view(want).fill_(0x5A)
             for ri, rbox in regions:
                 if ri != i:
                     continue
                 inter = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, rbox))
                 if all(a < b for a, b in inter):
-                    _u8(want)[_bsl(inter, box, t.itemsize)] = _u8(full[i])[_bsl(inter, None, t.itemsize)]
+                    byte_view(want)[_bsl(inter, box, t.itemsize)] = byte_view(full[i])[_bsl(inter, None, t.itemsize)]
             checked += got.numel() * got.element_size()
-            if not torch.equal(_u8(got).cpu().contiguous(), _u8(want)):
+            if not torch.equal(byte_view(got).cpu().contiguous(), byte_view(want)):
                 bad.append(f"{t.name} box {box}: unpacked bytes differ")
     _sync(device)
     what = (f"LocalWeights.read_into -> one message -> write_from, {len(regions)} regions of "
@@ -370,9 +363,9 @@ def check_pinned_pool(device: torch.device, corrupt: bool = False) -> CheckResul
             pool.copy_(got, s, always_stage=True)  # the same chunk loop, unpinned
         peak = max(peak, pool.allocated_bytes)
         if corrupt and k == len(sources) - 1:
-            _u8(got).view(-1)[s.numel() // 3] ^= 0x40
+            byte_view(got).view(-1)[s.numel() // 3] ^= 0x40
         total += s.numel() * s.element_size()
-        if not torch.equal(_u8(got.cpu().contiguous()), _u8(s.contiguous())):
+        if not torch.equal(byte_view(got.cpu().contiguous()), byte_view(s.contiguous())):
             bad.append(f"copy {k} ({s.dtype} {tuple(s.shape)}) differs")
     _sync(device)
     secs = time.perf_counter() - t0
