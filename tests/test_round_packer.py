@@ -16,10 +16,10 @@ def test_single_instance_fast_path_equals_general_first_fit(world, bound, loads)
     fast, general = RoundPacker(world, bound, 1, 0), RoundPacker(world, bound, 1, 0)
     for u, (vec, count) in enumerate(loads):
         load = np.minimum(np.asarray(vec[:world], dtype=np.int64), bound)  # a unit's load fits an empty round
-        fast.add_unit(u, load, count, 5)
+        fast.add_unit(u, load, count, 0, 5)
         nz = np.nonzero(load)[0]
         if nz.size:
-            general._place_many(u, nz, load[nz], count, 5)
+            general._place_many(u, nz, load[nz], count, 0, 5)
     (fr, fl), (gr, gl) = fast.finish(), general.finish()
     assert fr == gr
     assert all(np.array_equal(a, b) for a, b in zip(fl, gl)) and len(fl) == len(gl)

@@ -12,7 +12,7 @@ from reshardctl.plan.model import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
-from reshardctl.plan.rounds import Round, RoundPacker
+from reshardctl.plan.rounds import Entry, Round, RoundPacker
 from reshardctl.plan.routing import TransferTable, route_many
 from reshardctl.topology import Topology, infer_global
 
@@ -165,27 +165,78 @@ def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTab
     return merged.take(np.argsort(origin, kind="stable"))  # pieces stay in transfer order
 
 
-def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int = 0) -> tuple[list[Unit], list[Round], list[np.ndarray]]:
-    """Pack units into rounds (all stage-1 rounds, then stage-2). Oversized instances are split.
+def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world: int, bound: int) -> tuple[int, np.ndarray]:
+    """How many phases to spread a stage's transfers over (``nbytes``: all instances of a transfer), and
+    the per-rank staging of each phase [phases, world]: the fewest phases, from the busiest rank's
+    staging / bound up to twice that, whose every phase fits the bound on every rank (``phase_of``);
+    ``(1, empty)`` where the stage fits one round or no phase count spreads it, e.g. relays inside an
+    NVLink domain (a rank has too few peers there for phases to spread its load)."""
+    total = np.bincount(src, weights=nbytes, minlength=world) + np.bincount(dst, weights=nbytes, minlength=world)
+    need = max(1, -(-int(total.max(initial=0)) // bound))
+    if need > 1:
+        for phases in range(need, 2 * need + 1):
+            ph = phase_of(src, dst, phases)
+            load = (np.bincount(ph * world + src, weights=nbytes, minlength=phases * world)
+                    + np.bincount(ph * world + dst, weights=nbytes, minlength=phases * world))
+            if load.max() <= bound:
+                return phases, load.reshape(phases, world).astype(np.int64)
+    return 1, np.zeros((0, world), dtype=np.int64)
 
-    Returns the (possibly re-split) units, the rounds and the staging vector of every round."""
+
+def phase_of(src: np.ndarray, dst: np.ndarray, phases: int) -> np.ndarray:
+    """Each transfer's phase: ``(src + dst) mod phases``. A rank talks to about ``peers / phases`` of its
+    peers in each phase, each of them in one phase only (a Latin-square schedule: sender ``s`` meets
+    receiver ``d`` in phase ``s + d``), so its messages grow with its peers, not with peers x rounds."""
+    return (src.astype(np.int64) + dst) % phases
+
+
+def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int = 0) -> tuple[list[Unit], list[Round], list[np.ndarray]]:
+    """Pack units into rounds: all stage-1 rounds, then stage-2. Oversized instances are split.
+
+    A stage whose transfers spread over phases that each fit the bound on every rank
+    (``phases_of_stage``) is one round per phase, every unit's transfers of that phase (its table
+    ordered by phase, stably, so a phase is one range of it; all instances). Otherwise: first fit of
+    the units, in model order, into rounds (``RoundPacker``).
+
+    Returns the (possibly re-split, re-ordered) units, the rounds and the staging vector of every round."""
     out_units: list[Unit] = []
     rounds: list[Round] = []
     loads: list[np.ndarray] = []
     index = first_index
     for stage in (1, 2):
-        packer = RoundPacker(world, bound, stage, index)
+        staged = []  # (unit, its table split to the bound or not, split?)
         for u in (u for u in units if u.stage == stage):
-            vec = staging_vector(u.table, world)
-            if vec.max() <= bound:
-                out_units.append(u)
-                packer.add_unit(len(out_units) - 1, vec, len(u.tensors), len(u.table))
-                continue
-            split = _split_table(u.table, u.itemsize, bound)
-            out_units.append(Unit(u.tensors, split, u.stage, u.itemsize))
+            split = bool(staging_vector(u.table, world).max() > bound)
+            staged.append((u, _split_table(u.table, u.itemsize, bound) if split else u.table, split))
+        if not staged:
+            continue
+        phases, phase_loads = phases_of_stage(
+            np.concatenate([t.src for _, t, _ in staged]), np.concatenate([t.dst for _, t, _ in staged]),
+            np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64), world, bound)
+        if phases > 1:
+            ranges = []  # (unit id, count, phase cuts)
+            for u, table, _ in staged:
+                ph = phase_of(table.src, table.dst, phases)
+                order = np.argsort(ph, kind="stable")
+                out_units.append(Unit(u.tensors, table.take(order), u.stage, u.itemsize))
+                ranges.append((len(out_units) - 1, len(u.tensors), np.searchsorted(ph[order], np.arange(phases + 1)).tolist()))
+            for p in range(phases):
+                entries = tuple(Entry(uid, 0, n, cuts[p], cuts[p + 1]) for uid, n, cuts in ranges if cuts[p] < cuts[p + 1])
+                if not entries:  # no pair of ranks meets in this phase
+                    continue
+                rounds.append(Round(index, stage, entries))
+                loads.append(phase_loads[p])
+                index += 1
+            continue
+        packer = RoundPacker(world, bound, stage, index)
+        for u, table, split in staged:
+            out_units.append(Unit(u.tensors, table, u.stage, u.itemsize))
             uid = len(out_units) - 1
+            if not split:
+                packer.add_unit(uid, staging_vector(table, world), len(u.tensors), 0, len(table))
+                continue
             for inst in range(len(u.tensors)):
-                packer.add_pieces(uid, inst, split.src, split.dst, split.nbytes)
+                packer.add_pieces(uid, inst, table.src, table.dst, table.nbytes)
         stage_rounds, stage_loads = packer.finish()
         rounds.extend(stage_rounds)
         loads.extend(stage_loads)

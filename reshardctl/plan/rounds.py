@@ -50,8 +50,9 @@ class RoundPacker:
         self.load = np.concatenate([self.load, np.zeros((n, self.world), dtype=np.int64)])
         self.entries.extend([] for _ in range(n))
 
-    def add_unit(self, unit: int, load: np.ndarray, count: int, n_transfers: int) -> None:
-        """``count`` instances of a unit whose per-instance staging vector is ``load`` (max <= bound)."""
+    def add_unit(self, unit: int, load: np.ndarray, count: int, t_lo: int, t_hi: int) -> None:
+        """``count`` instances of transfers ``[t_lo, t_hi)`` of a unit, whose per-instance staging vector
+        is ``load`` (max <= bound)."""
         nz = np.nonzero(load)[0]
         if nz.size == 0:
             return
@@ -59,9 +60,9 @@ class RoundPacker:
         if count == 1:  # the common case: the first round where every touched rank has room for it
             r = self._first_fit(nz, v)
             self.load[r, nz] += v
-            self.entries[r].append(Entry(unit, 0, 1, 0, n_transfers))
+            self.entries[r].append(Entry(unit, 0, 1, t_lo, t_hi))
             return
-        self._place_many(unit, nz, v, count, n_transfers)
+        self._place_many(unit, nz, v, count, t_lo, t_hi)
 
     def _first_fit(self, ranks: np.ndarray, v: np.ndarray) -> int:
         """The first round where every rank in ``ranks`` has room for ``v`` more bytes (a new one if none)."""
@@ -71,7 +72,7 @@ class RoundPacker:
         self._grow(1)
         return len(self.load) - 1
 
-    def _place_many(self, unit: int, nz: np.ndarray, v: np.ndarray, count: int, n_transfers: int) -> None:
+    def _place_many(self, unit: int, nz: np.ndarray, v: np.ndarray, count: int, t_lo: int, t_hi: int) -> None:
         """First fit of ``count`` instances loading ranks ``nz`` by ``v`` each: as many as fit into each
         open round in order, then new rounds."""
         per_new = int((self.bound // v).min())  # instances that fit in an empty round (>= 1)
@@ -90,7 +91,7 @@ class RoundPacker:
         self.load[np.ix_(used, nz)] += take[used, None] * v
         pos = 0
         for r, k in zip(used.tolist(), take[used].tolist()):
-            self.entries[r].append(Entry(unit, pos, pos + k, 0, n_transfers))
+            self.entries[r].append(Entry(unit, pos, pos + k, t_lo, t_hi))
             pos += k
 
     def add_pieces(self, unit: int, inst: int, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:

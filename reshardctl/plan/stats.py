@@ -199,13 +199,12 @@ def p2p_stats(plan: Plan) -> PlanStats:
 
         # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
         # (entry, rank) pairs where the entry's slice touches the rank
-        touched = np.zeros(S * world, dtype=bool)
-        touched[seg * world + src] = True
-        touched[seg * world + dst] = True
-        t_seg, t_rank = np.divmod(np.nonzero(touched)[0], world)  # by slice, then rank
-        pos = np.zeros(S * world, dtype=np.int64)
-        pos[t_seg * world + t_rank] = np.arange(t_seg.size)
-        src_pos, dst_pos = pos[seg * world + src], pos[seg * world + dst]  # each transfer's two touched pairs
+        # (sorted keys, not a dense [slices x world] table: a plan has tens of thousands of slices)
+        src_key, dst_key = seg * world + src, seg * world + dst
+        touched = np.sort(np.concatenate([src_key, dst_key]))
+        touched = touched[np.r_[True, touched[1:] != touched[:-1]]]
+        t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
+        src_pos, dst_pos = np.searchsorted(touched, src_key), np.searchsorted(touched, dst_key)  # each transfer's two touched pairs
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
 
@@ -225,12 +224,12 @@ def p2p_stats(plan: Plan) -> PlanStats:
         pairs = np.sort(((seg * world + src) * world + dst) * 4 + klass)  # sorted: numpy 2.4's unique hashes, 100x slower
         pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // 4
         pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
-        msgs = (np.bincount(pos[pseg * world + psrc], minlength=t_seg.size)
-                + np.bincount(pos[pseg * world + pdst], minlength=t_seg.size))
+        msgs = (np.bincount(np.searchsorted(touched, pseg * world + psrc), minlength=t_seg.size)
+                + np.bincount(np.searchsorted(touched, pseg * world + pdst), minlength=t_seg.size))
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
         by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
         del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
-        del cls, net, touched, pos, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
+        del cls, net, touched, src_key, dst_key, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
         # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
         span = t_len[e_seg]
         ends = np.cumsum(span)
