@@ -96,7 +96,7 @@ def fingerprint(plan: Plan) -> str:
         h.update(u.tensors.tobytes())
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
             h.update(np.ascontiguousarray(arr).tobytes())
-    entries = [(r.index, r.stage, e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for r in plan.rounds for e in r.entries]
+    entries = [(r.index, r.stage, *e) for r in plan.rounds for e in r.entries]  # Entry: (unit, inst_lo, inst_hi, t_lo, t_hi)
     h.update(np.asarray(entries, dtype=np.int64).tobytes())
     h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]

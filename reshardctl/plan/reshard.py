@@ -174,10 +174,17 @@ def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world:
     total = np.bincount(src, weights=nbytes, minlength=world) + np.bincount(dst, weights=nbytes, minlength=world)
     need = max(1, -(-int(total.max(initial=0)) // bound))
     if need > 1:
+        # the bytes of each distinct (src, dst) pair: a phase takes a pair whole
+        key = src.astype(np.int64) * world + dst
+        order = np.argsort(key)
+        key = key[order]
+        cut = np.r_[0, np.flatnonzero(key[1:] != key[:-1]) + 1]
+        weight = np.add.reduceat(nbytes[order], cut)
+        psrc, pdst = np.divmod(key[cut], world)
         for phases in range(need, 2 * need + 1):
-            ph = phase_of(src, dst, phases)
-            load = (np.bincount(ph * world + src, weights=nbytes, minlength=phases * world)
-                    + np.bincount(ph * world + dst, weights=nbytes, minlength=phases * world))
+            ph = phase_of(psrc, pdst, phases) * world
+            load = (np.bincount(ph + psrc, weights=weight, minlength=phases * world)
+                    + np.bincount(ph + pdst, weights=weight, minlength=phases * world))
             if load.max() <= bound:
                 return phases, load.reshape(phases, world).astype(np.int64)
     return 1, np.zeros((0, world), dtype=np.int64)

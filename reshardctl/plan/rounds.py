@@ -13,13 +13,14 @@ rank sets at once. A unit whose single instance exceeds the bound on some rank i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A slice of a unit inside a round: instances ``[inst_lo, inst_hi)``, transfers ``[t_lo, t_hi)``."""
+class Entry(NamedTuple):
+    """A slice of a unit inside a round: instances ``[inst_lo, inst_hi)``, transfers ``[t_lo, t_hi)``.
+    (A named tuple: a phased plan makes tens of thousands, and a frozen dataclass costs 5x to build.)"""
 
     unit: int
     inst_lo: int

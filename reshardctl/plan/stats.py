@@ -154,24 +154,26 @@ def p2p_stats(plan: Plan) -> PlanStats:
         units = plan.units
         ndim = max(max(units[u].table.lo.shape[1] for u, _, _ in segs), 1)
         boxes = _HoldingBoxes(ndim)
-        starts, lengths, tbase, ibase = [], [], [], []
-        offset: dict[int, int] = {}  # unit -> its first row in the concatenated tables
-        tables = []
+        # per unit (a unit's slices share its placements): its first row in the concatenated tables
+        # and its two placements' numbers
+        seg_arr = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
+        used, seg_unit = np.unique(seg_arr[:, 0], return_inverse=True)
+        tables, u_offset, u_tbase, u_ibase = [], [], [], []
         nrows = 0
-        for u, t_lo, t_hi in segs:
-            if u not in offset:
-                offset[u] = nrows
-                nrows += len(units[u].table)
-                tables.append(units[u].table)
-            starts.append(offset[u] + t_lo)
-            lengths.append(t_hi - t_lo)
+        for u in used.tolist():
+            tables.append(units[u].table)
+            u_offset.append(nrows)
+            nrows += len(units[u].table)
             t0 = int(units[u].tensors[0])
             shape = plan.model.tensors[t0].shape
-            tbase.append(boxes.add(plan.train.placement(t0), T, shape))
-            ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
-        length = np.asarray(lengths, np.int64)
+            u_tbase.append(boxes.add(plan.train.placement(t0), T, shape))
+            u_ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
+        seg_unit = seg_unit.reshape(-1)
+        starts = np.asarray(u_offset, np.int64)[seg_unit] + seg_arr[:, 1]
+        tbase, ibase = np.asarray(u_tbase, np.int64)[seg_unit], np.asarray(u_ibase, np.int64)[seg_unit]
+        length = seg_arr[:, 2] - seg_arr[:, 1]
         seg = np.repeat(np.arange(S), length)
-        row = np.arange(seg.size) + np.repeat(np.asarray(starts, np.int64) - (np.cumsum(length) - length), length)
+        row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(length) - length), length)
         src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
         dst = np.concatenate([t.dst for t in tables])[row].astype(np.int64)
         nb = np.concatenate([t.nbytes for t in tables])[row].astype(np.float64)
@@ -181,8 +183,8 @@ def p2p_stats(plan: Plan) -> PlanStats:
         lo = np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables])[row]
         hi = np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables])[row]
         first_row, hold_lo, hold_hi = boxes.arrays()
-        tb = first_row[np.asarray(tbase, np.int64)][seg]
-        ib = first_row[np.asarray(ibase, np.int64)][seg]
+        tb = first_row[tbase][seg]
+        ib = first_row[ibase][seg]
         contig, whole = [], []
         for ranks in (src, dst):
             trainer = is_trainer(ranks, T)
