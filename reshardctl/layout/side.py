@@ -44,10 +44,11 @@ class SideLayout(ABC):
             by_key: dict[tuple, int] = {}
             reps: list[Placement] = []
             keep: list[Placement] = []
-            classes = np.empty(len(self.model.tensors), dtype=np.int64)
-            for i in range(len(classes)):
-                p = self.placement(i)
-                k = by_id.get(id(p))
+            placement, by_id_get = self.placement, by_id.get  # (hot: once per tensor)
+            classes: list[int] = []
+            for i in range(len(self.model.tensors)):
+                p = placement(i)
+                k = by_id_get(id(p))
                 if k is None:
                     key = (id(p.template), p.ranks)
                     k = by_key.get(key)
@@ -56,8 +57,8 @@ class SideLayout(ABC):
                         reps.append(p)
                     by_id[id(p)] = k
                     keep.append(p)  # alive while keyed by id
-                classes[i] = k
-            cached = self.__dict__["_placement_classes"] = (classes, reps)
+                classes.append(k)
+            cached = self.__dict__["_placement_classes"] = (np.asarray(classes, dtype=np.int64), reps)
         return cached
 
     def stage_array(self) -> np.ndarray:

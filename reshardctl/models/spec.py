@@ -140,7 +140,9 @@ class ModelSpec:
     @cached_property
     def inventory_text(self) -> str:
         """``name|shape|dtype`` of every tensor, one a line (what plan fingerprints hash)."""
-        return "\n".join(f"{t.name}|{t.shape}|{t.dtype}" for t in self.tensors)
+        shapes: dict[tuple[int, ...], str] = {}  # a few distinct shapes: each formatted once
+        return "\n".join(f"{t.name}|{shapes.get(t.shape) or shapes.setdefault(t.shape, str(t.shape))}|{t.dtype}"
+                         for t in self.tensors)
 
     def __reduce__(self):
         """Pickle with a plain dict for ``config`` (a mappingproxy does not pickle); caches dropped."""

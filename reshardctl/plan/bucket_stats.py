@@ -61,9 +61,10 @@ def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
     return Ring(len(group) - 1, int(same_dom.sum()), int(net.sum()), rails or 1, by_link)
 
 
-def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Per distinct inference placement of ``tensors``: which ranks hold part of it, and the fraction
-    of the tensor each holds (a rank's fractions added in slot order)."""
+    of the tensor each holds (a rank's fractions added in slot order); and each tensor's placement
+    (its row), in the order of ``tensors``."""
     col: dict[int, int] = {}
     keep, held, frac = [], [], []
     I = plan.infer_world
@@ -89,8 +90,8 @@ def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[dict[int, int], np
         np.add.at(f, ranks, n[some] / total)
         held.append(h)
         frac.append(f)
-    by_tensor = {i: col[id(p)] for i, p in zip(tensors, placements)}
-    return by_tensor, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
+    rows = [col[id(p)] for p in placements]
+    return rows, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
 
 
 def _contiguous_in_tensor(box, shape) -> bool:
@@ -116,7 +117,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     ring_of = np.zeros(B, dtype=np.int64)
     link_bytes = np.zeros(3)
     all_tensors = [i for b in plan.buckets for i in b.tensors]
-    by_tensor, held, frac = _holder_matrices(plan, all_tensors)
+    pl_of, held, frac = _holder_matrices(plan, all_tensors)
     per_pl = np.zeros((B, held.shape[0]))
     contig: dict[tuple, tuple[bool, bool]] = {}
     node_l, dom_l = node.tolist(), dom.tolist()
@@ -166,7 +167,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     f = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
     # bytes of every bucket per inference placement (integers: exact whatever the order)
     bucket_of = np.repeat(np.arange(B), [len(b.tensors) for b in plan.buckets])
-    np.add.at(per_pl, (bucket_of, np.asarray([by_tensor[i] for i in all_tensors], dtype=np.int64)),
+    np.add.at(per_pl, (bucket_of, np.asarray(pl_of, dtype=np.int64)),
               np.asarray([model.tensors[i].nbytes for i in all_tensors], dtype=np.float64))
     ring_list = [None] * len(rings)
     for g, ri in rings.items():

@@ -132,12 +132,12 @@ def intersect_templates(src: ShardTemplate, dst: ShardTemplate, tensor_name: str
 
     # expand representative pieces to every slot of the destination class
     keys = np.arange(len(p_dcls), dtype=np.int32)
-    slots_per_cls = [np.asarray(c, dtype=np.int32) for c in dst_classes]
-    counts = np.asarray([len(slots_per_cls[k]) for k in p_dcls], dtype=np.int64)
+    cls_len = np.fromiter(map(len, dst_classes), dtype=np.int64, count=len(dst_classes))
+    cls_slots = np.fromiter((s for c in dst_classes for s in c), dtype=np.int32, count=int(cls_len.sum()))
+    counts = cls_len[p_dcls]  # each piece once per slot of its destination class, those slots in class order
     rep_idx = np.repeat(np.arange(len(p_dcls)), counts)
-    dst_slot = (
-        np.concatenate([slots_per_cls[k] for k in p_dcls]) if len(p_dcls) else np.zeros(0, np.int32)
-    )
+    nth = np.arange(rep_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)  # slot number in the class
+    dst_slot = cls_slots[np.repeat((np.cumsum(cls_len) - cls_len)[p_dcls], counts) + nth]
     order = np.lexsort((rep_idx, dst_slot))  # by destination slot, pieces in representative order
     rep_idx = rep_idx[order]
     return PairPieces(

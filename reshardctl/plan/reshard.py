@@ -95,7 +95,9 @@ def build_units(
     for (tensors, itemsize, *_), table in zip(requests, route_requests(requests, topo, relay)):
         for stage in (1, 2):
             sel = np.nonzero(table.stage == stage)[0]
-            if sel.size:
+            if sel.size == len(table):  # all of one stage: the routed table itself, not a copy
+                units.append(Unit(tensors, table, stage, itemsize))
+            elif sel.size:
                 units.append(Unit(tensors, table.take(sel), stage, itemsize))
     return units
 

@@ -34,7 +34,9 @@ class TransferTable:
         return int(self.src.shape[0])
 
     def take(self, idx: np.ndarray) -> "TransferTable":
-        return TransferTable(self.src[idx], self.dst[idx], self.stage[idx], self.lo[idx], self.hi[idx], self.nbytes[idx])
+        # np.take: for the [n, ndim] boxes several times faster than fancy indexing (numpy 2.4)
+        return TransferTable(self.src[idx], self.dst[idx], self.stage[idx], np.take(self.lo, idx, axis=0),
+                             np.take(self.hi, idx, axis=0), self.nbytes[idx])
 
     @staticmethod
     def concat(tables: list["TransferTable"]) -> "TransferTable":
@@ -60,8 +62,8 @@ def _relays(pieces: PairPieces, src_ranks: np.ndarray, dst: np.ndarray, topo: To
         idx = np.nonzero(pieces.src_class == c)[0]
         if idx.size:
             has_source = np.zeros((B, ndom), dtype=bool)  # per domain: holds a replica of class c
-            has_source[inst, dom[src_ranks[:, np.asarray(slots)]]] = True
-            in_domain[:, idx] = has_source[inst, dom[dst[:, idx]]]
+            has_source[inst, dom[np.take(src_ranks, slots, axis=1)]] = True
+            in_domain[:, idx] = has_source[inst, dom[np.take(dst, idx, axis=1)]]
     # one flat problem: the instance is the leading key, so groups never span instances
     span = (int(pieces.piece_key.max()) + 1) * ndom
     key = (inst * span + pieces.piece_key.astype(np.int64)[None, :] * ndom + dom[dst]).reshape(-1)
@@ -104,11 +106,12 @@ def _pick_balanced(best: np.ndarray, weight: np.ndarray, rotation: np.ndarray, i
     before = (csum[start] - w[start])[group]
     total = (csum[start + size - 1] - csum[start] + w[start])[group]
     pos = np.arange(m) - start[group]
-    ncols = best[order].sum(axis=1)
+    best = np.take(best, order, axis=0)  # rows in group order (np.take: faster than best[order] for 2-D)
+    ncols = best.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         mid = np.where(total > 0, (csum - before - w / 2) / total, (pos + 0.5) / size[group])
     j = (np.minimum((mid * ncols).astype(np.int64), ncols - 1) + rotation[order]) % ncols
-    col = np.argmax(np.cumsum(best[order], axis=1) > j[:, None], axis=1)  # the j-th best candidate
+    col = np.argmax(np.cumsum(best, axis=1) > j[:, None], axis=1)  # the j-th best candidate
     pick = np.empty(m, dtype=np.int64)
     pick[order] = col
     return pick
@@ -127,7 +130,7 @@ def route_many(
     """``route`` for B instances of the same pieces at once (one table each)."""
     B, n = len(rotation), len(pieces)
     rotation = np.asarray(rotation, dtype=np.int64)
-    dst = dst_ranks[:, pieces.dst_slot].astype(np.int32)
+    dst = np.take(dst_ranks, pieces.dst_slot, axis=1).astype(np.int32)
     src = np.empty((B, n), dtype=np.int32)
     node, dom = topo.node_of, topo.domain_of
     numel = np.prod(pieces.hi - pieces.lo, axis=1)
@@ -137,7 +140,7 @@ def route_many(
         inst, idx = np.nonzero((pieces.src_class == c)[None, :] & direct)
         if idx.size == 0:
             continue
-        cands = src_ranks[:, np.asarray(slots)][inst]  # [m, k]
+        cands = np.take(np.take(src_ranks, slots, axis=1), inst, axis=0)  # [m, k]
         if cands.shape[1] == 1:
             src[inst, idx] = cands[:, 0]
             continue
