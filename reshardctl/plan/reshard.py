@@ -223,16 +223,26 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
             np.concatenate([t.src for _, t, _ in staged]), np.concatenate([t.dst for _, t, _ in staged]),
             np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64), world, bound)
         if phases > 1:
-            ranges = []  # (unit id, count, phase cuts)
-            for u, table, _ in staged:
-                ph = phase_of(table.src, table.dst, phases)
-                order = np.argsort(ph, kind="stable")
-                out_units.append(Unit(u.tensors, table.take(order), u.stage, u.itemsize))
-                ranges.append((len(out_units) - 1, len(u.tensors), np.searchsorted(ph[order], np.arange(phases + 1)).tolist()))
+            # every unit's table ordered by phase (stably), all units at once: one sort of the stage
+            n = len(staged)
+            lens = np.fromiter((len(t) for _, t, _ in staged), dtype=np.int64, count=n)
+            starts = np.cumsum(lens) - lens
+            ph = phase_of(np.concatenate([t.src for _, t, _ in staged]), np.concatenate([t.dst for _, t, _ in staged]), phases)
+            key = np.repeat(np.arange(n, dtype=np.int64), lens) * phases + ph
+            order = np.argsort(key, kind="stable")  # by unit, then phase: a unit's rows stay in its block
+            cuts = np.searchsorted(key[order], (np.arange(n)[:, None] * phases + np.arange(phases + 1)).ravel())
+            cuts = (cuts.reshape(n, phases + 1) - starts[:, None]).T  # [phase + 1, unit]
+            first = len(out_units)
+            for (u, table, _), a, z in zip(staged, starts.tolist(), (starts + lens).tolist()):
+                out_units.append(Unit(u.tensors, table.take(order[a:z] - a), u.stage, u.itemsize))
+            uids = np.arange(first, first + n)
+            counts = np.fromiter((len(u.tensors) for u, _, _ in staged), dtype=np.int64, count=n)
             for p in range(phases):
-                entries = tuple(Entry(uid, 0, n, cuts[p], cuts[p + 1]) for uid, n, cuts in ranges if cuts[p] < cuts[p + 1])
-                if not entries:  # no pair of ranks meets in this phase
+                live = np.flatnonzero(cuts[p] < cuts[p + 1])
+                if not live.size:  # no pair of ranks meets in this phase
                     continue
+                entries = tuple(map(Entry, uids[live].tolist(), [0] * live.size, counts[live].tolist(),
+                                    cuts[p, live].tolist(), cuts[p + 1, live].tolist()))
                 rounds.append(Round(index, stage, entries))
                 loads.append(phase_loads[p])
                 index += 1

@@ -135,18 +135,18 @@ class PlanStats:
 def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray, np.ndarray]:
     """The distinct unit slices (unit, t_lo, t_hi) the rounds reference, and per round entry: its
     round, its slice and its number of instances."""
-    seg_of: dict[tuple[int, int, int], int] = {}
-    e_round, e_seg, e_n = [], [], []
-    for r, rnd in enumerate(plan.rounds):
-        for e in rnd.entries:
-            key = (e.unit, e.t_lo, e.t_hi)
-            s = seg_of.get(key)
-            if s is None:
-                s = seg_of[key] = len(seg_of)
-            e_round.append(r)
-            e_seg.append(s)
-            e_n.append(e.inst_hi - e.inst_lo)
-    return list(seg_of), np.asarray(e_round, np.int64), np.asarray(e_seg, np.int64), np.asarray(e_n, np.float64)
+    per_round = [len(rnd.entries) for rnd in plan.rounds]
+    ent = np.asarray([e for rnd in plan.rounds for e in rnd.entries], dtype=np.int64).reshape(-1, 5)
+    e_round = np.repeat(np.arange(len(per_round), dtype=np.int64), per_round)
+    unit, t_lo, t_hi = ent[:, 0], ent[:, 3], ent[:, 4]
+    order = np.lexsort((t_hi, t_lo, unit))
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (np.diff(unit[order]) != 0) | (np.diff(t_lo[order]) != 0) | (np.diff(t_hi[order]) != 0)
+    e_seg = np.empty(order.size, dtype=np.int64)
+    e_seg[order] = np.cumsum(new) - 1
+    first = order[new]
+    segs = list(zip(unit[first].tolist(), t_lo[first].tolist(), t_hi[first].tolist()))
+    return segs, e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
 
 
 def p2p_stats(plan: Plan) -> PlanStats:
