@@ -248,6 +248,17 @@ def test_column_slices_are_one_strided_copy_per_run_of_alike_regions_or_one_inde
     spec = span_copy.copy_spec(w, rows[0], rows[1])  # two ranges: one index of 256-byte chunks
     assert spec.kind == "index" and spec.g == 256 >= span_copy.MIN_CHUNK
     _check_message_copy(w, *rows, spec, lambda: LocalWeights.in_arena(m, h, "cpu"))
+    m3 = hand_model([("a", (4, 192), "float16"), ("b", (4, 192), "float16")])
+    h3 = {0: (((0, 4), (0, 192)),), 1: (((0, 4), (0, 192)),)}
+    w3 = LocalWeights.in_arena(m3, h3, "cpu", lambda i, b: torch.randn(4, 192).half())
+    odd = msg([Region(0, ((0, 4), (0, 128)), 1024), Region(1, ((0, 2), (0, 128)), 512)])  # 256 B runs, stride 384
+    span_copy.MIN_CHUNK = 128
+    try:
+        spec = span_copy.copy_spec(w3, odd[0], odd[1])
+        assert spec.kind == "index" and spec.g == 128  # the stride bounds the chunk, not only runs and offsets
+        _check_message_copy(w3, *odd, spec, lambda: LocalWeights.in_arena(m3, h3, "cpu"))
+    finally:
+        span_copy.MIN_CHUNK = old
     two = {0: (((0, 4), (0, 64)), ((4, 8), (0, 64)))}
     m2 = hand_model([("a", (8, 64), "float32")])
     w2 = LocalWeights.in_arena(m2, two, "cpu", order=[(0, 1), (0, 0)])
