@@ -86,6 +86,9 @@ def _check_message_copy(w, regions, offsets, nbytes, spec, fresh):
     got = torch.full((nbytes,), 7, dtype=torch.uint8)
     mc.gather(w, got)
     assert torch.equal(got, want), spec
+    odd = torch.full((nbytes + 1,), 7, dtype=torch.uint8)[1:]  # a block view at an odd start: bytes, not words
+    mc.gather(w, odd)
+    assert torch.equal(odd, want), spec
     before = w.arena.clone()
     new = torch.arange(nbytes, dtype=torch.int64).remainder(253).to(torch.uint8)
     mc.scatter(w, new)
@@ -93,6 +96,11 @@ def _check_message_copy(w, regions, offsets, nbytes, spec, fresh):
     ref.arena.copy_(before)
     for reg, o in zip(regions, offsets):
         ref.write_from(reg.tensor, reg.box, new[o : o + reg.nbytes])
+    assert torch.equal(w.arena, ref.arena), spec
+    w.arena.copy_(before)
+    src_odd = torch.empty(nbytes + 1, dtype=torch.uint8)[1:]
+    src_odd.copy_(new)
+    mc.scatter(w, src_odd)
     assert torch.equal(w.arena, ref.arena), spec
     w.arena.copy_(before)
 

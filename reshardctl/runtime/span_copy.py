@@ -7,20 +7,25 @@ Every region that lies inside one box of the rank's arena is a set of equal-leng
 runs are spaced by the strides of the dimensions outside the innermost partial one (``region_runs``:
 arena offset, outer (count, stride) dimensions, run bytes). The message is those runs concatenated in
 message order (regions back to back, row-major inside each). ``copy_spec`` reads that once per
-message and arena layout (the executor memoises it, not per refit) and picks:
+message and arena layout (the executor memoises the ready ``MessageCopy``, not per refit) and picks:
 
-* ``index``: cut into chunks of ``g`` bytes (the largest power of two, at most ``MAX_CHUNK``,
-  dividing every run's length, offset and outer stride), the message is ``index_select`` of the
-  arena's chunks into the block (sending) or ``index_copy_`` of the block's chunks into the arena
-  (landing): ONE kernel per message, whatever its regions. Only where ``g >= MIN_CHUNK``: with
-  smaller chunks the index (8 bytes per chunk) costs more than it saves.
-* ``strided``: otherwise every region is one ``as_strided`` view of the arena copied to / from its
-  (contiguous) part of the block, and consecutive regions that are alike (same runs, arena offsets in
-  arithmetic progression: the same slice of every expert of a layer) are ONE view with an extra
-  outer dimension: one kernel per such group (benchmarks: cheaper than a fine index and than one
-  ``read_into`` per region).
-* a region that is not inside one box of the arena (it spans several local boxes) is copied alone
-  through ``LocalWeights.read_into`` / ``write_from`` (``("region", ...)`` items of a strided spec).
+* one ``as_strided`` copy where the whole message is one view: a single region, or consecutive
+  regions that are alike (same runs, arena offsets in arithmetic progression, not overlapping: the
+  same slice of every expert of a layer), one view with an extra outer dimension;
+* else ``index`` where every region lies inside one box and the chunk ``g`` (the largest power of
+  two, at most ``MAX_CHUNK``, dividing every run's offset and length and every outer stride) is at
+  least ``MIN_CHUNK``: the message is ``index_select`` of the arena's g-byte chunks into the block
+  (sending) or ``index_copy_`` of the block's chunks into the arena (landing), ONE kernel whatever
+  its regions; with smaller chunks the index (8 bytes per chunk) costs more than it saves;
+* else ``strided``: one ``as_strided`` copy per run of alike regions (as above), and a region that is
+  not inside one box (it spans several local boxes) alone through ``LocalWeights.read_into`` /
+  ``write_from``. A message of one such region keeps the region-by-region path (``copy_spec`` None).
+
+Copies move the widest words (8, 4, 2 bytes) the offsets, runs and strides allow, bytes where a
+buffer's start or length does not: on CPU ``index_copy_`` of int64 words is 4-9x faster than of
+bytes. Measured on this machine, 1 thread (column slices of 4 [512, 256] bf16 boxes, 64 columns:
+128-byte runs): one strided view 14 us, an index of 128-byte chunks 17 us (landing: 45 us), one
+view per region 31 us, ``read_into`` per region 62 us.
 
 Nothing here synchronises with the device; index tensors are built once, on the arena's device.
 """
