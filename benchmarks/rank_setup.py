@@ -49,7 +49,7 @@ untraced = time.perf_counter() - t2
 # the arena's in the verify phase)
 from types import SimpleNamespace
 from reshardctl.runtime.arena import arena_offsets
-from reshardctl.runtime.span_copy import chunk_spans
+from reshardctl.runtime.span_copy import copy_spec
 from reshardctl.runtime.wire import place
 offsets, _ = arena_offsets(plan.model, prog.holdings, prog.order)
 layout = SimpleNamespace(model=plan.model, boxes=prog.holdings, box_offset=offsets, arena=True)
@@ -61,8 +61,10 @@ for st in prog.steps:
             for m in x.messages:
                 if place(plan.model, prog.holdings, offsets, m.regions, m.offsets) is None:
                     staged += 1
-                    # one indexed copy (span_copy.py) where it applies, else one copy per region
-                    copied += 1 if chunk_spans(layout, m.regions) is not None else len(m.regions)
+                    # copy kernels (span_copy.py): one indexed copy, or one strided copy per run of
+                    # alike regions, else one copy per region
+                    spec = copy_spec(layout, m.regions, m.offsets)
+                    copied += spec.calls if spec is not None else len(m.regions)
                     step_staged = True
                 else:
                     in_place += 1

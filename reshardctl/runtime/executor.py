@@ -9,8 +9,11 @@ from its staged copy.
 Messages (wire.py): at most four per link (peer and step), by where its regions are contiguous.
 Where a message's regions lie back to back in this rank's arena (arena.py: boxes in first-use order)
 it is sent from / received into the arena itself (zero copy); otherwise it goes through the step's
-staging block: in one indexed copy where its regions are contiguous ranges of the arena
-(span_copy.py), else region by region. Each step posts its messages in one ``batch_isend_irecv``.
+staging block (span_copy.py, planned once per message and arena layout): one indexed copy where
+every region is a set of equal-stride byte runs of the arena (row blocks, column slices, N-D slabs) in
+chunks of at least MIN_CHUNK bytes, else one ``as_strided`` copy per run of alike regions; region by
+region only where a region spans several local boxes. Each step posts its messages in one
+``batch_isend_irecv``.
 
 Checksums (checksum_exchange.py): one per message, taken where the bytes lie: the sender's arena or
 staging block, the receiver's arena after landing, or its staging block after the bytes were copied
@@ -50,7 +53,7 @@ from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
-from reshardctl.runtime.span_copy import chunk_index, gather, scatter
+from reshardctl.runtime.span_copy import MessageCopy, copy_spec
 from reshardctl.runtime.wire import align8, place
 
 _TAG_ROUND, _TAG_GATHER = 0, 1
@@ -85,6 +88,7 @@ class _Pending:
     blocks: list[torch.Tensor] = field(default_factory=list)  # pool blocks to release
     bucket: tuple | None = None  # (BucketOps, buffer) for a member receiving the broadcast
     span: object = None  # CUDA: the transfer's device-time span (cuda_timing.Span)
+    sent_in_place: int = 0  # bytes sent straight from the arena (zero copy)
 
 
 def arena_place(local, m: Message) -> int | None:
@@ -172,14 +176,16 @@ class Executor:
         return got
 
     def _copy_plan(self, m: Message, local):
-        """The chunk index of a staged message (span_copy.py), once per message and arena layout."""
+        """How a staged message is copied (span_copy.py: one indexed copy, or a few strided ones), once
+        per message and arena layout; None: region by region."""
         layout = getattr(local, "box_offset", None)
         if layout is None:
             return None
         key = (id(m), id(layout))
         got = self._copies.get(key, _UNSET)
         if got is _UNSET:
-            got = self._copies[key] = chunk_index(local, m.regions, self.device)
+            spec = copy_spec(local, m.regions, m.offsets)
+            got = self._copies[key] = MessageCopy(spec, self.device) if spec is not None else None
             if not self._layouts or self._layouts[-1] is not layout:
                 self._layouts.append(layout)
         return got
@@ -207,13 +213,14 @@ class Executor:
                 v = local.arena[at : at + m.nbytes]
                 self.sums.sent(peer, buf=local.arena, off=at, n=m.nbytes)
                 stats.zero_copy_messages += 1
+                p.sent_in_place += m.nbytes
             else:
                 o = offs[k]
                 k += 1
                 v = block[o : o + m.nbytes]
                 cp = self._copy_plan(m, local)
                 if cp is not None:
-                    gather(local.arena, cp[0], cp[1], v)
+                    cp.gather(local, v)
                 else:
                     for r, ro in zip(m.regions, m.offsets):
                         local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
@@ -255,8 +262,8 @@ class Executor:
             if blk is not None:
                 cp = self._copy_plan(m, target)
                 if cp is not None:
-                    scatter(target.arena, cp[0], cp[1], v)
-                    gather(target.arena, cp[0], cp[1], v)  # read back what landed
+                    cp.scatter(target, v)
+                    cp.gather(target, v)  # read back what landed
                 else:
                     for r, ro in zip(m.regions, m.offsets):
                         seg = v[ro : ro + r.nbytes]
@@ -383,8 +390,7 @@ class Executor:
                     self._side():
                 zc0 = stats.zero_copy_messages
                 ops += self._post_sends(r.sends, local, tag, p, stats)
-                ph["zero_copy_bytes"] = sum(m.nbytes for x in r.sends for m in x.messages
-                                            if self._place(m, local) is not None)
+                ph["zero_copy_bytes"] = p.sent_in_place  # counted while posting: no second walk
                 ph["zero_copy_messages"] = stats.zero_copy_messages - zc0
         ops += self._post_recvs(r.recvs, self.staged, tag, p, stats)
         self._before_post()

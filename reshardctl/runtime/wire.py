@@ -8,7 +8,8 @@ row-major inside each box. Both ends compute the split from the plan and both si
 on a size mismatch, NCCL hangs). Each end then decides alone how a message meets its memory: where
 its regions lie back to back in its arena (``arena.py`` orders a rank's boxes as its program first
 uses them, message by message, so whole boxes usually do), it is sent from / received into that range
-directly (zero copy); otherwise it goes through a staging block, copied region by region. Messages
+directly (zero copy); otherwise it goes through a staging block (span_copy.py: one indexed copy, or
+one strided copy per run of alike regions; region by region only where a region spans boxes). Messages
 (and checksums, one per message) grow with peers and steps, not with tensors.
 """
 
