@@ -43,6 +43,23 @@ def test_parse_names_file_and_key():
         parse_measured(good(date="yesterday"), "cal.json")
 
 
+def test_optional_figures_may_be_absent_and_are_checked_when_present():
+    """A file written before ``checksum_world_bytes_per_s`` was measured still reads (the cost model
+    falls back to one side's rate); a bad value of it is named like any other figure."""
+    from reshardctl.plan.cost import Links
+    from reshardctl.site import load_profile
+
+    old = parse_measured(good(), "cal.json", "local")
+    assert "checksum_world_bytes_per_s" not in old.figures
+    assert Links.from_site(load_profile("local"), old).checksum_world is None
+    new = good()
+    new["figures"] = {**new["figures"], "checksum_world_bytes_per_s": 1.5e9}
+    assert Links.from_site(load_profile("local"), parse_measured(new, "cal.json", "local")).checksum_world == 1.5e9
+    new["figures"]["checksum_world_bytes_per_s"] = 0
+    with pytest.raises(ProfileError, match="figures.checksum_world_bytes_per_s"):
+        parse_measured(new, "cal.json", "local")
+
+
 def test_found_in_the_state_directory_and_used_by_plan(capsys):
     code, out, err = run(capsys, *PLAN)
     assert code == 0, err
@@ -118,6 +135,7 @@ def test_calibrate_local_for_real(capsys, tmp_path):
     assert all(v > 0 for v in m.figures.values())
     raw = json.loads(out_file.read_text())["samples"]
     assert len(raw["p2p"]["intra_node"]) >= 3 and raw["broadcast"]["receivers"] == 4
+    assert raw["checksum_world"]["ranks"] == 8 and m.figures["checksum_world_bytes_per_s"] > 0
     # the same file through the default location: plan and run find it by site name
     default_path("local").parent.mkdir(parents=True)
     default_path("local").write_text(out_file.read_text())

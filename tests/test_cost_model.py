@@ -17,7 +17,7 @@ from plan_fixtures import SplitLayout, toy_model
 from reshardctl.errors import ProfileError
 from reshardctl.plan.cost import TERMS, Links, _round_terms, lower_bound, predict
 from reshardctl.plan.planner import build_plan
-from reshardctl.plan.stats import K, MSGS, NIC_RECV, NIC_SEND
+from reshardctl.plan.stats import K, MSGS, NIC_RECV, NIC_SEND, NVL_SEND, PACK_SEND, p2p_stats
 from reshardctl.topology import Topology
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -95,6 +95,28 @@ def test_copies_and_checksums_scale_with_their_rates():
     slow_ck = predict(p, replace(CPU, checksum=CPU.checksum / 10, checksum_all=CPU.checksum_all / 10))
     assert slow_ck.breakdown["checksum"] > fast.breakdown["checksum"] > 0
     assert slow_ck.breakdown["wire"] == fast.breakdown["wire"]
+
+
+def test_in_place_sends_are_summed_in_the_verify_phase_with_both_sides_at_once():
+    """As the executor does: a sender sums a staging block before posting it (a transfer-phase term) and
+    what it sends in place from its arena in the verify phase, beside the receivers; on a cpu_only site
+    that phase is bounded by every rank's rate together (``checksum_world``) where both sides work."""
+    same = _plan()  # every region whole on both sides: sent in place, no staging
+    cols = _plan(dims=(1,))  # contiguous on neither side: every send staged
+    for p in (same, cols):
+        st = p2p_stats(p)
+        wire, lat, pack, ck, _ = _round_terms(st.rounds, p.topology.node_of, int(p.topology.node_of.max()) + 1, CPU)
+        staged = st.rounds[:, PACK_SEND]
+        assert np.allclose(ck, np.maximum(staged.max(axis=1) / CPU.checksum, staged.sum(axis=1) / CPU.checksum_all))
+    assert p2p_stats(same).per_rank[PACK_SEND].sum() == 0
+    slower_world = replace(CPU, checksum_world=CPU.checksum_all / 4)
+    # in place on both sides: the verify phase sums senders' and receivers' bytes at the world rate
+    base, slow = predict(same, CPU).breakdown["checksum"], predict(same, slower_world).breakdown["checksum"]
+    moved = p2p_stats(same).per_rank[NIC_SEND].sum() + p2p_stats(same).per_rank[NVL_SEND].sum()
+    assert math.isclose(slow, 2 * moved / slower_world.checksum_world, rel_tol=1e-9)
+    assert slow > base
+    # every send staged: the verify phase is the receivers alone, at one side's rate; world rate unused
+    assert predict(cols, slower_world).breakdown["checksum"] == predict(cols, CPU).breakdown["checksum"]
 
 
 def test_zero_copy_transfers_pay_no_pack():

@@ -104,6 +104,9 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     summ = _checksum_fn(device)
     res["checksum_side"] = {"ranks": per_node, "bytes": BIG * per_node,
                             "seconds": _together(summ if rank < per_node else (lambda: None), reps)}
+    # every rank at once: a refit's verify phase, where senders sum what they sent in place while
+    # receivers sum what landed
+    res["checksum_world"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(summ, reps)}
     return res
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reshardctl.errors import InputError, LaunchError
-from reshardctl.site.measured import FIGURES, FORMAT
+from reshardctl.site.measured import FIGURES, FORMAT, OPTIONAL_FIGURES
 
 MAX_PER_NODE = 4  # ranks per stand-in node when every rank is a process on this machine
 
@@ -174,7 +174,9 @@ def figures(raw: dict) -> dict:
         "copy_side_bytes_per_s": raw["copy_side"]["bytes"] / raw["copy_side"]["seconds"],
         "checksum_side_bytes_per_s": raw["checksum_side"]["bytes"] / raw["checksum_side"]["seconds"],
     }
-    assert set(out) == set(FIGURES)
+    if "checksum_world" in raw:
+        out["checksum_world_bytes_per_s"] = raw["checksum_world"]["bytes"] / raw["checksum_world"]["seconds"]
+    assert set(FIGURES) <= set(out) <= set(FIGURES) | set(OPTIONAL_FIGURES)
     return out
 
 
@@ -195,6 +197,6 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
         "format": FORMAT, "site": site.name, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "hosts": raw["hosts"],
         "versions": versions, "ranks": raw["world"], "cores": cores, "figures": figures(raw),
         "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_side",
-                                          "checksum_side")},
+                                          "checksum_side", "checksum_world") if k in raw},
         "launcher": "slurm" if extra else "local", **extra,
     }

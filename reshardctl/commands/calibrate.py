@@ -24,6 +24,7 @@ LABELS = {
     "copy_bytes_per_s": ("pack/unpack copy, one rank", "bw"), "checksum_bytes_per_s": ("checksum, one rank", "bw"),
     "copy_side_bytes_per_s": ("copy, one node's ranks at once", "bw"),
     "checksum_side_bytes_per_s": ("checksum, one node's ranks at once", "bw"),
+    "checksum_world_bytes_per_s": ("checksum, every rank at once", "bw"),
 }
 
 

@@ -56,6 +56,7 @@ class Links:
     cores: int = 0  # cpu_only: cores every rank shares (0: not cpu_only)
     copy_all: float | None = None  # cpu_only: copy rate of one side's ranks together (sharing cores, memory)
     checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
+    checksum_world: float | None = None  # cpu_only: checksum rate of both sides' ranks together (None: checksum_all)
     msg_concurrency: int = 1  # messages of one rank in flight at once
     ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
     nics_per_node: int = 1
@@ -110,7 +111,8 @@ class Links:
             agg = m["node_aggregate_bytes_per_s"]
             kw.update(host=agg, peak_host=agg, broadcast=m["broadcast_bytes_per_s"], cores=max(1, measured.cores),
                       nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
-                      copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"])
+                      copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"],
+                      checksum_world=m.get("checksum_world_bytes_per_s"))
         return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
 
 
@@ -128,8 +130,9 @@ class Prediction:
 
 def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
     """Seconds of a copy or checksum term: the busiest rank's bytes at one rank's ``rate``; on cpu_only
-    sites at least all working ranks' bytes at the rate one side's ranks reach ``together`` (sharing
-    cores and memory; in every such phase one side works: senders pack, receivers unpack)."""
+    sites at least all working ranks' bytes at the rate the working ranks reach ``together`` (sharing
+    cores and memory: one side's in the transfer phases, where senders pack and receivers unpack; both
+    sides' in the verify phase)."""
     t = per_rank_max / rate
     if together:
         t = np.maximum(t, total / together)
@@ -169,15 +172,22 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
     latency = np.where(msgs.max(axis=1) > 0, links.launch * launches + busy * per_msg, 0.0)
     pack = _shared(rounds[:, PACK_SEND].max(axis=1), rounds[:, PACK_SEND].sum(axis=1), links.copy, links.copy_all) + \
         _shared(rounds[:, PACK_RECV].max(axis=1), rounds[:, PACK_RECV].sum(axis=1), links.copy, links.copy_all)
-    sent = rounds[:, NIC_SEND] + rounds[:, NVL_SEND]
-    cksum = _shared(sent.max(axis=1), sent.sum(axis=1), links.checksum, links.checksum_all)
+    staged = rounds[:, PACK_SEND]  # a sender sums a staging block before posting it (in place: later)
+    cksum = _shared(staged.max(axis=1), staged.sum(axis=1), links.checksum, links.checksum_all)
     return wire, latency, pack, cksum, busiest
 
 
 def _verify_checksums(stats: PlanStats, links: Links) -> float:
-    """Receivers checksum what landed in their weights in the verify phase, after the last round."""
+    """The verify phase, after the last round: receivers checksum what landed in their weights, and
+    senders what they sent in place (read from their arena, never staged), all at once; where both
+    sides have work there, the rate of every rank together (``checksum_world``) bounds the total."""
+    sent = stats.per_rank[NIC_SEND] + stats.per_rank[NVL_SEND]
+    in_place = np.maximum(sent - stats.per_rank[PACK_SEND], 0.0)
     got = stats.per_rank[NIC_RECV] + stats.per_rank[NVL_RECV]
-    return float(_shared(np.asarray([got.max()]), np.asarray([got.sum()]), links.checksum, links.checksum_all)[0])
+    work = got + in_place
+    both = got.sum() > 0 and in_place.sum() > 0
+    together = links.checksum_world if both and links.checksum_world else links.checksum_all
+    return float(_shared(np.asarray([work.max()]), np.asarray([work.sum()]), links.checksum, together)[0])
 
 
 def _bucket_terms(bs: BucketStats, links: Links):
