@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from plan_fixtures import SplitLayout, toy_model
 from reshardctl.plan.planner import build_plan
-from reshardctl.plan.reshard import phase_of, phases_of_stage
+from reshardctl.plan.reshard import phase_candidates, phase_of, phases_of_stage
 from reshardctl.plan.stats import p2p_stats
 from reshardctl.topology import Topology
 
@@ -36,14 +36,24 @@ def test_phase_count_is_the_fewest_that_fit(world, bound, transfers):
     total = np.bincount(src, nbytes, world) + np.bincount(dst, nbytes, world)
     need = max(1, -(-int(total.max()) // bound))
     phases, loads = phases_of_stage(src, dst, nbytes, world, bound)
-    fits = [q for q in range(need, 2 * need + 1) if _loads(src, dst, nbytes, world, q).max() <= bound]
+    fits = [q for q in phase_candidates(need) if _loads(src, dst, nbytes, world, q).max() <= bound]
     if need == 1 or not fits:
         assert phases == 1 and loads.shape == (0, world)
         return
-    assert phases == fits[0]  # the fewest in [need, 2 need] whose every phase fits
+    assert phases == fits[0]  # the fewest candidate whose every phase fits
     assert np.array_equal(loads, _loads(src, dst, nbytes, world, phases))
     assert loads.max() <= bound
     assert np.array_equal(phase_of(src, dst, phases), (src.astype(np.int64) + dst) % phases)
+
+
+@given(need=st.integers(1, 100_000))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_phase_candidates_cover_need_to_twice_need(need):
+    c = phase_candidates(need)
+    assert c[0] == need and c[-1] == 2 * need and c == sorted(set(c)) and len(c) <= 17
+    if need <= 16:
+        assert c == list(range(need, 2 * need + 1))
+    assert all(b - a <= -(-need // 16) for a, b in zip(c, c[1:]))  # steps of at most need / 16
 
 
 def _rounds_of_pairs(plan, stage):

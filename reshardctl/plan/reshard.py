@@ -169,10 +169,10 @@ def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTab
 
 def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world: int, bound: int) -> tuple[int, np.ndarray]:
     """How many phases to spread a stage's transfers over (``nbytes``: all instances of a transfer), and
-    the per-rank staging of each phase [phases, world]: the fewest phases, from the busiest rank's
-    staging / bound up to twice that, whose every phase fits the bound on every rank (``phase_of``);
-    ``(1, empty)`` where the stage fits one round or no phase count spreads it, e.g. relays inside an
-    NVLink domain (a rank has too few peers there for phases to spread its load)."""
+    the per-rank staging of each phase [phases, world]: the fewest phases among ``phase_candidates``
+    (from the busiest rank's staging / bound up to twice that) whose every phase fits the bound on every
+    rank (``phase_of``); ``(1, empty)`` where the stage fits one round or no candidate spreads it, e.g.
+    relays inside an NVLink domain (a rank has too few peers there for phases to spread its load)."""
     total = np.bincount(src, weights=nbytes, minlength=world) + np.bincount(dst, weights=nbytes, minlength=world)
     need = max(1, -(-int(total.max(initial=0)) // bound))
     if need > 1:
@@ -183,13 +183,20 @@ def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world:
         cut = np.r_[0, np.flatnonzero(key[1:] != key[:-1]) + 1]
         weight = np.add.reduceat(nbytes[order], cut)
         psrc, pdst = np.divmod(key[cut], world)
-        for phases in range(need, 2 * need + 1):
+        for phases in phase_candidates(need):
             ph = phase_of(psrc, pdst, phases) * world
             load = (np.bincount(ph + psrc, weights=weight, minlength=phases * world)
                     + np.bincount(ph + pdst, weights=weight, minlength=phases * world))
             if load.max() <= bound:
                 return phases, load.reshape(phases, world).astype(np.int64)
     return 1, np.zeros((0, world), dtype=np.int64)
+
+
+def phase_candidates(need: int) -> list[int]:
+    """Phase counts tried for a stage that needs at least ``need`` rounds: every count from ``need`` to
+    ``2 need`` while ``need <= 16``; beyond, 17 steps of ``need / 16`` (each try is a pass over the
+    stage's pairs, and a small bucket can make ``need`` thousands)."""
+    return sorted({need + -(-need * j // 16) for j in range(17)})
 
 
 def phase_of(src: np.ndarray, dst: np.ndarray, phases: int) -> np.ndarray:
