@@ -12,7 +12,7 @@ from reshardctl.plan.model import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
-from reshardctl.plan.rounds import Entry, Round, RoundPacker
+from reshardctl.plan.rounds import Entry, Round, RoundPacker, chunk_transfers
 from reshardctl.plan.routing import TransferTable, route_many
 from reshardctl.topology import Topology, infer_global
 
@@ -261,8 +261,10 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
             if not split:
                 packer.add_unit(uid, staging_vector(table, world), len(u.tensors), 0, len(table))
                 continue
+            chunks = chunk_transfers(table.src, table.dst, table.nbytes, bound)
+            starts = [0] * len(chunks)
             for inst in range(len(u.tensors)):
-                packer.add_pieces(uid, inst, table.src, table.dst, table.nbytes)
+                packer.add_chunks(uid, inst, chunks, starts)
         stage_rounds, stage_loads = packer.finish()
         rounds.extend(stage_rounds)
         loads.extend(stage_loads)

@@ -65,11 +65,16 @@ class RoundPacker:
             return
         self._place_many(unit, nz, v, count, t_lo, t_hi)
 
-    def _first_fit(self, ranks: np.ndarray, v: np.ndarray) -> int:
-        """The first round where every rank in ``ranks`` has room for ``v`` more bytes (a new one if none)."""
-        hits = np.flatnonzero((self.load[:, ranks] + v <= self.bound).all(axis=1)) if len(self.load) else ()
-        if len(hits):
-            return int(hits[0])
+    def _first_fit(self, ranks: np.ndarray, v: np.ndarray, start: int = 0) -> int:
+        """The first round from ``start`` where every rank in ``ranks`` has room for ``v`` more bytes (a
+        new one if none)."""
+        lo, step, n = start, 8, len(self.load)
+        while lo < n:  # in growing windows: the room is usually in the first few rounds looked at
+            hi = min(n, lo + step)
+            hits = np.flatnonzero((self.load[lo:hi, ranks] + v <= self.bound).all(axis=1))
+            if hits.size:
+                return lo + int(hits[0])
+            lo, step = hi, step * 4
         self._grow(1)
         return len(self.load) - 1
 
@@ -95,27 +100,37 @@ class RoundPacker:
             self.entries[r].append(Entry(unit, pos, pos + k, t_lo, t_hi))
             pos += k
 
-    def add_pieces(self, unit: int, inst: int, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
-        """One oversized instance, its (already split, each <= bound) transfers in order: cut into
-        consecutive chunks whose per-rank staging fits the bound, each chunk placed first-fit."""
-        chunks: list[tuple[int, int, dict[int, int]]] = []
-        load: dict[int, int] = {}
-        start = 0
-        for t, (s, d, b) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
-            if load.get(s, 0) + b > self.bound or load.get(d, 0) + b > self.bound:
-                chunks.append((start, t, load))
-                load, start = {}, t
-            load[s] = load.get(s, 0) + b
-            load[d] = load.get(d, 0) + b
-        if len(nbytes) > start:
-            chunks.append((start, len(nbytes), load))
-        for a, z, ld in chunks:
-            ranks = np.fromiter(ld.keys(), dtype=np.int64, count=len(ld))
-            v = np.fromiter(ld.values(), dtype=np.int64, count=len(ld))
-            r = self._first_fit(ranks, v)
+    def add_chunks(self, unit: int, inst: int, chunks: list[tuple[int, int, np.ndarray, np.ndarray]],
+                   starts: list[int]) -> None:
+        """One oversized instance, as ``chunk_transfers`` cut its unit's table, each chunk placed first
+        fit. ``starts[k]``: where chunk k of the unit's previous instance went, kept between calls: a
+        round that had no room for it then has none now (loads only grow), so the search starts there
+        (the same rounds as a search from round 0, without rescanning the full ones)."""
+        for k, (a, z, ranks, v) in enumerate(chunks):
+            r = self._first_fit(ranks, v, starts[k])
+            starts[k] = r
             self.load[r, ranks] += v
             self.entries[r].append(Entry(unit, inst, inst + 1, a, z))
 
     def finish(self) -> tuple[list[Round], list[np.ndarray]]:
         rounds = [Round(self.first_index + i, self.stage, tuple(e)) for i, e in enumerate(self.entries)]
         return rounds, [self.load[i].copy() for i in range(len(self.load))]
+
+
+def chunk_transfers(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, bound: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """An oversized instance's (already split, each <= bound) transfers in order, cut into consecutive
+    chunks whose per-rank staging fits the bound: ``(t_lo, t_hi, ranks, bytes per rank)`` each. Every
+    instance of a unit shares its table, so this is computed once per unit."""
+    chunks: list[tuple[int, int, dict[int, int]]] = []
+    load: dict[int, int] = {}
+    start = 0
+    for t, (s, d, b) in enumerate(zip(src.tolist(), dst.tolist(), nbytes.tolist())):
+        if load.get(s, 0) + b > bound or load.get(d, 0) + b > bound:
+            chunks.append((start, t, load))
+            load, start = {}, t
+        load[s] = load.get(s, 0) + b
+        load[d] = load.get(d, 0) + b
+    if len(nbytes) > start:
+        chunks.append((start, len(nbytes), load))
+    return [(a, z, np.fromiter(ld.keys(), dtype=np.int64, count=len(ld)),
+             np.fromiter(ld.values(), dtype=np.int64, count=len(ld))) for a, z, ld in chunks]
