@@ -99,3 +99,18 @@ class BoxLayout(SideLayout):
         if self._stages is None:
             return tuple(range(self.world_size))
         return tuple(sorted({r for i, h in enumerate(self._holdings) if self._stages[i] == s for r, _ in h}))
+
+
+def stage_phases(plan, stage: int) -> int:
+    """How many phases the planner spread ``stage`` of ``plan`` over (1: packed first fit), recomputed
+    from the plan's units as ``plan/reshard.py`` ``schedule_rounds`` does."""
+    import numpy as np
+
+    from reshardctl.plan.reshard import phases_of_stage
+
+    us = [u for u in plan.units if u.stage == stage]
+    if not us:
+        return 1
+    return phases_of_stage(np.concatenate([u.table.src for u in us]), np.concatenate([u.table.dst for u in us]),
+                           np.concatenate([u.table.nbytes * len(u.tensors) for u in us]).astype(np.float64),
+                           plan.world, plan.bucket_bytes)[0]

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plan_fixtures import SplitLayout, toy_model
+from plan_fixtures import SplitLayout, stage_phases, toy_model
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.reshard import phase_candidates, phase_of, phases_of_stage
 from reshardctl.plan.stats import p2p_stats
@@ -68,15 +68,6 @@ def _rounds_of_pairs(plan, stage):
     return pairs
 
 
-def _stage_phases(plan, stage):
-    us = [u for u in plan.units if u.stage == stage]
-    if not us:
-        return 1
-    return phases_of_stage(np.concatenate([u.table.src for u in us]), np.concatenate([u.table.dst for u in us]),
-                           np.concatenate([u.table.nbytes * len(u.tensors) for u in us]).astype(np.float64),
-                           plan.world, plan.bucket_bytes)[0]
-
-
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(train_shards=st.integers(1, 4), infer_shards=st.integers(1, 4), replicas=st.integers(1, 3),
        bucket=st.sampled_from([16, 48, 64, 128, 256, 1 << 20]), relay=st.booleans(), dims=st.sampled_from([(0,), (1, 0), (1,)]))
@@ -89,7 +80,7 @@ def test_phased_stages_meet_every_pair_once_within_the_bound(train_shards, infer
     plan = build_plan(m, train, infer, topo, transport="reshard", bucket_bytes=bucket, relay=relay)
     assert p2p_stats(plan).max_staging <= bucket
     for stage in (1, 2):
-        phases = _stage_phases(plan, stage)
+        phases = stage_phases(plan, stage)
         stage_rounds = [r for r in plan.rounds if r.stage == stage]
         if phases > 1:
             pairs = _rounds_of_pairs(plan, stage)
@@ -110,7 +101,7 @@ def test_a_phased_plan_cuts_messages_per_rank():
     infer = SplitLayout(m, "infer", shards=4, replicas=2, dims=(1,))
     topo = Topology(4, 8, gpus_per_node=4, nodes_per_domain=1)
     plan = build_plan(m, train, infer, topo, transport="reshard", bucket_bytes=200, relay=False)
-    assert _stage_phases(plan, 1) > 1 and len(plan.rounds) > 1
+    assert stage_phases(plan, 1) > 1 and len(plan.rounds) > 1
     stats = p2p_stats(plan)
     pairs = _rounds_of_pairs(plan, 1)
     peers = defaultdict(set)
