@@ -21,15 +21,17 @@ def link_class(table: TransferTable, plan_topology) -> np.ndarray:
 
 
 def _contiguous(lo, hi, hold_lo, hold_hi):
-    ext, hext = hi - lo, hold_hi - hold_lo
-    n, ndim = ext.shape
-    ones_before = np.ones((n, ndim), dtype=bool)
-    full_after = np.ones((n, ndim), dtype=bool)
-    for d in range(1, ndim):
-        ones_before[:, d] = ones_before[:, d - 1] & (ext[:, d - 1] == 1)
-    for d in range(ndim - 2, -1, -1):
-        full_after[:, d] = full_after[:, d + 1] & (ext[:, d + 1] == hext[:, d + 1])
-    return (ones_before & full_after).any(axis=1) if ndim else np.ones(n, dtype=bool)
+    """Row by row, from the definition: a box is one contiguous byte range of its row-major holding box
+    when its last element's flat offset minus its first's is its element count minus one (written
+    independently of ``stats._contiguous``, which reasons about extents per dim)."""
+    out = np.zeros(len(lo), dtype=bool)
+    for i in range(len(lo)):
+        hext = [int(b - a) for a, b in zip(hold_lo[i], hold_hi[i])]
+        strides = [int(np.prod(hext[d + 1:], dtype=np.int64)) for d in range(len(hext))]
+        first = sum((int(a) - int(h)) * st for a, h, st in zip(lo[i], hold_lo[i], strides))
+        last = sum((int(b) - 1 - int(h)) * st for b, h, st in zip(hi[i], hold_lo[i], strides))
+        out[i] = last - first + 1 == int(np.prod([int(b - a) for a, b in zip(lo[i], hi[i])], dtype=np.int64))
+    return out
 
 
 def _holding_boxes(p, side_world: int, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

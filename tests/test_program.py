@@ -55,6 +55,19 @@ def test_both_ends_of_every_link_agree_on_its_messages(s, transport, relay):
 def test_an_in_place_message_is_exactly_the_bytes_of_its_regions(s):
     """Where a message lies back to back in a rank's arena, the arena range holds its regions' bytes in
     message order (read independently through the boxes)."""
+    for _prog, w, m in _every_message(s):
+        at = arena_place(w, m)
+        if at is None:
+            continue
+        for reg, o in zip(m.regions, m.offsets):
+            want = torch.empty(reg.nbytes, dtype=torch.uint8)
+            w.read_into(reg.tensor, reg.box, want)
+            assert torch.equal(w.arena[at + o : at + o + reg.nbytes], want)
+
+
+def _every_message(s):
+    """(program, arena weights, message) for every message of every rank of the scenario's reshard plan
+    (relays on), each rank's weights filled with step-3 synthetic values in its program's arena order."""
     model, train, infer, topo, bucket = s
     plan = build_plan(model, train, infer, topo, transport="reshard", bucket_bytes=bucket, relay=True)
     source = SyntheticWeights(model)
@@ -65,13 +78,7 @@ def test_an_in_place_message_is_exactly_the_bytes_of_its_regions(s):
         for st in prog.steps:
             for x in st.sends + st.recvs:
                 for m in x.messages:
-                    at = arena_place(w, m)
-                    if at is None:
-                        continue
-                    for reg, o in zip(m.regions, m.offsets):
-                        want = torch.empty(reg.nbytes, dtype=torch.uint8)
-                        w.read_into(reg.tensor, reg.box, want)
-                        assert torch.equal(w.arena[at + o : at + o + reg.nbytes], want)
+                    yield prog, w, m
 
 
 def _check_message_copy(w, regions, offsets, nbytes, spec, fresh):
@@ -113,26 +120,17 @@ def test_the_indexed_copy_of_a_staged_message_equals_region_by_region_copies(s, 
     where region-by-region writes would (nothing else in the arena changes)."""
     from reshardctl.runtime import span_copy
 
-    model, train, infer, topo, bucket = s
-    plan = build_plan(model, train, infer, topo, transport="reshard", bucket_bytes=bucket, relay=True)
-    source = SyntheticWeights(model)
+    model = s[0]
     old = span_copy.MIN_CHUNK
     span_copy.MIN_CHUNK = min_chunk  # 1: toy tensors, let the index apply wherever the layout allows
     try:
-        for r in range(plan.train_world + plan.infer_world):
-            prog = compile_program(plan, r)
-            w = LocalWeights.in_arena(model, prog.holdings, "cpu", lambda i, b: source.region(i, b, 3),
-                                      order=prog.order)
-            for st in prog.steps:
-                for x in st.sends + st.recvs:
-                    for m in x.messages:
-                        if arena_place(w, m) is not None:
-                            continue
-                        spec = span_copy.copy_spec(w, m.regions, m.offsets)
-                        if spec is not None:
-                            _check_message_copy(w, m.regions, m.offsets, m.nbytes, spec,
-                                                lambda: LocalWeights.in_arena(model, prog.holdings, "cpu",
-                                                                              order=prog.order))
+        for prog, w, m in _every_message(s):
+            if arena_place(w, m) is not None:
+                continue
+            spec = span_copy.copy_spec(w, m.regions, m.offsets)
+            if spec is not None:
+                _check_message_copy(w, m.regions, m.offsets, m.nbytes, spec,
+                                    lambda: LocalWeights.in_arena(model, prog.holdings, "cpu", order=prog.order))
     finally:
         span_copy.MIN_CHUNK = old
 

@@ -41,3 +41,23 @@ def test_p2p_stats_equals_per_entry_loop_on_deepseek_layers():
         topo = Topology(train.world_size, infer.world_size, 8, 1)
         for transport in ("reshard", "hybrid"):
             _same(build_plan(model, train, infer, topo, transport=transport, bucket_bytes=64 << 20, relay=relay))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(data=st.data(), ndim=st.integers(1, 4))
+def test_contiguity_rule_equals_the_flat_offset_definition(data, ndim):
+    """``stats._contiguous`` (extents per dim) agrees with the definition (last flat offset - first + 1
+    == element count) on random boxes inside random holding boxes, contiguous or not."""
+    from reshardctl.plan.stats import _contiguous
+    from stats_reference import _contiguous as by_definition
+
+    rows = data.draw(st.integers(1, 12))
+    lo, hi, hlo, hhi = (np.zeros((rows, ndim), dtype=np.int64) for _ in range(4))
+    for i in range(rows):
+        for d in range(ndim):
+            a, b = sorted(data.draw(st.lists(st.integers(0, 5), min_size=2, max_size=2)))
+            b += 1
+            x = data.draw(st.integers(a, b - 1))
+            y = data.draw(st.integers(x + 1, b))
+            hlo[i, d], hhi[i, d], lo[i, d], hi[i, d] = a, b, x, y
+    assert np.array_equal(_contiguous(lo, hi, hlo, hhi), by_definition(lo, hi, hlo, hhi))

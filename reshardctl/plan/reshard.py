@@ -220,21 +220,26 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
     loads: list[np.ndarray] = []
     index = first_index
     for stage in (1, 2):
-        staged = []  # (unit, its table split to the bound or not, split?)
+        staged = []  # (unit, its table split to the bound or not, its staging vector, or None if split)
         for u in (u for u in units if u.stage == stage):
-            split = bool(staging_vector(u.table, world).max() > bound)
-            staged.append((u, _split_table(u.table, u.itemsize, bound) if split else u.table, split))
+            vec = staging_vector(u.table, world)
+            if vec.max() > bound:
+                staged.append((u, _split_table(u.table, u.itemsize, bound), None))
+            else:
+                staged.append((u, u.table, vec))
         if not staged:
             continue
+        src = np.concatenate([t.src for _, t, _ in staged])
+        dst = np.concatenate([t.dst for _, t, _ in staged])
         phases, phase_loads = phases_of_stage(
-            np.concatenate([t.src for _, t, _ in staged]), np.concatenate([t.dst for _, t, _ in staged]),
-            np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64), world, bound)
+            src, dst, np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64),
+            world, bound)
         if phases > 1:
             # every unit's table ordered by phase (stably), all units at once: one sort of the stage
             n = len(staged)
             lens = np.fromiter((len(t) for _, t, _ in staged), dtype=np.int64, count=n)
             starts = np.cumsum(lens) - lens
-            ph = phase_of(np.concatenate([t.src for _, t, _ in staged]), np.concatenate([t.dst for _, t, _ in staged]), phases)
+            ph = phase_of(src, dst, phases)
             key = np.repeat(np.arange(n, dtype=np.int64), lens) * phases + ph
             order = np.argsort(key, kind="stable")  # by unit, then phase: a unit's rows stay in its block
             cuts = np.searchsorted(key[order], (np.arange(n)[:, None] * phases + np.arange(phases + 1)).ravel())
@@ -255,11 +260,11 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
                 index += 1
             continue
         packer = RoundPacker(world, bound, stage, index)
-        for u, table, split in staged:
+        for u, table, vec in staged:
             out_units.append(Unit(u.tensors, table, u.stage, u.itemsize))
             uid = len(out_units) - 1
-            if not split:
-                packer.add_unit(uid, staging_vector(table, world), len(u.tensors), 0, len(table))
+            if vec is not None:
+                packer.add_unit(uid, vec, len(u.tensors), 0, len(table))
                 continue
             chunks = chunk_transfers(table.src, table.dst, table.nbytes, bound)
             starts = [0] * len(chunks)
