@@ -72,7 +72,7 @@ def test_pinned_values():
     assert checksum(torch.zeros(0, dtype=torch.uint8)).tolist() == PINNED_EMPTY
 
 
-PINNED_ARANGE = [334558024509229485, 2189123542882095866, 1777280601704745681, 977252820845401301]
+PINNED_ARANGE = [334558024509229485, 2189123542882095866, 1777280601538345649, 2198313754161399924]
 PINNED_EMPTY = [0, 0, 0, 0]
 
 
@@ -241,6 +241,7 @@ def test_structured_corruptions_are_all_caught(dtype, kind):
 # ---- the fast implementation against the definition, in plain Python integers ---------------------------
 _M64 = (1 << 64) - 1
 _LEN_WEIGHTS = (0x2545F4914F6CDD1D % P, 0x9E3779B97F4A7C15 % P, 0xBF58476D1CE4E5B9 % P)
+_BASES = (pow(7, 65537, P), pow(7, 1000003, P), pow(7, 999983, P))  # primitive roots of p
 
 
 def _splitmix(i: int, seed: int) -> int:
@@ -258,7 +259,7 @@ def reference_checksum(data: bytes) -> list[int]:
     x = [int.from_bytes(padded[i : i + 2], "little") for i in range(0, len(padded), 2)]
     res = [sum((i + 1) ** m * v for i, v in enumerate(x)) % P for m in range(5)]
     for k in range(3):
-        r = sum(_splitmix(i % 64, 1 + k) * _splitmix(i // 64, 101 + k) * v for i, v in enumerate(x))
+        r = sum(_splitmix(i % 64, 1 + k) * pow(_BASES[k], i // 64, P) * v for i, v in enumerate(x))
         res.append((r + n * _LEN_WEIGHTS[k]) % P)
     return [(res[2 * w] << 31) | res[2 * w + 1] for w in range(WORDS)]
 
@@ -269,8 +270,9 @@ def test_reference_matches_the_pinned_value():
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), length=st.integers(1, 6000), shift=st.integers(0, 1), chunk=st.sampled_from([None, 1, 200]),
-       cuts=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 2000)), min_size=1, max_size=70))
-def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts):
+       cuts=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 2000)), min_size=1, max_size=70),
+       int8=st.booleans())
+def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts, int8):
     """Any even offsets and any sizes (odd, empty, overlapping, up to the buffer's odd end), in a buffer
     at an odd or even address, in passes of the default size, of one row or of a few rows: every
     segment's value is the definition's. Many segments make the rows non-consecutive (the gather path),
@@ -281,13 +283,14 @@ def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts
     buf = big[shift : shift + length]
     offsets = [2 * (o % (length // 2 + 1)) for o, _ in cuts]
     sizes = [min(n, length - o) for o, (_, n) in zip(offsets, cuts)]
-    with _passes_of(chunk):
+    with _passes_of(chunk), _on_path(int8):
         got = segment_checksums(buf, offsets, sizes)
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
 
 
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
 @pytest.mark.parametrize("chunk", [None, 1, 5000])
-def test_many_packed_regions_match_the_definition(chunk):
+def test_many_packed_regions_match_the_definition(chunk, int8):
     """300 packed regions of odd and even sizes (more non-consecutive and partial rows per pass than are
     copied one by one) and a last one to the buffer's odd end, in passes of each size."""
     g = torch.Generator().manual_seed(5)
@@ -295,7 +298,19 @@ def test_many_packed_regions_match_the_definition(chunk):
     offsets = [sum((n + 7) & ~7 for n in sizes[:k]) for k in range(len(sizes) + 1)]
     sizes.append(1001)
     buf = _buf(offsets[-1] + 1001, seed=6)
-    with _passes_of(chunk):
+    with _passes_of(chunk), _on_path(int8):
+        got = segment_checksums(buf, offsets, sizes)
+    raw = bytes(buf.tolist())
+    assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
+
+
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
+def test_consecutive_partial_rows_match_the_definition(int8):
+    """100 segments of 1000 bytes at every 1024th byte: their rows (512 limbs) follow one another, so they
+    are read as one view, and every row is partial (its last 24 bytes cleared by one mask)."""
+    buf = _buf(1024 * 100, seed=8)
+    offsets, sizes = [1024 * k for k in range(100)], [1000] * 100
+    with _on_path(int8):
         got = segment_checksums(buf, offsets, sizes)
     raw = bytes(buf.tolist())
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
@@ -305,4 +320,30 @@ def _passes_of(limbs: int | None):
     """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
     if limbs is None:
         return contextlib.nullcontext()
-    return mock.patch.object(checksum_module, "_chunk_limbs", lambda device: limbs)
+    return mock.patch.object(checksum_module, "_chunk_limbs", lambda device, int8: limbs)
+
+
+def _on_path(int8: bool):
+    """The int8 or the float64 row sums on the CPU (checksum.py; both must give the definition's values)."""
+    return mock.patch.dict(checksum_module._int8_ok, {("cpu", -1): int8})
+
+
+@pytest.mark.parametrize("fill", [0x00, 0xFF, 0x80, 0x7F])
+def test_int8_path_at_the_extremes_of_its_bounds(fill):
+    """Whole rows of one byte value (every int8 product at its largest magnitude, every int32 sum at its
+    bound for the longest row) and a row of 2**15 limbs: the int8 path gives the float64 path's value."""
+    buf = torch.full((2 * checksum_module.ROW * 3 + 5,), fill, dtype=torch.uint8)
+    offs, sizes = [0, 2 * checksum_module.ROW, 6], [buf.numel(), 2 * checksum_module.ROW + 5, 2 * checksum_module.ROW]
+    with _on_path(True):
+        fast = segment_checksums(buf, offs, sizes)
+    with _on_path(False):
+        slow = segment_checksums(buf, offs, sizes)
+    assert torch.equal(fast, slow)
+
+
+def test_the_int8_path_is_taken_on_this_cpu():
+    """Where torch has ``_int_mm`` (torch >= 2.4 on the CPU) the fast path is used: it passed its probe."""
+    if not hasattr(torch, "_int_mm"):
+        pytest.skip("this torch has no _int_mm: the float64 path is the CPU's")
+    checksum_module._int8_ok.pop(("cpu", -1), None)
+    assert checksum_module._use_int8(torch.device("cpu"))

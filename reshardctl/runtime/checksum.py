@@ -1,4 +1,4 @@
-"""Checksums of byte buffers with proven detection guarantees, in integer torch ops (CPU or CUDA).
+"""Checksums of byte buffers with proven detection guarantees, exact in integer arithmetic (CPU or CUDA).
 
 A buffer of ``n`` bytes is read as ``N = ceil(n / 2)`` little-endian 16-bit limbs ``x_0 .. x_{N-1}``
 (a zero byte pads an odd length). With the prime ``p = 2**31 - 1`` and ``u_i = i + 1`` the checksum is
@@ -6,6 +6,7 @@ eight residues modulo ``p``:
 
     S_m = sum_i u_i**m * x_i        for m = 0 .. 4      (moments)
     R_k = sum_i r_k(i) * x_i + n * L_k   for k = 0 .. 2  (pseudo-random weights, the length mixed in)
+    r_k(i) = t_k[i mod 64] * g_k**(i div 64)            (t_k: splitmix64 tables; g_k: primitive roots)
 
 returned as ``WORDS = 4`` int64 (two 31-bit residues per word; ``SUM_BYTES = 32``).
 
@@ -29,23 +30,32 @@ buffers of fewer than ``p - 1`` limbs (4 GiB):
    high-bit flips, swapped words and regions, zeroed tails, NaN payloads) for fp32, bf16, fp16, fp8 and
    int dtypes and finds no miss.
 
-Exact arithmetic, so CPU and CUDA give the same value bit for bit (one code path for both).
-``segment_checksums`` cuts every segment into rows of ``R <= 2**15`` limbs (segment-local positions; a
-segment's last row zero padded), converts the rows to float64 and multiplies them by two weight
-matrices (a few kernels per pass of 1 M limbs, 16 M on CUDA, whatever the number of segments):
+How it is computed. ``segment_checksums`` cuts every segment into rows of ``R <= 2**15`` limbs
+(``2R`` bytes, segment-local positions; a segment's last row zero padded). Every weight is separable
+by rows: within a row starting at limb ``q`` (a multiple of ``R``, itself a multiple of 64), position
+``q + t`` has the moment weights ``(q + t + 1)**m`` (binomially shifted from the row-local
+``(t + 1)**j``) and the random weights ``g_k**(q / 64) * w_k(t)`` with the row-local
+``w_k(t) = t_k[t mod 64] * g_k**(t div 64)``. So each row needs its eight row-local sums, which are one
+matrix product of the rows with a fixed ``[R, 8]`` weight table, exact in one of two ways:
 
-* moments: ``[rows, R] @ [R, 10]``, the weights ``w = (t+1)**m mod p < 2**31`` split into halves
-  ``w = w_hi * 2**16 + w_lo`` (``w_lo < 2**16``, ``w_hi < 2**15``): each product ``x * w_half < 2**32``,
-  each row sum ``< R * 2**32 <= 2**47``;
-* random sums: ``[rows * R / 64, 64] @ [64, 3]``, one block of 64 limbs times the whole in-block weights
-  ``table_k[i % 64] < 2**31``: each product ``< 2**47``, each block sum ``< 64 * 2**47 = 2**53``.
+* **int8** (the CPU, where ``torch._int_mm`` exists and passes a probe): the rows' bytes ``b`` are read
+  as ``b - 128`` (an XOR with 0x80) in int8, and each weight per *byte* (``w`` for a limb's low byte,
+  ``256 w mod p`` for its high byte, taken in ``(-p, p)``) is written in five balanced base-128 digits
+  in ``[-64, 63]``: ``[rows, 2R] int8 @ [2R, 40] int8 -> int32``. Every product is at most ``2**13`` in
+  magnitude and every sum at most ``2R * 2**13 <= 2**29``, so no int32 overflows; a kernel that shifts the
+  data to unsigned bytes and adds pairs of products in int16 (CPUs without VNNI) stays below
+  ``2 * 255 * 64 < 2**15``. In int64 the digits are recombined
+  (``< 2**60``) and ``128 * sum(weights)`` added back for the shift.
+* **float64** (CUDA, and the fallback): the limbs as float64 times the weights split into 16-bit halves
+  (``w = w_hi * 2**16 + w_lo``, ``w_lo < 2**16``, ``w_hi < 2**15``): ``[rows, R] @ [R, 16]``, every product
+  ``< 2**32`` and every row sum ``< R * 2**32 <= 2**47``: integers below ``2**53``, which float64 holds
+  exactly whatever the BLAS's summation order, blocking or use of FMA (CPU BLAS and cuBLAS alike;
+  float64 has no TF32-style reduced mode).
 
-Every product and every partial sum of these matmuls is then an integer below ``2**53``, which float64
-holds exactly, so the result is exact whatever the BLAS's summation order, blocking or use of FMA (CPU
-BLAS and cuBLAS alike; float64 has no TF32-style reduced mode). The rest is int64: ``w_hi`` sums times
-``2**16`` plus ``w_lo`` sums (``< 2**63``) mod p; block sums mod p times ``mix_k(block)`` (``< 2**62``),
-summed per row mod p; then each row's moments shifted to its place in the segment (binomial) and the rows
-summed per segment. ``checksum`` is the one-segment case.
+Both are exact, so they give the same value bit for bit (tests compare them, and CUDA with pinned
+values). The rest is int64 residue arithmetic below ``2**63``: each row's moments shifted to its place
+in the segment, its random sums times ``g_k**(q / 64)``, the rows summed per segment, the length mixed in.
+``checksum`` is the one-segment case.
 """
 
 from __future__ import annotations
@@ -57,11 +67,15 @@ from reshardctl.runtime.dtypes import signed64
 P = (1 << 31) - 1
 MOMENTS = 5
 RANDOM = 3
-WORDS = (MOMENTS + RANDOM) // 2  # int64 words per checksum
+SUMS = MOMENTS + RANDOM
+WORDS = SUMS // 2  # int64 words per checksum
 SUM_BYTES = 8 * WORDS
-ROW = 1 << 15  # limbs per row: a row's float64 sum of (limb < 2**16) * (16-bit weight half) stays < 2**47
+ROW = 1 << 15  # limbs per row at most (the bounds above)
+GRAIN = 64  # limbs per random-weight block: r_k(i) = t_k[i % GRAIN] * g_k**(i // GRAIN)
 _L = (0x2545F4914F6CDD1D % P, 0x9E3779B97F4A7C15 % P, 0xBF58476D1CE4E5B9 % P)
+_G = tuple(pow(7, e, P) for e in (65537, 1000003, 999983))  # 7 is a primitive root of p; e coprime to p - 1
 _BINOM = [[1], [1, 1], [1, 2, 1], [1, 3, 3, 1], [1, 4, 6, 4, 1]]
+DIGITS = 5  # balanced base-128 digits per weight (the int8 path)
 
 
 def _mix(idx: torch.Tensor, seed: int) -> torch.Tensor:
@@ -74,24 +88,23 @@ def _mix(idx: torch.Tensor, seed: int) -> torch.Tensor:
     return (x & 0x7FFFFFFF) % P
 
 
-_tables: dict[tuple[str, int], torch.Tensor] = {}
-GRAIN = 64  # limbs per random-weight block: r_k(i) = table_k[i % GRAIN] * mix_k(i // GRAIN)
+_table_cache: list[torch.Tensor] = []
 
 
-def _table(device: torch.device) -> torch.Tensor:
-    """[ROW, 8] int64: per position t, (t+1)**m mod p (m = 0..4), then the random in-block weights."""
-    key = (device.type, device.index if device.index is not None else -1)
-    tab = _tables.get(key)
-    if tab is None:
+def _table() -> torch.Tensor:
+    """int64 [ROW, 8] on the CPU: per row-local limb t, (t+1)**m mod p (m = 0..4), then w_k(t)."""
+    if not _table_cache:
         t = torch.arange(ROW, dtype=torch.int64)
-        u = t + 1
-        cols = [torch.ones_like(u)]
+        cols = [torch.ones_like(t)]
         for _ in range(1, MOMENTS):
-            cols.append(cols[-1] * u % P)
-        cols += [_mix(t % GRAIN, 1 + k) for k in range(RANDOM)]
-        tab = torch.stack(cols, 1).to(device)
-        _tables[key] = tab
-    return tab
+            cols.append(cols[-1] * (t + 1) % P)
+        for k in range(RANDOM):
+            powers = [1]
+            for _ in range(ROW // GRAIN - 1):
+                powers.append(powers[-1] * _G[k] % P)
+            cols.append(_mix(t % GRAIN, 1 + k) * torch.tensor(powers)[t // GRAIN] % P)
+        _table_cache.append(torch.stack(cols, 1))
+    return _table_cache[0]
 
 
 def _row_length(limbs: list[int]) -> int:
@@ -106,114 +119,171 @@ def _row_length(limbs: list[int]) -> int:
     return best
 
 
-def _chunk_limbs(device: torch.device) -> int:
-    """Limbs per pass (bounds the float64 temporaries: 8 bytes a limb)."""
-    return 1 << 24 if device.type == "cuda" else 1 << 20
+def _chunk_limbs(device: torch.device, int8: bool) -> int:
+    """Limbs per pass, bounding the temporaries: 2 bytes a limb on the int8 path (8 MiB: larger int8
+    matmuls run faster), 12 on the float64 path (24 MiB; 200 MiB on CUDA)."""
+    if device.type == "cuda":
+        return 1 << 24
+    return 1 << 22 if int8 else 1 << 21
 
 
-_weights: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+def _key(device: torch.device) -> tuple[str, int]:
+    return device.type, device.index if device.index is not None else -1
 
 
-def _float_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 [R, 10]: the five moment weights' low 16 bits, then their high 15 bits; float64 [GRAIN, 3]:
-    the random in-block weights (whole, < 2**31)."""
-    key = (device.type, device.index if device.index is not None else -1, R)
-    if key not in _weights:
-        tab = _table(device)
-        w = tab[:R, :MOMENTS]
-        _weights[key] = (torch.cat([w & 0xFFFF, w >> 16], 1).double(), tab[:GRAIN, MOMENTS:].double())
-    return _weights[key]
+_float_cache: dict[tuple, torch.Tensor] = {}
 
 
-_mixes: dict[tuple[str, int], torch.Tensor] = {}
+def _float_weights(R: int, device: torch.device) -> torch.Tensor:
+    """float64 [R, 16]: the eight row-local weights' low 16 bits, then their high 15 bits."""
+    key = _key(device) + (R,)
+    if key not in _float_cache:
+        w = _table()[:R]
+        _float_cache[key] = torch.cat([w & 0xFFFF, w >> 16], 1).double().to(device)
+    return _float_cache[key]
 
 
-def _block_mix(blocks: int, device: torch.device) -> torch.Tensor:
-    """int64 [>= blocks, 3]: mix_k(b) for the random sums k = 0..2 (cached, grown by doubling)."""
-    key = (device.type, device.index if device.index is not None else -1)
-    mix = _mixes.get(key)
-    if mix is None or mix.shape[0] < blocks:
-        b = torch.arange(1 << max(blocks - 1, 1).bit_length(), dtype=torch.int64)
-        mix = torch.stack([_mix(b, 101 + j) for j in range(RANDOM)], 1).to(device)
-        _mixes[key] = mix
-    return mix
+_int8_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _int8_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [2R, 40]: per byte of a row, each of the eight weights (``w``, then ``256 w`` for a limb's high
+    byte, mod p, as a value in (-p, p)) in five balanced base-128 digits in [-64, 63], digit-major per
+    weight; int64 [8]: ``128 * sum`` of each weight over the row's bytes (adds back the XOR's shift)."""
+    key = _key(device) + (R,)
+    if key not in _int8_cache:
+        w = _table()[:R]
+        v = torch.stack([w, w * 256 % P], 1).reshape(2 * R, SUMS)  # byte 2t: w(t); byte 2t+1: 256 w(t)
+        v = torch.where(v > P // 2, v - P, v)  # |v| <= p / 2: five digits reach 63 * (128**5 - 1) / 127
+        digits = []
+        rest = v.clone()
+        for _ in range(DIGITS):
+            d = (rest + 64) % 128 - 64
+            digits.append(d)
+            rest = (rest - d) // 128
+        if bool((rest != 0).any()):
+            raise AssertionError("checksum weights need more than five base-128 digits")
+        mat = torch.stack(digits, 2).reshape(2 * R, SUMS * DIGITS).to(torch.int8)
+        _int8_cache[key] = (mat.to(device), (128 * v.sum(0)).to(device))
+    return _int8_cache[key]
+
+
+_PLACES = torch.tensor([128 ** d for d in range(DIGITS)], dtype=torch.int64)
+_int8_ok: dict[tuple, bool] = {}
+
+
+def _use_int8(device: torch.device) -> bool:
+    """The int8 path on the CPU where ``torch._int_mm`` exists and gives the float64 path's values on a
+    probe of extreme and random bytes (once per process); float64 everywhere else."""
+    key = _key(device)
+    if key not in _int8_ok:
+        _int8_ok[key] = False
+        if device.type == "cpu" and hasattr(torch, "_int_mm"):
+            g = torch.Generator().manual_seed(0)
+            probe = torch.cat([torch.full((4 * GRAIN,), 255, dtype=torch.uint8), torch.zeros(2 * GRAIN, dtype=torch.uint8),
+                               torch.randint(0, 256, (6 * GRAIN + 3,), dtype=torch.uint8, generator=g)])
+            offs, sizes = [0, 2 * GRAIN, 8 * GRAIN], [probe.numel(), 5 * GRAIN + 1, 4 * GRAIN + 3]
+            try:
+                _int8_ok[key] = True
+                fast = segment_checksums(probe, offs, sizes)
+                _int8_ok[key] = False
+                _int8_ok[key] = bool(torch.equal(fast, segment_checksums(probe, offs, sizes)))
+            except RuntimeError:
+                _int8_ok[key] = False
+    return _int8_ok[key]
 
 
 _VIEW_RUNS = 32  # up to this many runs of consecutive rows (or partial rows) per pass: one by one
 
 
-def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, count: torch.Tensor,
-          last: torch.Tensor, R: int) -> None:
-    """``out`` (float64 [m, R]) <- m rows of limbs as unsigned values: row i holds the ``count[i]`` limbs
-    from limb ``start[i]`` of ``buf``, then, where ``last[i] >= 0``, the byte ``buf[last[i]]`` (an odd
-    segment's last limb), then zeros. ``start``, ``count``, ``last``: int64 on the CPU (no host sync).
-    A few runs of consecutive rows are copied as views; otherwise one gather of R-limb windows (a padded
-    copy of the buffer's last R limbs serves the rows that run past its end). Then the limbs past
-    ``count`` are zeroed (row by row when few rows are partial)."""
+_patterns: dict[tuple, torch.Tensor] = {}
+
+
+def _keep(valid: torch.Tensor, W: int, dev: torch.device) -> torch.Tensor:
+    """uint8 [m, W]: 0xFF for each row's first ``valid`` bytes, then 0: windows of one cached pattern."""
+    key = _key(dev) + (W,)
+    pat = _patterns.get(key)
+    if pat is None:
+        pat = _patterns[key] = torch.cat([torch.full((W,), 0xFF, dtype=torch.uint8), torch.zeros(W, dtype=torch.uint8)]).to(dev)
+    return torch.index_select(pat.unfold(0, W, 1), 0, (W - valid).to(dev))
+
+
+def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, flip: int) -> None:
+    """``out`` (uint8 [m, W]) <- m rows of bytes XOR ``flip``: row i holds the ``valid[i]`` bytes from byte
+    ``start[i]`` of ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). A few
+    runs of consecutive rows are read as views; otherwise one ``index_select`` of W-byte windows (rows
+    that run past the buffer's end from a padded copy of its last W bytes). The bytes past ``valid`` are
+    cleared row by row when few rows are partial, else with one mask (``_keep``)."""
     dev = buf.device
-    n16 = buf.numel() // 2
-    x16 = buf[: 2 * n16].view(torch.int16)
-    inside = start + R <= n16
-    runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + R])).flatten().tolist()
+    W = out.shape[1]
+    n = buf.numel()
+    inside = start + W <= n
+    runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + W])).flatten().tolist()
+    part = torch.nonzero(valid < W).flatten()
+    few = part.numel() <= _VIEW_RUNS
     if len(runs) <= _VIEW_RUNS and bool(inside.all()):
         for a, b in zip(runs, runs[1:] + [start.numel()]):
             s0 = int(start[a])
-            out[a:b].copy_(x16[s0 : s0 + (b - a) * R].view(b - a, R).view(torch.uint16))
+            torch.bitwise_xor(buf[s0 : s0 + (b - a) * W].view(b - a, W), flip if few else 0, out=out[a:b])
     else:
-        lo = max(0, n16 - R)
-        tail = torch.zeros(2 * R, dtype=torch.int16, device=dev)
-        tail[: n16 - lo] = x16[lo:]
-        for rows, src, shift in ((torch.nonzero(inside).flatten(), x16, 0),
-                                 (torch.nonzero(~inside).flatten(), tail, lo)):
-            if rows.numel():
-                win = src.unfold(0, R, 1)[(start[rows] - shift).to(dev)]
-                out.index_copy_(0, rows.to(dev), win.view(torch.uint16).double())
-    part = torch.nonzero(count < R).flatten()
-    if part.numel() <= _VIEW_RUNS:
+        if n >= W:
+            torch.index_select(buf.unfold(0, W, 1), 0, start.clamp(max=n - W).to(dev), out=out)
+        outside = torch.nonzero(~inside).flatten()
+        if outside.numel():
+            lo = max(0, n - W)
+            tail = torch.zeros(2 * W, dtype=torch.uint8, device=dev)
+            tail[: n - lo] = buf[lo:]
+            out.index_copy_(0, outside.to(dev), tail.unfold(0, W, 1)[(start[outside] - lo).to(dev)])
+        if flip and few:
+            out.bitwise_xor_(flip)
+    if few:
         for i in part.tolist():
-            out[i, int(count[i]):] = 0
+            out[i, int(valid[i]):] = flip
     else:
-        keep = torch.arange(R, device=dev)[None, :] < count[part].to(dev)[:, None]
-        pdev = part.to(dev)
-        out.index_copy_(0, pdev, out.index_select(0, pdev) * keep)
-    if part.numel():
-        odd = torch.nonzero(last >= 0).flatten()
-        if odd.numel():
-            out[odd.to(dev), count[odd].to(dev)] = buf[last[odd].to(dev)].double()
+        out.bitwise_and_(_keep(valid, W, dev))
+        if flip:
+            out.bitwise_xor_(flip)
 
 
-def _row_sums(buf: torch.Tensor, start: torch.Tensor, count: torch.Tensor, last: torch.Tensor,
-              rin: torch.Tensor, R: int) -> torch.Tensor:
-    """[rows, 8] residues per row (see ``_fill``): the five moments with row-local positions, and the three
-    random sums (at their positions in the segment, row ``rin``). Exact float64 matmuls: see the module."""
+def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int) -> torch.Tensor:
+    """[rows, 8] residues per row of ``2R`` bytes (see ``_fill``): its eight row-local sums."""
     dev = buf.device
     rows = start.numel()
-    res = torch.empty(rows, MOMENTS + RANDOM, dtype=torch.int64, device=dev)
+    res = torch.empty(rows, SUMS, dtype=torch.int64, device=dev)
     if rows == 0:
         return res
-    wm, wr = _float_weights(R, dev)
-    nb = R // GRAIN
-    rin_d = rin.to(dev)
-    mix = _block_mix((int(rin.max()) + 1) * nb, dev)
-    blk_in_row = torch.arange(nb, dtype=torch.int64, device=dev)[None, :]
-    step = max(1, _chunk_limbs(dev) // R)
-    xf = torch.empty(min(rows, step), R, dtype=torch.float64, device=dev)
+    int8 = _use_int8(dev)
+    step = max(1, _chunk_limbs(dev, int8) // R)
+    xb = torch.empty(min(rows, step), 2 * R, dtype=torch.uint8, device=dev)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        x = xf[: r1 - r0]
-        _fill(x, buf, start[r0:r1], count[r0:r1], last[r0:r1], R)
-        m = (x @ wm).to(torch.int64)  # < R * 2**32 <= 2**47 each
-        res[r0:r1, :MOMENTS] = (m[:, MOMENTS:] * 65536 + m[:, :MOMENTS]) % P  # hi * 2**16 < 2**62
-        s = (x.view(-1, GRAIN) @ wr).to(torch.int64).view(r1 - r0, nb, RANDOM) % P  # < 64 * 2**47 = 2**53
-        b = mix[rin_d[r0:r1, None] * nb + blk_in_row]  # [rows, nb, 3]
-        res[r0:r1, MOMENTS:] = (s * b % P).sum(1) % P
+        x = xb[: r1 - r0]
+        _fill(x, buf, start[r0:r1], valid[r0:r1], 0x80 if int8 else 0)
+        if int8:
+            mat, shift = _int8_weights(R, dev)  # the rows hold b ^ 0x80, read as int8: b - 128
+            d = torch._int_mm(x.view(torch.int8), mat).to(torch.int64).view(r1 - r0, SUMS, DIGITS)
+            res[r0:r1] = ((d * _PLACES.to(dev)).sum(2) + shift) % P  # |.| < 2**61
+        else:
+            limbs = x.view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF).double()
+            m = (limbs @ _float_weights(R, dev)).to(torch.int64)  # < R * 2**32 <= 2**47 each
+            res[r0:r1] = (m[:, SUMS:] * 65536 + m[:, :SUMS]) % P  # hi * 2**16 < 2**62
     return res
 
 
+def _powers(base: int, exp: torch.Tensor) -> torch.Tensor:
+    """``base ** exp mod p`` per element (square and multiply; ``exp`` int64 >= 0)."""
+    out = torch.ones_like(exp)
+    sq = base
+    for bit in range(int(exp.max()).bit_length() if exp.numel() else 0):
+        out = torch.where((exp >> bit) & 1 == 1, out * sq % P, out)
+        sq = sq * sq % P
+    return out
+
+
 def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Tensor, R: int, nseg: int,
-             nbytes: torch.Tensor) -> torch.Tensor:
-    """Row sums -> per-segment residues [nseg, 8]: moments shifted by the row's start (binomial), the
-    random sums added, the length mixed in."""
+             nbytes: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Row sums -> per-segment residues [nseg, 8]: moments shifted by the row's start (binomial), random
+    sums times ``shifts`` (``g_k**(start / 64)``, [rows, 3]), summed per segment, the length mixed in."""
     q = (row_in_seg * R) % P  # the row's first position, 0-based in its segment
     qp = [torch.ones_like(q)]
     for _ in range(1, MOMENTS):
@@ -224,9 +294,9 @@ def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Ten
         for j in range(m + 1):
             acc = (acc + (_BINOM[m][j] * qp[m - j] % P) * rows[:, j]) % P
         terms.append(acc)
-    per_row = torch.cat([torch.stack(terms, 1), rows[:, MOMENTS:]], 1)
-    out = torch.zeros(nseg, MOMENTS + RANDOM, dtype=torch.int64, device=rows.device)
-    out.index_add_(0, seg_of_row, per_row)  # residues < 2**31, fewer than 2**31 rows: no overflow
+    terms += [rows[:, MOMENTS + k] * shifts[:, k] % P for k in range(RANDOM)]
+    out = torch.zeros(nseg, SUMS, dtype=torch.int64, device=rows.device)
+    out.index_add_(0, seg_of_row, torch.stack(terms, 1))  # residues < 2**31, fewer than 2**31 rows
     out %= P
     lens = torch.stack([nbytes % P * L % P for L in _L], 1)
     out[:, MOMENTS:] = (out[:, MOMENTS:] + lens) % P
@@ -249,21 +319,19 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
         return torch.empty(0, WORDS, dtype=torch.int64, device=dev)
     if any(o % 2 for o in offsets) or any(o < 0 or n < 0 or o + n > buf.numel() for o, n in zip(offsets, sizes)):
         raise ValueError("segments must start at even offsets inside the buffer")
-    if buf.data_ptr() % 2 or not buf.is_contiguous():
-        buf = buf.clone(memory_format=torch.contiguous_format)  # limbs need a 2-byte aligned start
+    if not buf.is_contiguous():
+        buf = buf.contiguous()
     R = _row_length([(n + 1) // 2 for n in sizes])
     off = torch.tensor(offsets, dtype=torch.int64)
     nbytes = torch.tensor(sizes, dtype=torch.int64)
-    limbs = (nbytes + 1) // 2
-    nrows = -(-limbs // R)  # the last row of a segment may be partial (none for an empty segment)
+    nrows = -(-nbytes // (2 * R))  # the last row of a segment may be partial (none for an empty segment)
     seg = torch.repeat_interleave(torch.arange(len(sizes)), nrows)
     rin = torch.arange(seg.numel(), dtype=torch.int64) - (torch.cumsum(nrows, 0) - nrows)[seg]
-    start = off[seg] // 2 + rin * R
-    count = (nbytes[seg] // 2 - rin * R).clamp(max=R)  # whole limbs in the row
-    odd_row = (nbytes[seg] % 2 == 1) & (rin == nrows[seg] - 1)
-    last = torch.where(odd_row, off[seg] + nbytes[seg] - 1, -1)
-    rows = _row_sums(buf, start, count, last, rin, R)
-    res = _combine(rows, seg.to(dev), rin.to(dev), R, len(sizes), nbytes.to(dev))
+    start = off[seg] + rin * 2 * R
+    valid = (nbytes[seg] - rin * 2 * R).clamp(max=2 * R)
+    rows = _row_sums(buf, start, valid, R)
+    shifts = torch.stack([_powers(g, rin * (R // GRAIN)) for g in _G], 1)
+    res = _combine(rows, seg.to(dev), rin.to(dev), R, len(sizes), nbytes.to(dev), shifts.to(dev))
     return _encode(res)
 
 
@@ -271,6 +339,4 @@ def checksum(buf: torch.Tensor) -> torch.Tensor:
     """Checksum of a 1-D uint8 tensor: int64 [WORDS] on the same device (no host sync)."""
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise ValueError(f"checksum wants a 1-D uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")
-    if buf.data_ptr() % 2:
-        buf = buf.clone()
     return segment_checksums(buf, [0], [buf.numel()])[0]
