@@ -194,6 +194,8 @@ def _use_int8(device: torch.device) -> bool:
 
 
 _VIEW_RUNS = 32  # up to this many runs of consecutive rows (or partial rows) per pass: one by one
+_RUN_ROWS = 4  # ... or any number of runs of this many rows on average (one copy per run beats a gather)
+_ROW_FILLS = 256  # up to this many partial rows per pass are cleared one by one (else one mask: 3 passes)
 
 
 _patterns: dict[tuple, torch.Tensor] = {}
@@ -211,7 +213,7 @@ def _keep(valid: torch.Tensor, W: int, dev: torch.device) -> torch.Tensor:
 def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, flip: int) -> None:
     """``out`` (uint8 [m, W]) <- m rows of bytes XOR ``flip``: row i holds the ``valid[i]`` bytes from byte
     ``start[i]`` of ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). A few
-    runs of consecutive rows are read as views; otherwise one ``index_select`` of W-byte windows (rows
+    runs of consecutive rows, or runs of several rows each, are read as views; otherwise one ``index_select`` of W-byte windows (rows
     that run past the buffer's end from a padded copy of its last W bytes). The bytes past ``valid`` are
     cleared row by row when few rows are partial, else with one mask (``_keep``)."""
     dev = buf.device
@@ -220,8 +222,8 @@ def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torc
     inside = start + W <= n
     runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + W])).flatten().tolist()
     part = torch.nonzero(valid < W).flatten()
-    few = part.numel() <= _VIEW_RUNS
-    if len(runs) <= _VIEW_RUNS and bool(inside.all()):
+    few = part.numel() <= _ROW_FILLS
+    if (len(runs) <= _VIEW_RUNS or start.numel() >= _RUN_ROWS * len(runs)) and bool(inside.all()):
         for a, b in zip(runs, runs[1:] + [start.numel()]):
             s0 = int(start[a])
             torch.bitwise_xor(buf[s0 : s0 + (b - a) * W].view(b - a, W), flip if few else 0, out=out[a:b])
