@@ -58,6 +58,12 @@ def test_optional_figures_may_be_absent_and_are_checked_when_present():
     new["figures"]["checksum_world_bytes_per_s"] = 0
     with pytest.raises(ProfileError, match="figures.checksum_world_bytes_per_s"):
         parse_measured(new, "cal.json", "local")
+    assert Links.from_site(load_profile("local"), old).control is None
+    new["figures"] = {**good()["figures"], "control_round_s": 0.004}
+    assert Links.from_site(load_profile("local"), parse_measured(new, "cal.json", "local")).control == 0.004
+    new["figures"]["control_round_s"] = -1
+    with pytest.raises(ProfileError, match="figures.control_round_s"):
+        parse_measured(new, "cal.json", "local")
 
 
 def test_found_in_the_state_directory_and_used_by_plan(capsys):
@@ -136,6 +142,7 @@ def test_calibrate_local_for_real(capsys, tmp_path):
     raw = json.loads(out_file.read_text())["samples"]
     assert len(raw["p2p"]["intra_node"]) >= 3 and raw["broadcast"]["receivers"] == 4
     assert raw["checksum_world"]["ranks"] == 8 and m.figures["checksum_world_bytes_per_s"] > 0
+    assert raw["control"]["ranks"] == 8 and m.figures["control_round_s"] == raw["control"]["seconds"] > 0
     # the same file through the default location: plan and run find it by site name
     default_path("local").parent.mkdir(parents=True)
     default_path("local").write_text(out_file.read_text())

@@ -119,6 +119,18 @@ def test_in_place_sends_are_summed_in_the_verify_phase_with_both_sides_at_once()
     assert predict(cols, slower_world).breakdown["checksum"] == predict(cols, CPU).breakdown["checksum"]
 
 
+def test_a_measured_control_round_sets_the_sync_term():
+    """Calibrated: the exchange, the vote and the acknowledgement cost one measured control round each;
+    without the figure the sync term comes from the latencies (and does not move with ``control``)."""
+    p = _plan()
+    from_latency = predict(p, CPU).breakdown["sync"]
+    assert from_latency > 0
+    for control in (1e-4, 7e-3):
+        got = predict(p, replace(CPU, control=control)).breakdown["sync"]
+        assert math.isclose(got, 3 * control, rel_tol=1e-12)
+    assert predict(p, replace(CPU, control=None)).breakdown["sync"] == from_latency
+
+
 def test_zero_copy_transfers_pay_no_pack():
     same = _plan()  # identical row shards on both sides: every region straight from / into the weights
     assert predict(same, CPU).breakdown["pack"] == 0

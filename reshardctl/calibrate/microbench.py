@@ -11,12 +11,14 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 * broadcast from rank 0 over (0, second node's ranks): delivered bytes/s;
 * pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
   both again on one node's ranks at once (what a refit's senders, then its receivers, get together
-  when they share a machine's cores and memory).
+  when they share a machine's cores and memory), and the checksum on every rank at once;
+* a control round: an all-reduce of every rank, waited in a helper thread as the runtime waits.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import torch
@@ -107,7 +109,24 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     # every rank at once: a refit's verify phase, where senders sum what they sent in place while
     # receivers sum what landed
     res["checksum_world"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(summ, reps)}
+    # one control round, every rank at once: the all-reduce a refit's vote and acknowledgement are, waited
+    # the way the runtime waits for it (in a helper thread, runtime/groups.py)
+    votes = torch.zeros(world, dtype=torch.int64)
+    res["control"] = {"ranks": world, "seconds": _timed(lambda: _waited(dist.all_reduce(votes, async_op=True)), reps)}
     return res
+
+
+def _waited(work) -> None:
+    """``work.wait()`` in a helper thread while this one waits on an event (as ``wait_works`` does)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            work.wait()
+        finally:
+            done.set()
+    threading.Thread(target=run, daemon=True).start()
+    done.wait()
 
 
 def _together(fn, reps: int) -> float:

@@ -176,6 +176,8 @@ def figures(raw: dict) -> dict:
     }
     if "checksum_world" in raw:
         out["checksum_world_bytes_per_s"] = raw["checksum_world"]["bytes"] / raw["checksum_world"]["seconds"]
+    if "control" in raw:
+        out["control_round_s"] = raw["control"]["seconds"]
     assert set(FIGURES) <= set(out) <= set(FIGURES) | set(OPTIONAL_FIGURES)
     return out
 
@@ -197,6 +199,6 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
         "format": FORMAT, "site": site.name, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "hosts": raw["hosts"],
         "versions": versions, "ranks": raw["world"], "cores": cores, "figures": figures(raw),
         "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_side",
-                                          "checksum_side", "checksum_world") if k in raw},
+                                          "checksum_side", "checksum_world", "control") if k in raw},
         "launcher": "slurm" if extra else "local", **extra,
     }

@@ -57,6 +57,7 @@ class Links:
     copy_all: float | None = None  # cpu_only: copy rate of one side's ranks together (sharing cores, memory)
     checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
     checksum_world: float | None = None  # cpu_only: checksum rate of both sides' ranks together (None: checksum_all)
+    control: float | None = None  # cpu_only: seconds of one control round, an all-reduce of every rank (None: latencies)
     msg_concurrency: int = 1  # messages of one rank in flight at once
     ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
     nics_per_node: int = 1
@@ -112,7 +113,7 @@ class Links:
             kw.update(host=agg, peak_host=agg, broadcast=m["broadcast_bytes_per_s"], cores=max(1, measured.cores),
                       nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
                       copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"],
-                      checksum_world=m.get("checksum_world_bytes_per_s"))
+                      checksum_world=m.get("checksum_world_bytes_per_s"), control=m.get("control_round_s"))
         return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
 
 
@@ -230,8 +231,12 @@ def _bucket_terms(bs: BucketStats, links: Links):
 
 
 def _sync(plan: Plan, links: Links) -> float:
-    """The checksum exchange (one small message per peer, one grouped operation) and the all-rank vote
-    (an all-reduce: 2 log2(world) latency steps)."""
+    """The checksum exchange (one small message per peer, one grouped operation), the all-rank vote and
+    the acknowledgement (all-reduces): a measured control round each where calibrated (``control``: on
+    shared cores a round waits for processes to be scheduled, more than the wire latency); else one
+    launch each plus 2 log2(world) latency steps for the vote."""
+    if links.control:
+        return 3 * links.control
     lat = max(links.nic_latency, links.nvlink_latency)
     return 2 * links.launch + (2 * math.ceil(math.log2(max(2, plan.world))) + 1) * lat
 
