@@ -164,3 +164,36 @@ def test_gpu_memory_is_checked_per_rank():
     check_gpu_memory({"p": plan}, lambda r: 10 * rank_bytes(plan, r))
     with pytest.raises(InputError, match="rank 3: .* free on cuda:3"):
         check_gpu_memory({"p": plan}, lambda r: 10 * rank_bytes(plan, r) if r != 3 else rank_bytes(plan, r))
+
+
+_FROM_STDIN = """
+import sys
+from reshardctl.launch import local
+from reshardctl.plan.inputs import prepare
+from reshardctl.runs.session import run_refit_session
+if sys.argv[1] == "unchecked":  # as before the check: the ranks are spawned and die re-importing '<stdin>'
+    local.check_main_importable = lambda: None
+inp = prepare(site="local", model="tiny-qwen3-moe", layers=None, train="ep=4", infer="tp=4", train_style="megatron",
+              infer_style="vllm", train_layout=None, infer_layout=None, transport="reshard", bucket_mb=None,
+              relay="auto")
+res = run_refit_session(inp, ["reshard"], iterations=1, warmup=0, out=None)
+print("RESULT:", res.ok, res.error)
+"""
+
+
+@pytest.mark.parametrize("mode", ["checked", "unchecked"])
+def test_a_program_read_from_stdin_gets_an_answer_not_a_hang(mode):
+    """Spawned ranks re-import the main module by path, which a program read from standard input has
+    not: the launcher says so before starting anything; and were it to start them, every rank dies at
+    once and the run ends failed. (A MoE plan's pickle is larger than a pipe's buffer: sent through
+    spawn's pipe, the launcher blocked for ever writing it to a rank that had died.) The subprocess
+    timeout only catches a hang."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run([sys.executable, "-", mode], input=_FROM_STDIN, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT: False" in proc.stdout, proc.stdout[-3000:]
+    if mode == "checked":  # refused with the reason, before any rank started
+        assert "'<stdin>'" in proc.stdout and "script file" in proc.stdout and "without a report" not in proc.stdout
+    else:
+        assert "RESULT: False" in proc.stdout and "without a report" in proc.stdout, proc.stdout[-3000:]

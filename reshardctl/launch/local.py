@@ -1,7 +1,8 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
-``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``), spawns
-``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``) into one
+private file every rank reads (spawn's pipe stays small: a rank that dies at start cannot block its
+launcher), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
 a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import queue as _queue
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -30,6 +34,7 @@ from typing import Mapping
 import torch
 import torch.multiprocessing as mp
 
+from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, order_failures
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
@@ -82,16 +87,19 @@ def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
     threading.Thread(target=poll, name="reshardctl-parent-watch", daemon=True).start()
 
 
-def _child(env: RankEnv, plans, options: RunOptions, warmup: int, threads: int, q, fallback, parent: int) -> None:
+def _child(env: RankEnv, payload: str, names: list[str], warmup: int, threads: int, q, parent: int) -> None:
+    """One rank: its plans, options and fallback from the launcher's ``payload`` file, then the session."""
     watch_parent(parent)
     torch.set_num_threads(threads)
     from reshardctl.runtime.worker import run_rank_session
 
     try:
+        with open(payload, "rb") as f:
+            plans, options, fallback = pickle.load(f)
         reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
     except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
-                                 error_type=type(exc).__name__, error_message=str(exc)) for n in plans}
+                                 error_type=type(exc).__name__, error_message=str(exc)) for n in names}
     q.put((env.global_rank, reports))
     q.close()
     q.join_thread()
@@ -149,6 +157,20 @@ def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | No
             "drill": last.get("drill")}
 
 
+def check_main_importable() -> None:
+    """Spawned ranks re-run the launching program's main module by its path: refuse at once (exit code 2)
+    where that path does not exist (a program read from standard input), instead of ranks that die."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is not None and not os.path.exists(path):
+        raise LaunchError(
+            f"local ranks are started with multiprocessing's spawn, which re-imports the main module from "
+            f"{path!r}, and there is no such file",
+            hint="run from a script file (with an `if __name__ == \"__main__\":` guard), `python -c`, "
+                 "or the reshardctl command, not from standard input",
+        )
+
+
 def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warmup: int = 1,
                       deadline_s: float | None = None, host: str = "127.0.0.1",
                       backend: str | None = None, fallback=None,
@@ -178,19 +200,32 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     fb = StaticPlan.freeze(fallback) if fallback is not None else None
     if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
         deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
+    check_main_importable()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = []
+    # the plans go to the ranks through a private file, not through spawn's pipe: a rank that dies before
+    # reading a large pipe payload would block its start() for ever (the parent holds the pipe's read end)
+    scratch = tempfile.mkdtemp(prefix="reshardctl-ranks-")
+    payload = os.path.join(scratch, "plans.pickle")
+    with atomic_open(payload, binary=True, mode=0o600) as f:
+        pickle.dump((statics, options, fb), f, protocol=pickle.HIGHEST_PROTOCOL)
     # ranks log c10d errors through their reports, not as C++ warnings with stack traces on stderr
     saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = saved or "ERROR"
     try:
         for r in range(world):
             env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
-            p = ctx.Process(target=_child, args=(env, statics, options, warmup, threads, q, fb, os.getpid()),
+            p = ctx.Process(target=_child, args=(env, payload, names, warmup, threads, q, os.getpid()),
                             name=f"reshardctl-rank-{r}")
-            p.start()
             procs.append(p)
+            p.start()
+    except BaseException:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     finally:
         if saved is None:
             os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
@@ -256,6 +291,7 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
         for p in procs:
             p.join(timeout=5)
         q.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     stopped_after = None if first_failure is None else time.monotonic() - first_failure
     session = {n: [reports[r][n] for r in sorted(reports)] for n in names}
     if interrupted:

@@ -188,7 +188,7 @@ def _use_int8(device: torch.device) -> bool:
                 fast = segment_checksums(probe, offs, sizes)
                 _int8_ok[key] = False
                 _int8_ok[key] = bool(torch.equal(fast, segment_checksums(probe, offs, sizes)))
-            except RuntimeError:
+            except (RuntimeError, TypeError, ValueError):  # an older torch: no CPU kernel, other signatures
                 _int8_ok[key] = False
     return _int8_ok[key]
 
