@@ -144,16 +144,17 @@ def _float_weights(R: int, device: torch.device) -> torch.Tensor:
 
 
 _int8_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_int8_full: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
-def _int8_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 [2R, 40]: per byte of a row, each of the eight weights (``w``, then ``256 w`` for a limb's high
-    byte, mod p, as a value in (-p, p)) in five balanced base-128 digits in [-64, 63], digit-major per
-    weight; int64 [8]: ``128 * sum`` of each weight over the row's bytes (adds back the XOR's shift)."""
-    key = _key(device) + (R,)
-    if key not in _int8_cache:
-        w = _table()[:R]
-        v = torch.stack([w, w * 256 % P], 1).reshape(2 * R, SUMS)  # byte 2t: w(t); byte 2t+1: 256 w(t)
+def _int8_table() -> tuple[torch.Tensor, torch.Tensor]:
+    """For a row of ROW limbs, on the CPU: int8 [2 ROW, 40], per byte each of the eight weights (``w``
+    for a limb's low byte, ``256 w mod p`` for its high byte, as a value in (-p, p)) in five balanced
+    base-128 digits in [-64, 63], a weight's five digits side by side; int64 [2 ROW, 8]: the values.
+    A shorter row's table is its first 2R rows (the weights are row-local)."""
+    if not _int8_full:
+        w = _table()
+        v = torch.stack([w, w * 256 % P], 1).reshape(2 * ROW, SUMS)  # byte 2t: w(t); byte 2t+1: 256 w(t)
         v = torch.where(v > P // 2, v - P, v)  # |v| <= p / 2: five digits reach 63 * (128**5 - 1) / 127
         digits = []
         rest = v.clone()
@@ -163,8 +164,17 @@ def _int8_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Ten
             rest = (rest - d) // 128
         if bool((rest != 0).any()):
             raise AssertionError("checksum weights need more than five base-128 digits")
-        mat = torch.stack(digits, 2).reshape(2 * R, SUMS * DIGITS).to(torch.int8)
-        _int8_cache[key] = (mat.to(device), (128 * v.sum(0)).to(device))
+        _int8_full.append((torch.stack(digits, 2).reshape(2 * ROW, SUMS * DIGITS).to(torch.int8), v))
+    return _int8_full[0]
+
+
+def _int8_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 digits [2R, 40] of a row of R limbs (``_int8_table``), and int64 [8]: ``128 * sum`` of
+    each weight over the row's bytes (adds back the XOR's shift of the data)."""
+    key = _key(device) + (R,)
+    if key not in _int8_cache:
+        mat, v = _int8_table()
+        _int8_cache[key] = (mat[: 2 * R].to(device), (128 * v[: 2 * R].sum(0)).to(device))
     return _int8_cache[key]
 
 
