@@ -158,7 +158,7 @@ def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | No
 
 
 def check_main_importable() -> None:
-    """Spawned ranks re-run the launching program's main module by its path: refuse at once (exit code 2)
+    """Spawned ranks re-run the launching program's main module by its path: refuse at once (LaunchError)
     where that path does not exist (a program read from standard input), instead of ranks that die."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
