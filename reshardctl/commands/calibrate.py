@@ -25,7 +25,7 @@ LABELS = {
     "copy_side_bytes_per_s": ("copy, one node's ranks at once", "bw"),
     "checksum_side_bytes_per_s": ("checksum, one node's ranks at once", "bw"),
     "checksum_world_bytes_per_s": ("checksum, every rank at once", "bw"),
-    "control_round_s": ("control round (all-reduce, every rank)", "s"),
+    "control_round_s": ("control round, every rank", "s"),
 }
 
 
