@@ -12,7 +12,8 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 * pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
   both again on one node's ranks at once (what a refit's senders, then its receivers, get together
   when they share a machine's cores and memory), and the checksum on every rank at once;
-* a control round: an all-reduce of every rank, waited in a helper thread as the runtime waits.
+* a control round: the runtime's tree all-reduce of every rank, each step waited in a helper thread as
+  the runtime waits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from reshardctl.runtime.groups import tree_all_reduce
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
 BIG = 32 << 20
@@ -109,20 +112,22 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     # every rank at once: a refit's verify phase, where senders sum what they sent in place while
     # receivers sum what landed
     res["checksum_world"] = {"ranks": world, "bytes": BIG * world, "seconds": _together(summ, reps)}
-    # one control round, every rank at once: the all-reduce a refit's vote and acknowledgement are, waited
-    # the way the runtime waits for it (in a helper thread, runtime/groups.py)
+    # one control round, every rank at once: the all-reduce a refit's vote and acknowledgement are (the
+    # runtime's tree), every step waited the way the runtime waits (in a helper thread, runtime/groups.py)
     votes = torch.zeros(world, dtype=torch.int64)
-    res["control"] = {"ranks": world, "seconds": _timed(lambda: _waited(dist.all_reduce(votes, async_op=True)), reps)}
+    res["control"] = {"ranks": world, "seconds": _timed(
+        lambda: tree_all_reduce(votes, torch.minimum, rank=rank, world=world, group=None, wait=_waited), reps)}
     return res
 
 
-def _waited(work) -> None:
-    """``work.wait()`` in a helper thread while this one waits on an event (as ``wait_works`` does)."""
+def _waited(works) -> None:
+    """Each work's ``wait()`` in a helper thread while this one waits on an event (as ``wait_works`` does)."""
     done = threading.Event()
 
     def run() -> None:
         try:
-            work.wait()
+            for w in works:
+                w.wait()
         finally:
             done.set()
     threading.Thread(target=run, daemon=True).start()

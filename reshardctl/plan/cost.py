@@ -232,13 +232,15 @@ def _bucket_terms(bs: BucketStats, links: Links):
 
 def _sync(plan: Plan, links: Links) -> float:
     """The checksum exchange (one small message per peer, one grouped operation), the all-rank vote and
-    the acknowledgement (all-reduces): a measured control round each where calibrated (``control``: on
-    shared cores a round waits for processes to be scheduled, more than the wire latency); else one
-    launch each plus 2 log2(world) latency steps for the vote."""
+    the acknowledgement (tree all-reduces, runtime/groups.py): a measured control round each where
+    calibrated (``control``: on shared cores a round waits for processes to be scheduled, more than the
+    wire latency); else one step for the exchange and ``2 ceil(log2 world)`` steps per all-reduce, each
+    one operation and one latency."""
     if links.control:
         return 3 * links.control
     lat = max(links.nic_latency, links.nvlink_latency)
-    return 2 * links.launch + (2 * math.ceil(math.log2(max(2, plan.world))) + 1) * lat
+    steps = 1 + 2 * 2 * math.ceil(math.log2(max(2, plan.world)))
+    return steps * (links.launch + lat)
 
 
 def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None) -> Prediction:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
-from reshardctl.runtime.groups import Abandoned, Groups, wait_works
+from reshardctl.runtime.groups import Abandoned, Groups, tree_all_reduce, wait_works
 from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
 from reshardctl.topology import is_trainer, side_of_global
@@ -47,11 +47,17 @@ def full_check(staged: LocalWeights, source: WeightSource, step: int, limit: int
     return problems
 
 
+_COMBINE = {dist.ReduceOp.MIN: torch.minimum, dist.ReduceOp.SUM: torch.add}
+
+
 def _all_reduce(groups: Groups, v: torch.Tensor, op, what: str) -> torch.Tensor:
-    """One bounded all-reduce on the control group (CPU tensor)."""
+    """One bounded all-reduce on the control group (CPU tensor): a binomial tree (``tree_all_reduce``),
+    every step's wait bounded."""
+    env = groups.env
+    timeout_s = groups.timeout.total_seconds()
     try:
-        wait_works([dist.all_reduce(v, op=op, group=groups.ctrl, async_op=True)], groups,
-                   groups.timeout.total_seconds(), what)
+        tree_all_reduce(v, _COMBINE[op], rank=env.global_rank, world=env.world_size, group=groups.ctrl,
+                        wait=lambda works: wait_works(works, groups, timeout_s, what))
     except Abandoned:
         raise
     except (RuntimeError, TransferError) as exc:

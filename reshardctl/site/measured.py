@@ -33,7 +33,7 @@ FIGURES = (
 # figures a calibration may lack (files written before they were measured): the model falls back
 OPTIONAL_FIGURES = (
     "checksum_world_bytes_per_s",  # every rank of the calibration at once (both sides of a refit)
-    "control_round_s",  # one all-reduce of every rank (a refit's vote, its acknowledgement)
+    "control_round_s",  # one control-plane all-reduce of every rank (a refit's vote, its acknowledgement)
 )
 
 
