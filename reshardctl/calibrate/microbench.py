@@ -12,8 +12,8 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 * pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
   both again on one node's ranks at once (what a refit's senders, then its receivers, get together
   when they share a machine's cores and memory), and the checksum on every rank at once;
-* a control round: the runtime's tree all-reduce of every rank, each step waited in a helper thread as
-  the runtime waits.
+* a control round: the runtime's tree all-reduce of every rank, run in a helper thread as the runtime
+  runs it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from reshardctl.runtime.groups import tree_all_reduce
+from reshardctl.runtime.groups import tree_all_reduce, wait_all
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
 BIG = 32 << 20
@@ -115,19 +115,18 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     # one control round, every rank at once: the all-reduce a refit's vote and acknowledgement are (the
     # runtime's tree), every step waited the way the runtime waits (in a helper thread, runtime/groups.py)
     votes = torch.zeros(world, dtype=torch.int64)
-    res["control"] = {"ranks": world, "seconds": _timed(
-        lambda: tree_all_reduce(votes, torch.minimum, rank=rank, world=world, group=None, wait=_waited), reps)}
+    res["control"] = {"ranks": world, "seconds": _timed(lambda: _in_helper_thread(
+        lambda: tree_all_reduce(votes, torch.minimum, rank=rank, world=world, group=None, wait=wait_all)), reps)}
     return res
 
 
-def _waited(works) -> None:
-    """Each work's ``wait()`` in a helper thread while this one waits on an event (as ``wait_works`` does)."""
+def _in_helper_thread(job) -> None:
+    """``job()`` in a helper thread while this one waits on an event (as ``run_bounded`` does)."""
     done = threading.Event()
 
     def run() -> None:
         try:
-            for w in works:
-                w.wait()
+            job()
         finally:
             done.set()
     threading.Thread(target=run, daemon=True).start()

@@ -15,7 +15,7 @@ rank verified AND every rank learned that decision.
    another's did not) roll back to the previous weights they still hold, so all inference ranks serve
    the same step; a disagreement that cannot be repaired is an error.
 
-Every wait is bounded (``groups.wait_works``): a dead, silent or failed rank ends the vote or the ack
+Every wait is bounded (``groups.run_bounded``): a dead, silent or failed rank ends the vote or the ack
 within the timeout on every rank.
 """
 
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
-from reshardctl.runtime.groups import Abandoned, Groups, tree_all_reduce, wait_works
+from reshardctl.runtime.groups import Abandoned, Groups, run_bounded, tree_all_reduce, wait_all
 from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
 from reshardctl.topology import is_trainer, side_of_global
@@ -51,13 +51,13 @@ _COMBINE = {dist.ReduceOp.MIN: torch.minimum, dist.ReduceOp.SUM: torch.add}
 
 
 def _all_reduce(groups: Groups, v: torch.Tensor, op, what: str) -> torch.Tensor:
-    """One bounded all-reduce on the control group (CPU tensor): a binomial tree (``tree_all_reduce``),
-    every step's wait bounded."""
+    """One bounded all-reduce on the control group (CPU tensor): a binomial tree (``tree_all_reduce``)
+    run in one helper thread while this one watches for another rank's failure (``run_bounded``)."""
     env = groups.env
     timeout_s = groups.timeout.total_seconds()
     try:
-        tree_all_reduce(v, _COMBINE[op], rank=env.global_rank, world=env.world_size, group=groups.ctrl,
-                        wait=lambda works: wait_works(works, groups, timeout_s, what))
+        run_bounded(lambda: tree_all_reduce(v, _COMBINE[op], rank=env.global_rank, world=env.world_size,
+                                            group=groups.ctrl, wait=wait_all), groups, timeout_s, what)
     except Abandoned:
         raise
     except (RuntimeError, TransferError) as exc:

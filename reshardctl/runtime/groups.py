@@ -188,7 +188,8 @@ def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, w
     """``v`` (a CPU tensor) combined elementwise over ranks ``0 .. world - 1`` of ``group``, in place:
     up a binomial tree to rank 0 (at level ``k`` rank ``r + k`` sends to ``r`` where ``r % 2k == 0``),
     then down it, ``2 ceil(log2 world)`` steps of one message each, every one waited by
-    ``wait(works)`` (``wait_works``: bounded). gloo's own all-reduce is a ring of ``2 (world - 1)``
+    ``wait(works)`` (the runtime: ``wait_all`` inside one ``run_bounded``, so the whole tree is bounded
+    and costs one helper thread). gloo's own all-reduce is a ring of ``2 (world - 1)``
     sequential steps, which for these few bytes costs a latency per step: 14 steps took 7-12 ms on 8
     ranks sharing 2 cores here, and would be ~1,000 at 512 ranks. ``combine(a, b)`` returns the
     elementwise result (associative and commutative: MIN, SUM)."""
@@ -223,35 +224,18 @@ def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> N
     works = list(works)
     if not works:
         return
-    cuda = groups is not None and groups.device.type == "cuda"
-    if (groups is None or groups.store is None) and not cuda:
-        for w in works:
-            w.wait()
+    if groups is None or groups.device.type != "cuda":
+        run_bounded(lambda: wait_all(works), groups, timeout_s, what)
         return
-    done, err = threading.Event(), []
-    if not cuda:
-        def run() -> None:
-            try:
-                for w in works:
-                    w.wait()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                err.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="reshardctl-wait", daemon=True).start()
     end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
     nap, next_check = 1e-4, time.monotonic() + 0.05
     while True:
-        if cuda:
-            if all(w.is_completed() for w in works):
-                for w in works:
-                    w.wait()
-                return
-            time.sleep(nap)
-            nap = min(nap * 2, 0.005)
-        elif done.wait(0.05):
-            break
+        if all(w.is_completed() for w in works):
+            for w in works:
+                w.wait()
+            return
+        time.sleep(nap)
+        nap = min(nap * 2, 0.005)
         now = time.monotonic()
         if groups.store is not None and now >= next_check:
             next_check = now + 0.1
@@ -259,8 +243,46 @@ def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> N
             if rec is not None:
                 raise Abandoned(f"{what}: stopped waiting: {rec}")
         if now > end:
-            if cuda:
-                abort_data_plane()
+            abort_data_plane()
+            raise TransferError(f"{what}: not complete within {timeout_s:g} s")
+
+
+def wait_all(works) -> None:
+    """Each work's blocking ``wait()`` (gloo: bounded by its group's timeout, raises on a dead peer)."""
+    for w in works:
+        w.wait()
+
+
+def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> None:
+    """``job()``, whose blocking gloo waits are each bounded by their group's timeout, in a helper thread
+    while this thread watches the store: returns when it is done (re-raising its error), raises
+    ``Abandoned`` as soon as another rank published a failure of this attempt, ``TransferError`` past
+    ``timeout_s`` (the helper thread is a daemon: a wait gloo has not yet timed out does not hold the
+    process). Without a store: ``job()`` here."""
+    if groups is None or groups.store is None:
+        job()
+        return
+    done, err = threading.Event(), []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            err.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="reshardctl-wait", daemon=True).start()
+    end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
+    next_check = time.monotonic() + 0.05
+    while not done.wait(0.05):
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + 0.1
+            rec = groups.failure()
+            if rec is not None:
+                raise Abandoned(f"{what}: stopped waiting: {rec}")
+        if now > end:
             raise TransferError(f"{what}: not complete within {timeout_s:g} s")
     if err:
         raise err[0]
