@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plan_fixtures import SplitLayout, stage_phases, toy_model
+from test_heavy_phases import assert_phase_runs, plan_and_heavy
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.reshard import phase_candidates, phase_of, phases_of_stage
 from reshardctl.plan.stats import p2p_stats
@@ -77,11 +78,15 @@ def test_phased_stages_meet_every_pair_once_within_the_bound(train_shards, infer
     train = SplitLayout(m, "train", shards=train_shards, dims=(0,))
     infer = SplitLayout(m, "infer", shards=infer_shards, replicas=replicas, dims=dims)
     topo = Topology(train.world_size, infer.world_size, gpus_per_node=2, nodes_per_domain=1)
-    plan = build_plan(m, train, infer, topo, transport="reshard", bucket_bytes=bucket, relay=relay)
+    plan, heavy, used = plan_and_heavy(m, train, infer, topo, transport="reshard", bucket_bytes=bucket, relay=relay)
     assert p2p_stats(plan).max_staging <= bucket
     for stage in (1, 2):
         phases = stage_phases(plan, stage)
         stage_rounds = [r for r in plan.rounds if r.stage == stage]
+        if phases == 1 and stage == 1 and used:
+            # heavy pairs (no phase count fits one round per phase): the multi-round form, every pair
+            # meets only within one phase, a run of consecutive rounds (test_heavy_phases.py)
+            assert_phase_runs(plan, 1, heavy[0])
         if phases > 1:
             pairs = _rounds_of_pairs(plan, stage)
             assert all(len(v) == 1 for v in pairs.values()), "a pair of ranks meets in several rounds"

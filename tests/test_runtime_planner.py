@@ -38,6 +38,23 @@ def test_a_phased_plan_runs_byte_exact(tmp_path):
     _runs_byte_exact(tmp_path, plan)
 
 
+def test_a_heavy_phased_plan_runs_byte_exact(tmp_path):
+    """Real gloo ranks execute a plan whose (src, dst) pairs each exceed the small bucket, so its phases
+    take several consecutive rounds each (plan/reshard.py ``heavy_phases``), byte-exactly, within the
+    staging bound."""
+    from test_heavy_phases import assert_phase_runs, plan_and_heavy
+
+    m = toy_model([(16, 8)] * 6, roles=["ffn"] * 6, dtype=["float32"] * 6)
+    train = SplitLayout(m, "train", shards=4, dims=(0,))
+    infer = SplitLayout(m, "infer", shards=4, dims=(1,))
+    topo = Topology(4, 4, gpus_per_node=4, nodes_per_domain=1)
+    plan, heavy, used = plan_and_heavy(m, train, infer, topo, transport="reshard", bucket_bytes=48, relay=False)
+    assert used and heavy[0] > 1 and stage_phases(plan, 1) == 1
+    assert len(plan.rounds) > heavy[0]  # some phase takes several rounds
+    assert_phase_runs(plan, 1, heavy[0])
+    _runs_byte_exact(tmp_path, plan)
+
+
 def _runs_byte_exact(tmp_path, plan) -> None:
     """Two refits on real gloo ranks, fully checked; every inference rank's weights are the trainer's
     step-2 weights; staging stayed within the bound (plus the checksum trailers)."""
