@@ -12,27 +12,14 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import threading
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from reshardctl.calibrate.microbench import in_helper_thread
 from reshardctl.runtime.groups import tree_all_reduce, wait_all
-
-
-def in_helper_thread(job) -> None:
-    """``job()`` in a helper thread while this one waits on an event (as ``groups.run_bounded`` does)."""
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            job()
-        finally:
-            done.set()
-    threading.Thread(target=run, daemon=True).start()
-    done.wait()
 
 
 def rank_main(rank: int, world: int, port: int, reps: int, q) -> None:

@@ -114,3 +114,14 @@ def stage_phases(plan, stage: int) -> int:
     return phases_of_stage(np.concatenate([u.table.src for u in us]), np.concatenate([u.table.dst for u in us]),
                            np.concatenate([u.table.nbytes * len(u.tensors) for u in us]).astype(np.float64),
                            plan.world, plan.bucket_bytes)[0]
+
+
+def stage_transfers(plan, stage: int):
+    """Every (round index, sender, receiver) of a transfer row scheduled in ``stage`` of ``plan``."""
+    for rnd in plan.rounds:
+        if rnd.stage != stage:
+            continue
+        for e in rnd.entries:
+            t = plan.units[e.unit].table
+            for s, d in zip(t.src[e.t_lo:e.t_hi].tolist(), t.dst[e.t_lo:e.t_hi].tolist()):
+                yield rnd.index, s, d

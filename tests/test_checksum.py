@@ -348,3 +348,20 @@ def test_the_int8_path_is_taken_on_this_cpu():
         pytest.skip("this torch has no _int_mm: the float64 path is the CPU's")
     checksum_module._int8_ok.pop(("cpu", -1), None)
     assert checksum_module._use_int8(torch.device("cpu"))
+
+
+def test_int8_digits_stay_in_the_bounds_the_module_states():
+    """The arithmetic behind the int8 path's exactness (checksum.py): every weight digit is in [-64, 63],
+    the five digits give back the weight's value in (-p/2, p/2] that is congruent to it, and so no
+    product of a data byte (as b - 128, or as b on a u8 x s8 kernel) and a digit passes 2**13 in
+    magnitude, no pair of u8 x s8 products passes int16, and no row sum passes 2**29 (int32)."""
+    mat, v = checksum_module._int8_table()
+    d = mat.to(torch.int64).view(-1, checksum_module.SUMS, checksum_module.DIGITS)
+    assert int(d.min()) >= -64 and int(d.max()) <= 63
+    assert torch.equal((d * torch.tensor([128 ** k for k in range(checksum_module.DIGITS)])).sum(2), v)
+    assert bool((v.abs() <= P // 2).all())
+    w = checksum_module._table()
+    assert torch.equal(v[0::2] % P, w) and torch.equal(v[1::2] % P, w * 256 % P)
+    top = int(d.abs().max())
+    assert 128 * top <= 2 ** 13 and 2 * 255 * top < 2 ** 15
+    assert 2 * checksum_module.ROW * 128 * top <= 2 ** 29

@@ -5,15 +5,13 @@ meets only within its phase, so a rank's messages grow with its peers, not with 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from unittest import mock
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plan_fixtures import SplitLayout, stage_phases, toy_model
+from plan_fixtures import SplitLayout, stage_phases, stage_transfers, toy_model
 from reshardctl.plan import reshard
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.reshard import phase_of
@@ -61,14 +59,7 @@ def assert_every_row_of_every_instance_once(plan) -> None:
 
 def messages_per_rank(plan, stage: int) -> np.ndarray:
     """Per rank: distinct (round, peer) it sends to or receives from in ``stage``."""
-    keys = set()
-    for rnd in plan.rounds:
-        if rnd.stage != stage:
-            continue
-        for e in rnd.entries:
-            t = plan.units[e.unit].table
-            for s, d in zip(t.src[e.t_lo:e.t_hi].tolist(), t.dst[e.t_lo:e.t_hi].tolist()):
-                keys.add((rnd.index, s, d))
+    keys = set(stage_transfers(plan, stage))
     out = np.zeros(plan.world, dtype=np.int64)
     for _, s, d in keys:
         out[s] += 1

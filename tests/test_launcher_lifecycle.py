@@ -197,3 +197,35 @@ def test_a_program_read_from_stdin_gets_an_answer_not_a_hang(mode):
         assert "'<stdin>'" in proc.stdout and "script file" in proc.stdout and "without a report" not in proc.stdout
     else:
         assert "RESULT: False" in proc.stdout and "without a report" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_failed_start_kills_the_ranks_already_started_and_leaves_no_plan_file(monkeypatch, tmp_path):
+    """When starting the third rank fails, the launcher raises that error, the two ranks already
+    started (and running: rank 0 hosts the store and waits for the others) are not left running, and
+    the private file the plans went through is gone."""
+    import tempfile
+
+    import torch.multiprocessing as tmp_mp
+
+    from reshardctl.launch import local
+    from reshardctl.runtime.contract import RunOptions
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launcher's scratch directory goes here
+    cls = tmp_mp.get_context("spawn").Process
+    real_start = cls.start
+    started = []
+
+    def start(self):
+        if len(started) == 2:
+            time.sleep(5)  # the two started ranks are past their start-up (they would outlive a launcher that left them)
+            raise OSError("no more processes")
+        real_start(self)
+        started.append(self.pid)
+
+    monkeypatch.setattr(cls, "start", start)
+    m, src, dst = rows_cols_case()
+    with pytest.raises(OSError, match="no more processes"):
+        local.launch_local_ranks({"a": p2p_plan(m, src, dst)}, RunOptions())
+    assert len(started) == 2
+    assert _wait_gone(started) == []
+    assert not list(tmp_path.glob("reshardctl-ranks-*"))

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plan_fixtures import SplitLayout, stage_phases, toy_model
+from plan_fixtures import SplitLayout, stage_phases, stage_transfers, toy_model
 from test_heavy_phases import assert_phase_runs, plan_and_heavy
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.reshard import phase_candidates, phase_of, phases_of_stage
@@ -59,13 +59,8 @@ def test_phase_candidates_cover_need_to_twice_need(need):
 
 def _rounds_of_pairs(plan, stage):
     pairs = defaultdict(set)
-    for rnd in plan.rounds:
-        if rnd.stage != stage:
-            continue
-        for e in rnd.entries:
-            t = plan.units[e.unit].table
-            for s, d in zip(t.src[e.t_lo:e.t_hi].tolist(), t.dst[e.t_lo:e.t_hi].tolist()):
-                pairs[(s, d)].add(rnd.index)
+    for index, s, d in stage_transfers(plan, stage):
+        pairs[(s, d)].add(index)
     return pairs
 
 

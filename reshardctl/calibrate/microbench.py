@@ -115,12 +115,12 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     # one control round, every rank at once: the all-reduce a refit's vote and acknowledgement are (the
     # runtime's tree), every step waited the way the runtime waits (in a helper thread, runtime/groups.py)
     votes = torch.zeros(world, dtype=torch.int64)
-    res["control"] = {"ranks": world, "seconds": _timed(lambda: _in_helper_thread(
+    res["control"] = {"ranks": world, "seconds": _timed(lambda: in_helper_thread(
         lambda: tree_all_reduce(votes, torch.minimum, rank=rank, world=world, group=None, wait=wait_all)), reps)}
     return res
 
 
-def _in_helper_thread(job) -> None:
+def in_helper_thread(job) -> None:
     """``job()`` in a helper thread while this one waits on an event (as ``run_bounded`` does)."""
     done = threading.Event()
 

@@ -194,10 +194,7 @@ def _use_int8(device: torch.device) -> bool:
                                torch.randint(0, 256, (6 * GRAIN + 3,), dtype=torch.uint8, generator=g)])
             offs, sizes = [0, 2 * GRAIN, 8 * GRAIN], [probe.numel(), 5 * GRAIN + 1, 4 * GRAIN + 3]
             try:
-                _int8_ok[key] = True
-                fast = segment_checksums(probe, offs, sizes)
-                _int8_ok[key] = False
-                _int8_ok[key] = bool(torch.equal(fast, segment_checksums(probe, offs, sizes)))
+                _int8_ok[key] = bool(torch.equal(_checksums(probe, offs, sizes, True), _checksums(probe, offs, sizes, False)))
             except (RuntimeError, TypeError, ValueError):  # an older torch: no CPU kernel, other signatures
                 _int8_ok[key] = False
     return _int8_ok[key]
@@ -257,14 +254,13 @@ def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torc
             out.bitwise_xor_(flip)
 
 
-def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int) -> torch.Tensor:
+def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int, int8: bool) -> torch.Tensor:
     """[rows, 8] residues per row of ``2R`` bytes (see ``_fill``): its eight row-local sums."""
     dev = buf.device
     rows = start.numel()
     res = torch.empty(rows, SUMS, dtype=torch.int64, device=dev)
     if rows == 0:
         return res
-    int8 = _use_int8(dev)
     step = max(1, _chunk_limbs(dev, int8) // R)
     xb = torch.empty(min(rows, step), 2 * R, dtype=torch.uint8, device=dev)
     for r0 in range(0, rows, step):
@@ -333,6 +329,12 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
         raise ValueError("segments must start at even offsets inside the buffer")
     if not buf.is_contiguous():
         buf = buf.contiguous()
+    return _checksums(buf, offsets, sizes, _use_int8(dev))
+
+
+def _checksums(buf: torch.Tensor, offsets: list[int], sizes: list[int], int8: bool) -> torch.Tensor:
+    """``segment_checksums`` of checked arguments, on the int8 or the float64 path."""
+    dev = buf.device
     R = _row_length([(n + 1) // 2 for n in sizes])
     off = torch.tensor(offsets, dtype=torch.int64)
     nbytes = torch.tensor(sizes, dtype=torch.int64)
@@ -341,7 +343,7 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
     rin = torch.arange(seg.numel(), dtype=torch.int64) - (torch.cumsum(nrows, 0) - nrows)[seg]
     start = off[seg] + rin * 2 * R
     valid = (nbytes[seg] - rin * 2 * R).clamp(max=2 * R)
-    rows = _row_sums(buf, start, valid, R)
+    rows = _row_sums(buf, start, valid, R, int8)
     shifts = torch.stack([_powers(g, rin * (R // GRAIN)) for g in _G], 1)
     res = _combine(rows, seg.to(dev), rin.to(dev), R, len(sizes), nbytes.to(dev), shifts.to(dev))
     return _encode(res)
