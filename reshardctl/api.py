@@ -19,6 +19,7 @@ leaves ``local_dst`` untouched. Reference: docs/api.md.
 from __future__ import annotations
 
 import os
+from itertools import chain
 from typing import Mapping, Sequence
 
 import torch
@@ -88,6 +89,9 @@ class Refitter:
         self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
         self._build()
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
+        self._names = [self.model.tensors[i].name for i in self._holdings]
+        self._bound: dict[str, tuple] = {}  # "local_src"/"local_dst": (key, checked weights, flat tensors)
+        self._arena_flat: tuple | None = None  # (the arena's data dict, its views flat in holdings order)
         self._staged: LocalWeights | None = None
         self._committed: int | None = None
         self._broken = False
@@ -112,17 +116,43 @@ class Refitter:
         return {self.model.tensors[i].name: boxes for i, boxes in self._holdings.items()}
 
     def _local(self, tensors: Mapping[str, Sequence[torch.Tensor]], what: str) -> LocalWeights:
+        """The caller's tensors as LocalWeights. Checked in full when they are new; when they are the
+        same tensor objects at the same addresses as last time (a framework updating its parameters in
+        place), the checked weights are reused: a few C-level passes over the tensors, no Python per
+        tensor (docs/api.md, "Host work per refit")."""
+        key = flat = None
+        try:
+            lists = list(map(tensors.__getitem__, self._names))
+            flat = list(chain.from_iterable(lists))
+            key = (list(map(len, lists)), list(map(id, flat)), list(map(torch.Tensor.data_ptr, flat)))
+        except (KeyError, TypeError, AttributeError):  # a name missing, or not tensors: the full check says which
+            pass
+        got = self._bound.get(what)
+        if key is not None and got is not None and got[0] == key:
+            return got[1].alias()
         missing = [self.model.tensors[i].name for i in self._holdings if self.model.tensors[i].name not in tensors]
         if missing:
             raise TransferError(f"{what} lacks {len(missing)} tensor(s) this rank holds, e.g. {missing[:3]}")
         for i in self._holdings:
             t = self.model.tensors[i]
             for x in tensors[t.name]:
+                if not isinstance(x, torch.Tensor):
+                    raise TransferError(f"{what}[{t.name!r}] holds a {type(x).__name__}, expected tensors")
                 if str(x.dtype).removeprefix("torch.") != t.dtype or x.device.type != self.groups.device.type:
                     raise TransferError(f"{what}[{t.name!r}]: {x.dtype} on {x.device}, expected torch.{t.dtype} "
                                         f"on {self.groups.device.type}")
-        return LocalWeights(self.model, self._holdings,
-                            {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
+        weights = LocalWeights(self.model, self._holdings,
+                               {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
+        self._bound[what] = (key, weights, flat)
+        return weights.alias()
+
+    def _commit_copy(self, new: LocalWeights) -> None:
+        """The committed bytes (``new``: the arena's views) into the caller's tensors, one
+        ``torch._foreach_copy_`` (on CUDA, fused multi-tensor kernels where both sides are dense)."""
+        if self._arena_flat is None or self._arena_flat[0] is not new.data:
+            self._arena_flat = (new.data, [v for i in self._holdings for v in new.data[i]])
+        dst = self._bound["local_dst"][2]
+        torch._foreach_copy_(dst, self._arena_flat[1])
 
     def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
               local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0) -> IterationReport:
@@ -179,9 +209,7 @@ class Refitter:
         # committed: every rank voted OK and learned it. Only now the caller's tensors change.
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
-            for i, new in st.current.data.items():
-                for dst, src in zip(st.staged.data[i], new):
-                    dst.copy_(src)
+            self._commit_copy(st.current)
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
             self._staged = st.current  # the arena with the new bytes: the next refit's staging copy

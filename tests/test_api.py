@@ -40,8 +40,22 @@ def _corrupt_once(step: int):
     return tap
 
 
+def _update(local, holdings, by_name, step: int, how: str) -> dict:
+    """The caller's tensors at ``step``: new tensors (``new``), the same tensors written in place
+    (``in_place``, as an optimizer does), or the same tensor objects moved to new storage (``set_``)."""
+    if how == "new":
+        return {n: [synthetic_region(by_name[n], b, step) for b in boxes] for n, boxes in holdings.items()}
+    for n, boxes in holdings.items():
+        for b, t in zip(boxes, local[n]):
+            if how == "in_place":
+                t.copy_(synthetic_region(by_name[n], b, step))
+            else:
+                t.set_(synthetic_region(by_name[n], b, step))
+    return local
+
+
 def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: int | None, q,
-          retries: int = 0) -> None:
+          retries: int = 0, how: str = "new") -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -58,9 +72,13 @@ def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: i
         for step in (1, 2, 3) if corrupt is not None else (1, 2):
             try:
                 if trainer:
-                    local = {n: [synthetic_region(by_name[n], b, step) for b in boxes] for n, boxes in holdings.items()}
+                    local = _update(local, holdings, by_name, step, how)
                     refitter.refit(step, local_src=local, retries=retries)
                 else:
+                    if how == "set_" and step == 2:  # the caller moves its tensors: the commit must follow
+                        for ts in local.values():
+                            for t in ts:
+                                t.set_(t.clone())
                     refitter.refit(step, local_dst=local, retries=retries)
                 ok = True
             except ReshardError as exc:
@@ -80,7 +98,7 @@ def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: i
         q.put((rank, None, repr(exc)))
 
 
-def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0):
+def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0, how: str = "new"):
     cfg = tmp_path / "small" / "config.json"
     cfg.parent.mkdir()
     cfg.write_text(json.dumps(SMALL))
@@ -88,7 +106,7 @@ def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q, retries))
+    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q, retries, how))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -107,6 +125,17 @@ def test_refit_in_caller_processes(tmp_path, transport):
         assert res[r] == [(1, True, 1), (2, True, 2)]
     for r in (0, 1):
         assert [ok for _, ok, _ in res[r]] == [True, True]
+
+
+@pytest.mark.parametrize("how", ["in_place", "set_"])
+def test_the_same_tensors_again_are_read_afresh(tmp_path, how):
+    """The Refitter reuses what it built for the caller's tensors while they are the same tensors at the
+    same addresses (api.py ``_local``; the executor's piece views): values written in place between
+    refits must still travel, and tensors moved to new storage (``set_``: same objects, new
+    addresses; inference ranks move theirs before step 2) must be read and written at their new place."""
+    res = _run(tmp_path, "reshard", how=how)
+    for r in (2, 3):
+        assert res[r] == [(1, True, 1), (2, True, 2)]
 
 
 def test_failed_refit_leaves_caller_tensors_untouched_and_the_refitter_survives(tmp_path):

@@ -3,6 +3,8 @@ reserve, and the high-water mark of what a refit held at once."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 
@@ -14,6 +16,21 @@ class BufferPool:
         self.in_use = 0
         self.peak = 0
         self.reserved = 0
+        self._on_free: list[weakref.WeakMethod] = []
+
+    def notify_on_free(self, method) -> None:
+        """Call ``method`` (a bound method, held weakly) whenever the pool is about to let go of blocks,
+        so that whoever keeps views of blocks drops them and the memory is really freed."""
+        self._on_free.append(weakref.WeakMethod(method))
+
+    def _freeing(self) -> None:
+        alive = []
+        for ref in self._on_free:
+            f = ref()
+            if f is not None:
+                f()
+                alive.append(ref)
+        self._on_free = alive
 
     def acquire(self, n: int) -> torch.Tensor:
         best = None
@@ -25,6 +42,8 @@ class BufferPool:
         else:
             if self.limit is not None:
                 self._free.sort(key=lambda b: b.numel())
+                if self._free and self.reserved + n > self.limit:
+                    self._freeing()
                 while self._free and self.reserved + n > self.limit:
                     self.reserved -= self._free.pop().numel()
             block = torch.empty(max(n, 8), dtype=torch.uint8, device=self.device)
@@ -38,5 +57,6 @@ class BufferPool:
         self._free.append(block)
 
     def clear(self) -> None:
+        self._freeing()
         self.reserved -= sum(b.numel() for b in self._free)
         self._free.clear()

@@ -29,6 +29,7 @@ bucket's sub-communicator is not overlapped with point-to-point on the world one
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -137,6 +138,8 @@ class Executor:
         self._places: dict[tuple[int, int], int | None] = {}
         self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
+        self._pieces: dict[int, tuple] = {}  # message id -> piece views (``_piece_views``)
+        pool.notify_on_free(self._drop_piece_views)
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
     # ---- CUDA stream discipline (no-ops on CPU) --------------------------------------------------
@@ -179,7 +182,7 @@ class Executor:
         """How a staged message is copied (span_copy.py: one indexed copy, or a few strided ones), once
         per message and arena layout; None: region by region."""
         layout = getattr(local, "box_offset", None)
-        if layout is None:
+        if layout is None or getattr(local, "arena", None) is None:
             return None
         key = (id(m), id(layout))
         got = self._copies.get(key, _UNSET)
@@ -189,6 +192,27 @@ class Executor:
             if not self._layouts or self._layouts[-1] is not layout:
                 self._layouts.append(layout)
         return got
+
+    def _piece_views(self, m: Message, local, block: torch.Tensor, o: int, v: torch.Tensor):
+        """(block views, local views) of every piece of a staged message sent from weights the arena
+        copy does not cover (the API's own tensors, a region spanning several boxes): built once per
+        message, weights and staging block, then every refit copies them in one ``_foreach_copy_``
+        (no Python per region). The pool drops these views whenever it frees a block (``on_free``), so
+        they never keep a freed block's memory."""
+        got = self._pieces.get(id(m))
+        # the weights' tensors (``local.data``, shared by aliases) held: the views hold them anyway
+        if got is None or got[0] is not local.data or got[1]() is not block or got[2] != o:
+            dst: list[torch.Tensor] = []
+            src: list[torch.Tensor] = []
+            for r, ro in zip(m.regions, m.offsets):
+                for d, x in local.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
+                    dst.append(d)
+                    src.append(x)
+            got = self._pieces[id(m)] = (local.data, weakref.ref(block), o, dst, src)
+        return got[3], got[4]
+
+    def _drop_piece_views(self) -> None:
+        self._pieces.clear()
 
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
@@ -222,8 +246,8 @@ class Executor:
                 if cp is not None:
                     cp.gather(local, v)
                 else:
-                    for r, ro in zip(m.regions, m.offsets):
-                        local.read_into(r.tensor, r.box, v[ro : ro + r.nbytes])
+                    dst, src = self._piece_views(m, local, block, o, v)
+                    torch._foreach_copy_(dst, src)
                 self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes

@@ -96,6 +96,14 @@ class LocalWeights:
             data[i] = views
         return cls(model, holdings, data, arena=arena, box_offset=offsets)
 
+    def alias(self) -> "LocalWeights":
+        """Another LocalWeights over the same boxes and tensors, in O(1): the dicts are shared, nothing is
+        checked or copied again. ``swap_data`` reassigns attributes (it never changes a dict), so
+        swapping the alias leaves this object as it is (api.py keeps the caller's checked tensors so)."""
+        other = object.__new__(LocalWeights)
+        other.__dict__.update(self.__dict__)
+        return other
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for ts in self.data.values() for t in ts)
@@ -128,36 +136,33 @@ class LocalWeights:
             return buf
         return buf.view(shape)
 
-    def read_into(self, index: int, box: Box, dst: torch.Tensor) -> None:
-        """Copy ``tensor[index][box]`` (global coordinates) into ``dst``: a flat uint8 segment of the
-        box's bytes (row-major) or a uint8 view already shaped like the box (last dim in bytes)."""
+    def piece_views(self, index: int, box: Box, buf: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(view of ``buf``, view of the local tensor) for every local piece of ``tensor[index][box]``
+        (global coordinates); ``buf`` is a flat uint8 segment of the box's bytes (row-major) or a uint8
+        view already shaped like the box (last dim in bytes)."""
         isz = self.model.tensors[index].itemsize
         nb = norm_box(box)
-        view = self._shaped(index, box, dst)
-        for k, inter in self.pieces(index, box):
-            lb = norm_box(self.boxes[index][k])
-            view[byte_slices(inter, nb, isz)].copy_(byte_view(self.data[index][k])[byte_slices(inter, lb, isz)])
+        view = self._shaped(index, box, buf)
+        return [(view[byte_slices(inter, nb, isz)],
+                 byte_view(self.data[index][k])[byte_slices(inter, norm_box(self.boxes[index][k]), isz)])
+                for k, inter in self.pieces(index, box)]
+
+    def read_into(self, index: int, box: Box, dst: torch.Tensor) -> None:
+        """Copy ``tensor[index][box]`` (global coordinates) into ``dst`` (as in ``piece_views``)."""
+        for d, s in self.piece_views(index, box, dst):
+            d.copy_(s)
 
     def write_from(self, index: int, box: Box, src: torch.Tensor) -> None:
         """Copy ``tensor[index][box]`` from ``src`` (flat segment or shaped view) into the local tensors."""
-        isz = self.model.tensors[index].itemsize
-        nb = norm_box(box)
-        view = self._shaped(index, box, src)
-        for k, inter in self.pieces(index, box):
-            lb = norm_box(self.boxes[index][k])
-            byte_view(self.data[index][k])[byte_slices(inter, lb, isz)].copy_(view[byte_slices(inter, nb, isz)])
+        for v, mine in self.piece_views(index, box, src):
+            mine.copy_(v)
 
     def differs(self, index: int, box: Box, other: torch.Tensor) -> torch.Tensor:
         """A 1-element bool tensor: does ``tensor[index][box]`` differ from ``other`` (flat segment or
         shaped byte view) anywhere? Compared piece by piece in place (no copy; no host sync)."""
-        isz = self.model.tensors[index].itemsize
-        nb = norm_box(box)
-        view = self._shaped(index, box, other)
         out = torch.zeros(1, dtype=torch.bool, device=other.device)
-        for k, inter in self.pieces(index, box):
-            lb = norm_box(self.boxes[index][k])
-            mine = byte_view(self.data[index][k])[byte_slices(inter, lb, isz)]
-            out |= (mine != view[byte_slices(inter, nb, isz)]).any()
+        for v, mine in self.piece_views(index, box, other):
+            out |= (mine != v).any()
         return out
 
     def swap_data(self, other: "LocalWeights") -> None:
