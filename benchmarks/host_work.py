@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -39,6 +38,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reshardctl import api
+from reshardctl.launch.local import free_port
 from reshardctl.models.catalog import preset_config
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
@@ -138,11 +138,6 @@ def _rank(rank: int, port: int, cfg: str, q) -> None:
         q.put((rank, None, repr(exc)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_case(experts: int, tmp: str) -> dict[int, dict]:
     cfg = preset_config("tiny-qwen3-moe")
@@ -155,7 +150,7 @@ def run_case(experts: int, tmp: str) -> dict[int, dict]:
         json.dump(cfg, f)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, path, q)) for r in range(WORLD)]
     for p in procs:
         p.start()

@@ -8,7 +8,6 @@ ends up with against the synthetic generator, independently of the runtime's che
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
@@ -16,16 +15,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reshardctl import api
+from reshardctl.launch.local import free_port
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from conftest import SMALL_LLAMA as SMALL  # noqa: E402
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _corrupt_once(step: int):
@@ -105,7 +100,7 @@ def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0,
     world = 4
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q, retries, how))
              for r in range(world)]
     for p in procs:
@@ -182,7 +177,7 @@ def _rank_bad_input(rank: int, world: int, port: int, cfg: str, q) -> None:
 def test_a_caller_mistake_on_one_rank_fails_every_rank_without_a_hang(small_llama):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_bad_input, args=(r, 4, port, small_llama, q)) for r in range(4)]
     for p in procs:
         p.start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import json
-import socket
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reshardctl import api
+from reshardctl.launch.local import free_port
 from reshardctl.models.catalog import preset_config
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.synthetic_weights import synthetic_region
@@ -83,11 +83,6 @@ def _rank(rank: int, port: int, cfg: str, q) -> None:
         q.put((rank, None, repr(exc)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _case(tmp_path, experts: int) -> dict[int, dict]:
     cfg = preset_config("tiny-qwen3-moe")
@@ -99,7 +94,7 @@ def _case(tmp_path, experts: int) -> dict[int, dict]:
     path.write_text(json.dumps(cfg))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, str(path), q)) for r in range(WORLD)]
     for p in procs:
         p.start()
