@@ -15,11 +15,12 @@ CPU, as an RL framework would call it) and counts, on every rank, during one ste
 CPython 3.11 has no counter of objects *created* outside debug builds; lines and calls bound the Python
 that runs, and tensors created count the objects that matter on a GPU.
 
-Cases: the MoE model with 16 experts and with 64 (four times the expert tensors and regions; the expert
-FFN four times narrower, so the bytes stay the same), ep=4 -> tp=4. Printed side by side: per rank the
-regions and messages of its program and the counts, and the ratio 64 / 16 experts on the busiest rank.
+Cases: the MoE model with 16, 64 and 256 experts (the expert FFN narrower in proportion, so the bytes
+stay the same: 231, 807 and 3,111 regions per rank, 8 messages), ep=4 -> tp=4, by default through the
+reshard transport. Printed side by side: per rank the regions and messages of its program and the
+counts, and the ratio most / fewest experts on the busiest rank of each side.
 
-    .venv/bin/python benchmarks/host_work.py [--json OUT]
+    .venv/bin/python benchmarks/host_work.py [--transport reshard|gather_broadcast|hybrid] [--json OUT]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from reshardctl.models.catalog import preset_config
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 TRAIN, INFER, WORLD = "ep=4", "tp=4", 8
-EXPERTS = (16, 64)
+EXPERTS = (16, 64, 256)
 
 
 class _Ops(TorchDispatchMode):
@@ -95,11 +96,11 @@ def _count_lines(fn):
     return n[0]
 
 
-def _rank(rank: int, port: int, cfg: str, q) -> None:
+def _rank(rank: int, port: int, cfg: str, transport: str, q) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        plan = api.plan_refit(model=cfg, train=TRAIN, infer=INFER)
+        plan = api.plan_refit(model=cfg, train=TRAIN, infer=INFER, transport=transport)
         by_name = {t.name: t for t in plan.model.tensors}
         refitter = api.Refitter(plan, timeout_s=120)
         trainer = rank < plan.train_world
@@ -139,19 +140,19 @@ def _rank(rank: int, port: int, cfg: str, q) -> None:
 
 
 
-def run_case(experts: int, tmp: str) -> dict[int, dict]:
+def run_case(experts: int, tmp: str, transport: str = "reshard") -> dict[int, dict]:
     cfg = preset_config("tiny-qwen3-moe")
     scale = experts // cfg["num_experts"]
-    cfg.update(num_experts=experts, num_experts_per_tok=min(experts, 4 * scale),
+    cfg.update(num_experts=experts, num_experts_per_tok=4,
                moe_intermediate_size=cfg["moe_intermediate_size"] // scale)
     path = os.path.join(tmp, f"moe-{experts}", "config.json")
-    os.makedirs(os.path.dirname(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(cfg, f)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, path, q)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, path, transport, q)) for r in range(WORLD)]
     for p in procs:
         p.start()
     out = {}
@@ -168,26 +169,27 @@ def run_case(experts: int, tmp: str) -> dict[int, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", help="also write the counts to this file")
+    ap.add_argument("--transport", default="reshard", choices=("reshard", "gather_broadcast", "hybrid"))
     args = ap.parse_args()
     cases = {}
     with tempfile.TemporaryDirectory() as tmp:
         for e in EXPERTS:
-            cases[e] = run_case(e, tmp)
+            cases[e] = run_case(e, tmp, args.transport)
     cols = ("tensors_held", "regions", "messages", "torch_ops", "tensors_created", "python_calls",
             "python_lines", "objects_kept")
     print(f"host work per steady-state refit, tiny-qwen3-moe variants, Megatron {TRAIN} -> vLLM {INFER}, "
-          f"via api.Refitter (4 + 4 gloo processes)")
+          f"{args.transport}, via api.Refitter (4 + 4 gloo processes)")
     print(f"{'experts':>7} {'rank':>4} {'side':>5} " + " ".join(f"{c:>15}" for c in cols))
     for e, ranks in cases.items():
         for r, res in ranks.items():
             print(f"{e:>7} {r:>4} {res['side']:>5} " + " ".join(f"{res[c]:>15,}" for c in cols))
-    print("\nbusiest rank per side (most regions), 64 experts / 16 experts:")
+    print(f"\nbusiest rank per side (most torch operations), {EXPERTS[-1]} experts / {EXPERTS[0]} experts:")
     for side in ("train", "infer"):
-        busy = {e: max((res for res in ranks.values() if res["side"] == side), key=lambda x: x["regions"])
+        busy = {e: max((res for res in ranks.values() if res["side"] == side), key=lambda x: x["torch_ops"])
                 for e, ranks in cases.items()}
-        lo, hi = busy[EXPERTS[0]], busy[EXPERTS[1]]
+        lo, hi = busy[EXPERTS[0]], busy[EXPERTS[-1]]
         print(f"  {side}: " + ", ".join(f"{c} {hi[c] / lo[c]:.2f}x" for c in cols[:-1] if lo[c]))
-        print(f"    top torch ops at {EXPERTS[1]} experts: {hi['top_ops']}")
+        print(f"    top torch ops at {EXPERTS[-1]} experts: {hi['top_ops']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(e): ranks for e, ranks in cases.items()}, f, indent=1)

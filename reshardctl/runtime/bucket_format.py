@@ -54,20 +54,17 @@ def write_trailer(buf: torch.Tensor, layout: Layout, sums: torch.Tensor) -> None
 
 
 class BucketTarget:
-    """A bucket at its root, seen like LocalWeights: every tensor of the bucket is one full box."""
+    """A bucket at its root, seen like LocalWeights: every tensor of the bucket is one full box.
+    ``data`` is the pool block the bucket lies in: what its views hold (piece_copy.py keys its views by
+    it, as by a LocalWeights' tensors)."""
 
-    def __init__(self, model: ModelSpec, lay: Layout, pos: dict[int, int], buf: torch.Tensor):
+    def __init__(self, model: ModelSpec, lay: Layout, pos: dict[int, int], buf: torch.Tensor, block: torch.Tensor):
         self.model, self.lay, self.pos, self.buf = model, lay, pos, buf
         self.arena = buf
+        self.data = block
 
-    def _box(self, index: int, box: Box) -> torch.Tensor:
+    def piece_views(self, index: int, box: Box, seg: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """[(``seg`` shaped like the box, the box's bytes in the bucket)], as ``LocalWeights.piece_views``."""
         t = self.model.tensors[index]
-        return box_bytes_in(bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf), box, t.itemsize)
-
-    def write_from(self, index: int, box: Box, seg: torch.Tensor) -> None:
-        dst = self._box(index, box)
-        dst.copy_(seg.view(dst.shape))
-
-    def read_into(self, index: int, box: Box, dst: torch.Tensor) -> None:
-        src = self._box(index, box)
-        dst.view(src.shape).copy_(src)
+        there = box_bytes_in(bucket_tensor_view(self.model, index, self.lay, self.pos[index], self.buf), box, t.itemsize)
+        return [(seg.view(there.shape), there)]

@@ -60,6 +60,9 @@ in the segment, its random sums times ``g_k**(q / 64)``, the rows summed per seg
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
+
 import torch
 
 from reshardctl.runtime.dtypes import signed64
@@ -110,9 +113,10 @@ def _table() -> torch.Tensor:
 def _row_length(limbs: list[int]) -> int:
     """Limbs per row (a power of two in [GRAIN, ROW]) that minimises the padded work of these segments."""
     best, best_cost = ROW, None
+    counts = Counter(limbs).items()  # few distinct lengths (a bucket of experts): Python per length, not per segment
     r = GRAIN
     while r <= ROW:
-        cost = sum(max(1, -(-k // r)) * (r + 256) for k in limbs)  # + a per-row overhead
+        cost = sum(c * max(1, -(-k // r)) for k, c in counts) * (r + 256)  # + a per-row overhead
         if best_cost is None or cost < best_cost:
             best, best_cost = r, cost
         r *= 2
@@ -325,7 +329,9 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
     dev = buf.device
     if not offsets:
         return torch.empty(0, WORDS, dtype=torch.int64, device=dev)
-    if any(o % 2 for o in offsets) or any(o < 0 or n < 0 or o + n > buf.numel() for o, n in zip(offsets, sizes)):
+    # C-level passes (no Python per segment): even offsets, inside the buffer
+    if (any(map((1).__and__, offsets)) or min(offsets) < 0 or min(sizes) < 0
+            or max(map(operator.add, offsets, sizes)) > buf.numel()):
         raise ValueError("segments must start at even offsets inside the buffer")
     if not buf.is_contiguous():
         buf = buf.contiguous()

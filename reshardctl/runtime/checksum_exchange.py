@@ -127,7 +127,10 @@ class ChecksumExchange:
             checks.append(((got != want).any(1), whats))
         out = []
         for mismatch, what in checks:
-            for bad, w in zip(mismatch.cpu().tolist(), what):
+            mismatch = mismatch.cpu()
+            if not bool(mismatch.any()):  # the usual case: no Python per item
+                continue
+            for bad, w in zip(mismatch.tolist(), what):
                 if bad:
                     out.append(f"checksum mismatch: {w()}")
                     if len(out) >= limit:

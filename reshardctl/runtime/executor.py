@@ -29,7 +29,6 @@ bucket's sub-communicator is not overlapped with point-to-point on the world one
 from __future__ import annotations
 
 import time
-import weakref
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_checked, copy_pieces
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.span_copy import MessageCopy, copy_spec
 from reshardctl.runtime.wire import align8, place
@@ -138,8 +138,8 @@ class Executor:
         self._places: dict[tuple[int, int], int | None] = {}
         self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
-        self._pieces: dict[int, tuple] = {}  # message id -> piece views (``_piece_views``)
-        pool.notify_on_free(self._drop_piece_views)
+        self.pieces = PieceViews()  # piece copies outside an arena (piece_copy.py), views built once
+        pool.notify_on_free(self.pieces.drop)
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
     # ---- CUDA stream discipline (no-ops on CPU) --------------------------------------------------
@@ -193,26 +193,31 @@ class Executor:
                 self._layouts.append(layout)
         return got
 
-    def _piece_views(self, m: Message, local, block: torch.Tensor, o: int, v: torch.Tensor):
-        """(block views, local views) of every piece of a staged message sent from weights the arena
-        copy does not cover (the API's own tensors, a region spanning several boxes): built once per
-        message, weights and staging block, then every refit copies them in one ``_foreach_copy_``
-        (no Python per region). The pool drops these views whenever it frees a block (``on_free``), so
-        they never keep a freed block's memory."""
-        got = self._pieces.get(id(m))
-        # the weights' tensors (``local.data``, shared by aliases) held: the views hold them anyway
-        if got is None or got[0] is not local.data or got[1]() is not block or got[2] != o:
+    def _message_pieces(self, m: Message, local, block: torch.Tensor, o: int, v: torch.Tensor) -> Pieces:
+        """The pieces of a staged message sent from weights the arena copy does not cover (the API's
+        own tensors, a region spanning several boxes), views built once per message, weights and block."""
+        def build() -> Pieces:
             dst: list[torch.Tensor] = []
             src: list[torch.Tensor] = []
             for r, ro in zip(m.regions, m.offsets):
                 for d, x in local.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
                     dst.append(d)
                     src.append(x)
-            got = self._pieces[id(m)] = (local.data, weakref.ref(block), o, dst, src)
-        return got[3], got[4]
+            return Pieces(dst, src)
+        return self.pieces.get(("send", id(m)), local.data, block, o, build)
 
-    def _drop_piece_views(self) -> None:
-        self._pieces.clear()
+    def _landing_pieces(self, m: Message, target, block: torch.Tensor, o: int, v: torch.Tensor) -> Pieces:
+        """The pieces of a staged message landing where the arena copy does not apply (a bucket root's
+        gather, a region spanning several boxes): target <- staging block, views built once."""
+        def build() -> Pieces:
+            dst: list[torch.Tensor] = []
+            src: list[torch.Tensor] = []
+            for r, ro in zip(m.regions, m.offsets):
+                for seg, there in target.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
+                    dst.append(there)
+                    src.append(seg)
+            return Pieces(dst, src)
+        return self.pieces.get(("land", id(m)), target.data, block, o, build)
 
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
@@ -246,8 +251,7 @@ class Executor:
                 if cp is not None:
                     cp.gather(local, v)
                 else:
-                    dst, src = self._piece_views(m, local, block, o, v)
-                    torch._foreach_copy_(dst, src)
+                    copy_pieces(self._message_pieces(m, local, block, o, v))
                 self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
@@ -289,10 +293,9 @@ class Executor:
                     cp.scatter(target, v)
                     cp.gather(target, v)  # read back what landed
                 else:
-                    for r, ro in zip(m.regions, m.offsets):
-                        seg = v[ro : ro + r.nbytes]
-                        target.write_from(r.tensor, r.box, seg)
-                        target.read_into(r.tensor, r.box, seg)
+                    pieces = self._landing_pieces(m, target, blk, off, v)
+                    copy_pieces(pieces)
+                    torch._foreach_copy_(pieces.src, pieces.dst)  # read back what landed
             self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
                                buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
             stats.bytes_received += m.nbytes
@@ -450,7 +453,7 @@ class Executor:
                 buf = self.pool.acquire(bo.layout.size)
                 p.blocks.append(buf)
                 view = buf[: bo.layout.size]
-                p.bucket = (bo, view)
+                p.bucket = (bo, view, buf)
                 p.wire += bo.layout.size
                 self._mark_posted(p, "bucket/broadcast", bucket=b.index)
                 p.works.append(self._post_broadcast(bo, view))
@@ -475,18 +478,14 @@ class Executor:
             block = self.pool.acquire(lay.size)
             p.blocks.append(block)
             bucket = block[: lay.size]
-            target = BucketTarget(self.model, lay, bo.pos, bucket)
+            target = BucketTarget(self.model, lay, bo.pos, bucket, block)
             gp = _Pending("gather", b.index, [x.peer for x in bo.recvs])
             ops = self._post_recvs(bo.recvs, target, tag, gp, stats, places=bo.recv_at)
             gp.works = self._post(ops, f"gather of bucket {b.index}")
-            with self._side():
-                for r in bo.own:  # own pieces while the others arrive
-                    t = self.model.tensors[r.tensor]
-                    dst = box_bytes_in(bucket_tensor_view(self.model, r.tensor, lay, bo.pos[r.tensor], bucket),
-                                       r.box, t.itemsize)
-                    self.src.read_into(r.tensor, r.box, dst)
-                    self.sums.check(self.src.differs(r.tensor, r.box, dst),
-                                    [lambda r=r, t=t: f"bucket {b.index}: own {t.name} {r.box} copy"])
+            with self._side():  # own pieces while the others arrive
+                own = self.pieces.get(("own", id(bo)), self.src.data, block, 0,
+                                      lambda: self._own_pieces(bo, bucket))
+                copy_checked(own, self.sums.check, f"bucket {b.index}: own")
             self._wait(gp)
             with self._side():
                 self._land(gp, target, f"bucket {b.index} gather", stats)
@@ -499,10 +498,36 @@ class Executor:
         self._mark_posted(p, "bucket/broadcast", bucket=b.index)
         p.works.append(self._post_broadcast(bo, bucket))
 
+    def _own_pieces(self, bo: BucketOps, bucket: torch.Tensor) -> Pieces:
+        """A bucket root's own pieces: bucket <- its weights."""
+        dst, src, names = [], [], []
+        for r in bo.own:
+            t = self.model.tensors[r.tensor]
+            there = box_bytes_in(bucket_tensor_view(self.model, r.tensor, bo.layout, bo.pos[r.tensor], bucket),
+                                 r.box, t.itemsize)
+            for v, mine in self.src.piece_views(r.tensor, r.box, there):
+                dst.append(v)
+                src.append(mine)
+                names.append(lambda t=t, r=r: f"{t.name} {r.box}")
+        return Pieces(dst, src, names)
+
+    def _held_pieces(self, bo: BucketOps, buf: torch.Tensor) -> Pieces:
+        """A bucket member's held boxes: staged weights <- the bucket."""
+        dst, src, names = [], [], []
+        for k, t_idx, boxes in bo.held:
+            t = self.model.tensors[t_idx]
+            full = bucket_tensor_view(self.model, t_idx, bo.layout, k, buf)
+            for box in boxes:
+                for v, mine in self.staged.piece_views(t_idx, box, box_bytes_in(full, box, t.itemsize)):
+                    dst.append(mine)
+                    src.append(v)
+                    names.append(lambda t=t, box=box: f"{t.name} {box}")
+        return Pieces(dst, src, names)
+
     def _finish_bucket(self, p: _Pending, stats: ExecStats) -> None:
         self._wait_recorded(p, "bucket/broadcast", bucket=p.index)
         if p.bucket is not None and self.is_infer:
-            bo, buf = p.bucket
+            bo, buf, block = p.bucket
             b, lay = bo.bucket, bo.layout
             with self._phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
                 if self.tap is not None and lay.payload:
@@ -513,13 +538,8 @@ class Executor:
                     want = trailer_view(lay, buf)[torch.tensor(ks, device=buf.device)]
                     self.sums.check((got != want).any(1), [lambda t=t: f"bucket {b.index}: {self.model.tensors[t].name}"
                                                            for _, t, _ in bo.held])
-                for k, t_idx, boxes in bo.held:
-                    t = self.model.tensors[t_idx]
-                    full = bucket_tensor_view(self.model, t_idx, lay, k, buf)
-                    for box in boxes:
-                        ref = box_bytes_in(full, box, t.itemsize)
-                        self.staged.write_from(t_idx, box, ref)
-                        self.sums.check(self.staged.differs(t_idx, box, ref),
-                                        [lambda t=t, box=box: f"bucket {b.index}: {t.name} {box} copy"])
-                        stats.bytes_received += ref.numel()
+                held = self.pieces.get(("unpack", id(bo)), self.staged.data, block, 0,
+                                       lambda: self._held_pieces(bo, buf))
+                copy_checked(held, self.sums.check, f"bucket {b.index}")
+                stats.bytes_received += held.nbytes
         self._release(p)

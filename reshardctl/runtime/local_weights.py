@@ -157,14 +157,6 @@ class LocalWeights:
         for v, mine in self.piece_views(index, box, src):
             mine.copy_(v)
 
-    def differs(self, index: int, box: Box, other: torch.Tensor) -> torch.Tensor:
-        """A 1-element bool tensor: does ``tensor[index][box]`` differ from ``other`` (flat segment or
-        shaped byte view) anywhere? Compared piece by piece in place (no copy; no host sync)."""
-        out = torch.zeros(1, dtype=torch.bool, device=other.device)
-        for v, mine in self.piece_views(index, box, other):
-            out |= (mine != v).any()
-        return out
-
     def swap_data(self, other: "LocalWeights") -> None:
         """Exchange tensors (and arenas) with ``other`` (same holdings): the commit's pointer swap."""
         if self.boxes != other.boxes:

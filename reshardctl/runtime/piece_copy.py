@@ -1,0 +1,83 @@
+"""Copies of many pieces (box slices of many tensors) with their views built once.
+
+Where the bytes of a step do not lie in one arena (span_copy.py covers those), the step moves one piece
+per tensor and box: a trainer's staged message read from the API caller's own tensors, a landing into a
+bucket at its root, a bucket root's own pieces, a bucket member's held boxes out of the bucket into its
+staged weights. ``PieceViews`` builds the views of both sides once per step, weights and buffer, and
+keeps the two most recent per step (an inference rank's staged and current weights swap at every
+commit, so they alternate); every refit then copies the pieces with one ``torch._foreach_copy_``: no
+Python per piece, and on CUDA the fused multi-tensor kernel wherever both sides of a piece are dense.
+
+``copy_checked`` also compares every piece after the copy, byte for byte, as the bucket steps always
+did (no extra memory): one ``ne``/``any`` per piece, stacked into one flag tensor resolved in the verify
+phase. That comparison stays one kernel pair per piece, so a gather-and-broadcast refit still grows
+with the tensors a rank holds (docs/benchmarks.md, "Host work per refit").
+
+Views hold their tensors' memory: the pool tells ``PieceViews`` before it frees a block (``drop``), so a
+freed staging block is never kept alive by a view of it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Sequence
+
+import torch
+
+KEEP = 2  # views kept per step: an inference rank's two weight copies alternate
+
+
+class Pieces:
+    """The two sides of one step's copies, ``dst[i] <- src[i]``; ``names[i]()`` says what piece ``i`` is
+    (failure reports only)."""
+
+    def __init__(self, dst: list[torch.Tensor], src: list[torch.Tensor], names: Sequence[Callable[[], str]] = ()):
+        self.dst, self.src, self.names = dst, src, list(names)
+        self.nbytes = sum(d.numel() for d in dst)
+        self._said: dict[str, list[Callable[[], str]]] = {}
+
+    def describe(self, label: str) -> list[Callable[[], str]]:
+        """One failure description per piece, built once per label."""
+        got = self._said.get(label)
+        if got is None:
+            got = self._said[label] = [lambda n=n: f"{label}: {n()} copy" for n in self.names]
+        return got
+
+
+class PieceViews:
+    """The pieces of every step, built by ``build()`` on first use and reused while the step's weights
+    (their tensors dict) and buffer are the same objects."""
+
+    def __init__(self):
+        self._steps: dict[object, list[tuple]] = {}
+
+    def get(self, key, data, buf: torch.Tensor, offset: int, build: Callable[[], Pieces]) -> Pieces:
+        """The pieces of step ``key`` between the weights whose tensors are ``data`` and ``buf`` (at
+        ``offset`` in it); the weights' dict is held (its views hold its tensors anyway), ``buf`` weakly."""
+        entries = self._steps.setdefault(key, [])
+        for e in entries:
+            if e[0] is data and e[1]() is buf and e[2] == offset:
+                return e[3]
+        pieces = build()
+        entries.insert(0, (data, weakref.ref(buf), offset, pieces))
+        del entries[KEEP:]
+        return pieces
+
+    def drop(self) -> None:
+        self._steps.clear()
+
+
+def copy_pieces(pieces: Pieces) -> None:
+    if pieces.dst:
+        torch._foreach_copy_(pieces.dst, pieces.src)
+
+
+def copy_checked(pieces: Pieces, check: Callable[[torch.Tensor, Sequence[Callable[[], str]]], None],
+                 label: str) -> None:
+    """Copy the pieces, then compare each with its source byte for byte; ``check(flags, describers)``
+    books the result (the checksum exchange resolves it in the verify phase)."""
+    if not pieces.dst:
+        return
+    copy_pieces(pieces)
+    flags = torch.stack([torch.ne(d, x).any() for d, x in zip(pieces.dst, pieces.src)])
+    check(flags, pieces.describe(label))
