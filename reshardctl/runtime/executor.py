@@ -193,31 +193,20 @@ class Executor:
                 self._layouts.append(layout)
         return got
 
-    def _message_pieces(self, m: Message, local, block: torch.Tensor, o: int, v: torch.Tensor) -> Pieces:
-        """The pieces of a staged message sent from weights the arena copy does not cover (the API's
-        own tensors, a region spanning several boxes), views built once per message, weights and block."""
+    def _message_pieces(self, kind: str, m: Message, weights, block: torch.Tensor, o: int,
+                        v: torch.Tensor) -> Pieces:
+        """The pieces of a staged message where the arena copy does not apply (the API's own tensors, a
+        bucket root's gather, a region spanning several boxes), views built once per message, weights
+        and block: ``send``, staging <- weights; ``land``, weights <- staging."""
         def build() -> Pieces:
-            dst: list[torch.Tensor] = []
-            src: list[torch.Tensor] = []
+            seg_side: list[torch.Tensor] = []
+            weight_side: list[torch.Tensor] = []
             for r, ro in zip(m.regions, m.offsets):
-                for d, x in local.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
-                    dst.append(d)
-                    src.append(x)
-            return Pieces(dst, src)
-        return self.pieces.get(("send", id(m)), local.data, block, o, build)
-
-    def _landing_pieces(self, m: Message, target, block: torch.Tensor, o: int, v: torch.Tensor) -> Pieces:
-        """The pieces of a staged message landing where the arena copy does not apply (a bucket root's
-        gather, a region spanning several boxes): target <- staging block, views built once."""
-        def build() -> Pieces:
-            dst: list[torch.Tensor] = []
-            src: list[torch.Tensor] = []
-            for r, ro in zip(m.regions, m.offsets):
-                for seg, there in target.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
-                    dst.append(there)
-                    src.append(seg)
-            return Pieces(dst, src)
-        return self.pieces.get(("land", id(m)), target.data, block, o, build)
+                for seg, there in weights.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
+                    seg_side.append(seg)
+                    weight_side.append(there)
+            return Pieces(seg_side, weight_side) if kind == "send" else Pieces(weight_side, seg_side)
+        return self.pieces.get((kind, id(m)), weights.data, block, o, build)
 
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
@@ -251,7 +240,7 @@ class Executor:
                 if cp is not None:
                     cp.gather(local, v)
                 else:
-                    copy_pieces(self._message_pieces(m, local, block, o, v))
+                    copy_pieces(self._message_pieces("send", m, local, block, o, v))
                 self.sums.sent(peer, buf=block, off=o, n=m.nbytes)
             ops.append(dist.P2POp(dist.isend, v, peer, tag=tag, group=self.groups.data))
             p.wire += m.nbytes
@@ -293,7 +282,7 @@ class Executor:
                     cp.scatter(target, v)
                     cp.gather(target, v)  # read back what landed
                 else:
-                    pieces = self._landing_pieces(m, target, blk, off, v)
+                    pieces = self._message_pieces("land", m, target, blk, off, v)
                     copy_pieces(pieces)
                     torch._foreach_copy_(pieces.src, pieces.dst)  # read back what landed
             self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
