@@ -52,7 +52,7 @@ from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
-from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_checked, copy_pieces
+from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_checked, copy_pieces, message_pieces
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.span_copy import MessageCopy, copy_spec
 from reshardctl.runtime.wire import align8, place
@@ -198,15 +198,9 @@ class Executor:
         """The pieces of a staged message where the arena copy does not apply (the API's own tensors, a
         bucket root's gather, a region spanning several boxes), views built once per message, weights
         and block: ``send``, staging <- weights; ``land``, weights <- staging."""
-        def build() -> Pieces:
-            seg_side: list[torch.Tensor] = []
-            weight_side: list[torch.Tensor] = []
-            for r, ro in zip(m.regions, m.offsets):
-                for seg, there in weights.piece_views(r.tensor, r.box, v[ro : ro + r.nbytes]):
-                    seg_side.append(seg)
-                    weight_side.append(there)
-            return Pieces(seg_side, weight_side) if kind == "send" else Pieces(weight_side, seg_side)
-        return self.pieces.get((kind, id(m)), weights.data, block, o, build)
+        items = ((r.tensor, r.box, ro, r.nbytes) for r, ro in zip(m.regions, m.offsets))
+        return self.pieces.get((kind, id(m)), weights.data, block, o,
+                               lambda: message_pieces(weights, items, v, send=kind == "send"))
 
     def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""

@@ -67,6 +67,19 @@ class PieceViews:
         self._steps.clear()
 
 
+def message_pieces(weights, items, buf: torch.Tensor, *, send: bool) -> Pieces:
+    """The pieces of one message in ``buf``: ``items`` are (tensor index, box, offset in ``buf``, bytes)
+    per region; ``weights`` (LocalWeights, BucketTarget) gives each region's piece views. ``send``:
+    message <- weights, else weights <- message."""
+    seg_side: list[torch.Tensor] = []
+    weight_side: list[torch.Tensor] = []
+    for index, box, off, n in items:
+        for seg, there in weights.piece_views(index, box, buf[off : off + n]):
+            seg_side.append(seg)
+            weight_side.append(there)
+    return Pieces(seg_side, weight_side) if send else Pieces(weight_side, seg_side)
+
+
 def copy_pieces(pieces: Pieces) -> None:
     if pieces.dst:
         torch._foreach_copy_(pieces.dst, pieces.src)

@@ -3,9 +3,10 @@ it checked and its numbers. How a site (and this project, on a GPU machine) prov
 
 Checks (``CHECKS``), all through the runtime's real functions:
 
-* ``pack_roundtrip``: regions of boxes of eight dtypes (fp8, bool and 3-d included), read out of
-  non-contiguous column-slice views with ``LocalWeights.read_into`` into one 8-byte aligned message
-  (local_weights.py), then written into other non-contiguous views with ``LocalWeights.write_from``; the message
+* ``pack_roundtrip``: regions of boxes of eight dtypes (fp8, bool and 3-d included), copied out of
+  non-contiguous column-slice views into one 8-byte aligned message and then into other
+  non-contiguous views, as the executor does outside an arena (piece_copy.py: piece views, one
+  ``torch._foreach_copy_`` each way; a region spanning two local boxes is two pieces); the message
   and every destination byte (written or not) compared byte for byte with a reference built on the CPU.
 * ``checksums``: ``checksum`` / ``segment_checksums`` (checksum.py) of adversarial buffers (all zeros,
   all 0xFF, odd lengths, row boundaries, random) equal on the CPU and on the device, and on the device a
@@ -42,6 +43,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from reshardctl.runtime.local_weights import LocalWeights, byte_slices, byte_view
+from reshardctl.runtime.piece_copy import copy_pieces, message_pieces
 
 CHECKS = ("pack_roundtrip", "checksums", "stream_order", "pinned_pool", "nccl_refit")
 CPU_CHECKS = CHECKS[:4]
@@ -160,8 +162,8 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
     sizes = [box_numel(box) * model.tensors[i].itemsize for i, box in regions]
     lay = layout_of(sizes)
     buf = torch.zeros(lay.trailer, dtype=torch.uint8, device=device)
-    for (i, box), off, n in zip(regions, lay.offsets, sizes):
-        src.read_into(i, box, buf[off : off + n])
+    items = [(i, box, off, n) for (i, box), off, n in zip(regions, lay.offsets, sizes)]
+    copy_pieces(message_pieces(src, items, buf, send=True))
     if corrupt:
         buf[lay.offsets[1] + sizes[1] // 2] ^= 0x10
     ref = torch.zeros(lay.trailer, dtype=torch.uint8)
@@ -172,8 +174,7 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
     if not packed_ok:
         diff = int((buf.cpu() != ref).sum())
         bad.append(f"packed message differs from the CPU reference in {diff} byte(s)")
-    for (i, box), off, n in zip(regions, lay.offsets, sizes):
-        dst.write_from(i, box, buf[off : off + n])
+    copy_pieces(message_pieces(dst, items, buf, send=False))
     checked = 0
     for i, t in enumerate(model.tensors):
         for box, got in zip(dst_hold[i], dst_data[i]):
@@ -189,8 +190,9 @@ def check_pack_roundtrip(device: torch.device, corrupt: bool = False) -> CheckRe
             if not torch.equal(byte_view(got).cpu().contiguous(), byte_view(want)):
                 bad.append(f"{t.name} box {box}: unpacked bytes differ")
     _sync(device)
-    what = (f"LocalWeights.read_into -> one message -> write_from, {len(regions)} regions of "
-            f"{len(_PACK_TENSORS)} dtypes from/to non-contiguous column-slice views, byte-exact vs CPU")
+    what = (f"piece views -> one _foreach_copy_ into one message -> one _foreach_copy_ out (the executor's "
+            f"path outside an arena), {len(regions)} regions of {len(_PACK_TENSORS)} dtypes from/to "
+            f"non-contiguous column-slice views, byte-exact vs CPU")
     return CheckResult("pack_roundtrip", not bad, what,
                        {"regions": len(regions), "message_bytes": lay.trailer, "dst_bytes_checked": checked},
                        detail="; ".join(bad[:3]))
