@@ -25,31 +25,40 @@ def _pieces(src_tensors, block):
 
 @settings(max_examples=30, deadline=None)
 @given(shapes=st.lists(st.tuples(st.integers(1, 5), st.integers(3, 9)), min_size=1, max_size=6),
-       bad=st.data())
-def test_a_wrong_copy_is_caught_and_names_its_piece(shapes, bad):
-    tensors = [torch.randint(0, 256, s, dtype=torch.uint8) for s in shapes]
-    block = torch.zeros(sum(r * 2 for r, _ in shapes), dtype=torch.uint8)
-    pieces = _pieces(tensors, block)
-    booked = []
-    copy_checked(pieces, lambda flags, what: booked.append((flags, what)), "bucket 3")
-    (flags, what), = booked
-    assert not flags.any()  # a right copy
-    assert all(torch.equal(d, s) for d, s in zip(pieces.dst, pieces.src))
-    k = bad.draw(st.integers(0, len(tensors) - 1))
-    real = piece_copy.copy_pieces
-
-    def faulty(p):  # a copy that lands one byte wrong (what a real system cannot do on demand)
-        real(p)
-        p.dst[k].view(-1)[-1] ^= 0x10
-    piece_copy.copy_pieces = faulty
+       mode=st.sampled_from(["keep", "consume", "consume-without-foreach-max"]), bad=st.data())
+def test_a_wrong_copy_is_caught_and_names_its_piece(shapes, mode, bad):
+    """Every mode of the comparison: the source kept (one ne/any per piece), the source consumed (a
+    bucket member's buffer: _foreach_sub_ then _foreach_max), and the consumed mode on a torch without
+    _foreach_max (the per-piece comparison)."""
+    consume = mode != "keep"
+    k = bad.draw(st.integers(0, len(shapes) - 1))
+    real_copy, real_max = piece_copy.copy_pieces, piece_copy._FOREACH_MAX
+    if mode == "consume-without-foreach-max":
+        piece_copy._FOREACH_MAX = None
     try:
-        booked.clear()
-        copy_checked(pieces, lambda flags, what: booked.append((flags, what)), "bucket 3")
+        for wrong in (False, True):
+            tensors = [torch.randint(0, 256, s, dtype=torch.uint8) for s in shapes]
+            want = [t[:, 1:3].clone() for t in tensors]
+            block = torch.zeros(sum(r * 2 for r, _ in shapes), dtype=torch.uint8)
+            pieces = _pieces(tensors, block)
+
+            def faulty(p):  # a copy that lands one byte wrong (what a real system cannot do on demand)
+                real_copy(p)
+                p.dst[k].view(-1)[-1] ^= 0x10
+            piece_copy.copy_pieces = faulty if wrong else real_copy
+            booked = []
+            copy_checked(pieces, lambda flags, what: booked.append((flags, what)), "bucket 3", consume_source=consume)
+            (flags, what), = booked
+            if not wrong:
+                assert not flags.any()  # a right copy
+                assert all(torch.equal(d, w) for d, w in zip(pieces.dst, want))
+            else:
+                assert flags.tolist() == [i == k for i in range(len(tensors))]
+                assert what[k]() == f"bucket 3: t{k}[:, 1:3] copy"
+            if not consume:
+                assert all(torch.equal(s, w) for s, w in zip(pieces.src, want))  # the source untouched
     finally:
-        piece_copy.copy_pieces = real
-    (flags, what), = booked
-    assert flags.tolist() == [i == k for i in range(len(tensors))]
-    assert what[k]() == f"bucket 3: t{k}[:, 1:3] copy"
+        piece_copy.copy_pieces, piece_copy._FOREACH_MAX = real_copy, real_max
 
 
 def test_views_are_reused_only_for_the_same_weights_and_buffer():

@@ -33,8 +33,9 @@ def box_bytes_in(full_view: torch.Tensor, box: Box, itemsize: int) -> torch.Tens
 
 def item_checksums(layout: Layout, buf: torch.Tensor, items=None) -> torch.Tensor:
     """Checksums [len, WORDS] of the layout's items (all, or those numbered in ``items``), one pass."""
-    ks = range(len(layout.sizes)) if items is None else items
-    return segment_checksums(buf, [layout.offsets[k] for k in ks], [layout.sizes[k] for k in ks])
+    if items is None:
+        return segment_checksums(buf, layout.offsets, layout.sizes)
+    return segment_checksums(buf, list(map(layout.offsets.__getitem__, items)), list(map(layout.sizes.__getitem__, items)))
 
 
 def trailer_view(layout: Layout, buf: torch.Tensor) -> torch.Tensor:

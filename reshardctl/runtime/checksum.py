@@ -110,10 +110,11 @@ def _table() -> torch.Tensor:
     return _table_cache[0]
 
 
-def _row_length(limbs: list[int]) -> int:
-    """Limbs per row (a power of two in [GRAIN, ROW]) that minimises the padded work of these segments."""
+def _row_length(sizes: list[int]) -> int:
+    """Limbs per row (a power of two in [GRAIN, ROW]) that minimises the padded work of segments of these
+    byte ``sizes``; Python per distinct size (a bucket of experts has few), not per segment."""
     best, best_cost = ROW, None
-    counts = Counter(limbs).items()  # few distinct lengths (a bucket of experts): Python per length, not per segment
+    counts = [((n + 1) // 2, c) for n, c in Counter(sizes).items()]  # limbs per segment, how many
     r = GRAIN
     while r <= ROW:
         cost = sum(c * max(1, -(-k // r)) for k, c in counts) * (r + 256)  # + a per-row overhead
@@ -341,7 +342,7 @@ def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
 def _checksums(buf: torch.Tensor, offsets: list[int], sizes: list[int], int8: bool) -> torch.Tensor:
     """``segment_checksums`` of checked arguments, on the int8 or the float64 path."""
     dev = buf.device
-    R = _row_length([(n + 1) // 2 for n in sizes])
+    R = _row_length(sizes)
     off = torch.tensor(offsets, dtype=torch.int64)
     nbytes = torch.tensor(sizes, dtype=torch.int64)
     nrows = -(-nbytes // (2 * R))  # the last row of a segment may be partial (none for an empty segment)

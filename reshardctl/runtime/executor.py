@@ -139,6 +139,7 @@ class Executor:
         self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
         self._layouts: list = []  # keeps the box_offset dicts keyed by id in ``_places`` alive
         self.pieces = PieceViews()  # piece copies outside an arena (piece_copy.py), views built once
+        self._held: dict[int, tuple] = {}  # bucket ops id -> its held items (``_held_items``)
         pool.notify_on_free(self.pieces.drop)
         checksum(torch.zeros(8, dtype=torch.uint8, device=self.device))  # builds the weight tables now
 
@@ -481,6 +482,16 @@ class Executor:
         self._mark_posted(p, "bucket/broadcast", bucket=b.index)
         p.works.append(self._post_broadcast(bo, bucket))
 
+    def _held_items(self, bo: BucketOps, device) -> tuple:
+        """A member's held items of a bucket: their positions (a list and an index tensor on ``device``)
+        and one failure description each; built once per bucket."""
+        got = self._held.get(id(bo))
+        if got is None:
+            ks = [k for k, _, _ in bo.held]
+            whats = [lambda t=t: f"bucket {bo.bucket.index}: {self.model.tensors[t].name}" for _, t, _ in bo.held]
+            got = self._held[id(bo)] = (ks, torch.tensor(ks, device=device), whats)
+        return got
+
     def _own_pieces(self, bo: BucketOps, bucket: torch.Tensor) -> Pieces:
         """A bucket root's own pieces: bucket <- its weights."""
         dst, src, names = [], [], []
@@ -516,13 +527,12 @@ class Executor:
                 if self.tap is not None and lay.payload:
                     self.tap(self.step_no, buf, lay.offsets[0] + lay.sizes[0])
                 if bo.held:
-                    ks = [k for k, _, _ in bo.held]
+                    ks, at, whats = self._held_items(bo, buf.device)
                     got = item_checksums(lay, buf, ks)
-                    want = trailer_view(lay, buf)[torch.tensor(ks, device=buf.device)]
-                    self.sums.check((got != want).any(1), [lambda t=t: f"bucket {b.index}: {self.model.tensors[t].name}"
-                                                           for _, t, _ in bo.held])
+                    want = trailer_view(lay, buf)[at]
+                    self.sums.check((got != want).any(1), whats)
                 held = self.pieces.get(("unpack", id(bo)), self.staged.data, block, 0,
                                        lambda: self._held_pieces(bo, buf))
-                copy_checked(held, self.sums.check, f"bucket {b.index}")
+                copy_checked(held, self.sums.check, f"bucket {b.index}", consume_source=True)  # released next
                 stats.bytes_received += held.nbytes
         self._release(p)

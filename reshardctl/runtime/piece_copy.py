@@ -9,9 +9,10 @@ commit, so they alternate); every refit then copies the pieces with one ``torch.
 Python per piece, and on CUDA the fused multi-tensor kernel wherever both sides of a piece are dense.
 
 ``copy_checked`` also compares every piece after the copy, byte for byte, as the bucket steps always
-did (no extra memory): one ``ne``/``any`` per piece, stacked into one flag tensor resolved in the verify
-phase. That comparison stays one kernel pair per piece, so a gather-and-broadcast refit still grows
-with the tensors a rank holds (docs/benchmarks.md, "Host work per refit").
+did (no extra memory), into one flag tensor resolved in the verify phase: out of a bucket (whose buffer
+is free after the copy) in two multi-tensor operations, into a bucket at its root (the bucket is still
+to be broadcast, the source is the trainer's weights) with one ``ne``/``any`` per piece, so the root's
+own pieces still cost two operations each (docs/benchmarks.md, "Host work per refit").
 
 Views hold their tensors' memory: the pool tells ``PieceViews`` before it frees a block (``drop``), so a
 freed staging block is never kept alive by a view of it.
@@ -34,6 +35,7 @@ class Pieces:
     def __init__(self, dst: list[torch.Tensor], src: list[torch.Tensor], names: Sequence[Callable[[], str]] = ()):
         self.dst, self.src, self.names = dst, src, list(names)
         self.nbytes = sum(d.numel() for d in dst)
+        self.all_nonempty = all(d.numel() for d in dst)
         self._said: dict[str, list[Callable[[], str]]] = {}
 
     def describe(self, label: str) -> list[Callable[[], str]]:
@@ -86,11 +88,22 @@ def copy_pieces(pieces: Pieces) -> None:
 
 
 def copy_checked(pieces: Pieces, check: Callable[[torch.Tensor, Sequence[Callable[[], str]]], None],
-                 label: str) -> None:
+                 label: str, *, consume_source: bool = False) -> None:
     """Copy the pieces, then compare each with its source byte for byte; ``check(flags, describers)``
-    books the result (the checksum exchange resolves it in the verify phase)."""
+    books the result (the checksum exchange resolves it in the verify phase). ``consume_source``: the
+    source may be overwritten after the copy (a bucket member's broadcast buffer, released right after):
+    then the comparison is two multi-tensor operations whatever the number of pieces (the destination
+    subtracted from the source in place, ``_foreach_sub_``, then each piece's maximum, ``_foreach_max``:
+    0 exactly where every byte is equal) instead of two operations per piece."""
     if not pieces.dst:
         return
     copy_pieces(pieces)
-    flags = torch.stack([torch.ne(d, x).any() for d, x in zip(pieces.dst, pieces.src)])
+    if consume_source and _FOREACH_MAX is not None and pieces.all_nonempty:
+        torch._foreach_sub_(pieces.src, pieces.dst)  # uint8: wraps, 0 where equal
+        flags = torch.stack(_FOREACH_MAX(pieces.src)) != 0
+    else:
+        flags = torch.stack([torch.ne(d, x).any() for d, x in zip(pieces.dst, pieces.src)])
     check(flags, pieces.describe(label))
+
+
+_FOREACH_MAX = getattr(torch, "_foreach_max", None)  # newer torch; the per-piece comparison otherwise
