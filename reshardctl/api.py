@@ -143,6 +143,8 @@ class Refitter:
                                         f"on {self.groups.device.type}")
         weights = LocalWeights(self.model, self._holdings,
                                {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
+        if got is not None:  # new tensors: views of the old ones must not keep them alive
+            self.executor.pieces.forget(got[1].data)
         self._bound[what] = (key, weights, flat)
         return weights.alias()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -74,8 +75,18 @@ def _rank(rank: int, port: int, cfg: str, q) -> None:
         kept = len(gc.get_objects()) - before
         ok = trainer or all(torch.equal(t.view(torch.uint8), synthetic_region(by_name[n], b, 4).view(torch.uint8))
                             for n, boxes in holdings.items() for b, t in zip(boxes, local[n]))
+        # a trainer that hands over NEW tensors: the Refitter must not keep the old ones alive
+        old = weakref.ref(next(iter(local.values()))[0])
+        if trainer:
+            local = {n: [synthetic_region(by_name[n], b, 5) for b in boxes] for n, boxes in holdings.items()}
+            refitter.refit(5, local_src=local)
+        else:
+            refitter.refit(5, local_dst=local)
+        gc.collect()
+        freed = old() is None
         out = dict(trainer=trainer, regions=refitter.executor.program.counts["regions"],
-                   messages=refitter.executor.program.counts["p2p_messages"], ops=mode.ops, kept=kept, ok=ok)
+                   messages=refitter.executor.program.counts["p2p_messages"], ops=mode.ops, kept=kept, ok=ok,
+                   freed=freed)
         refitter.close()
         dist.destroy_process_group()
         q.put((rank, out, None))
@@ -115,6 +126,8 @@ def test_torch_operations_per_refit_do_not_grow_with_regions(tmp_path):
         assert b["messages"] == a["messages"], (r, a, b)
         assert b["ops"] == a["ops"], (r, a, b)  # not one operation per region or per tensor
         assert a["kept"] <= 0 and b["kept"] <= 0, (r, a, b)  # nothing accumulates refit after refit
+        if a["trainer"]:
+            assert a["freed"] and b["freed"], (r, a, b)  # replaced tensors are not held by cached views
 
 
 class _Holder:

@@ -68,6 +68,12 @@ class PieceViews:
     def drop(self) -> None:
         self._steps.clear()
 
+    def forget(self, data) -> None:
+        """Drop every view of the weights whose tensors are ``data`` (a caller that handed over new
+        tensors: the old ones must not be kept alive by views of them)."""
+        for key, entries in self._steps.items():
+            entries[:] = [e for e in entries if e[0] is not data]
+
 
 def message_pieces(weights, items, buf: torch.Tensor, *, send: bool) -> Pieces:
     """The pieces of one message in ``buf``: ``items`` are (tensor index, box, offset in ``buf``, bytes)
