@@ -19,13 +19,12 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import torch
 import torch.distributed as dist
 
-from reshardctl.runtime.groups import tree_all_reduce, wait_all
+from reshardctl.runtime.groups import start_helper, tree_all_reduce, wait_all
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
 BIG = 32 << 20
@@ -121,16 +120,11 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
 
 
 def in_helper_thread(job) -> None:
-    """``job()`` in a helper thread while this one waits on an event (as ``run_bounded`` does)."""
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            job()
-        finally:
-            done.set()
-    threading.Thread(target=run, daemon=True).start()
+    """``job()`` in a helper thread while this one waits for it, as ``run_bounded`` runs it."""
+    done, err = start_helper(job)
     done.wait()
+    if err:
+        raise err[0]
 
 
 def _together(fn, reps: int) -> float:

@@ -253,15 +253,10 @@ def wait_all(works) -> None:
         w.wait()
 
 
-def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> None:
-    """``job()``, whose blocking gloo waits are each bounded by their group's timeout, in a helper thread
-    while this thread watches the store: returns when it is done (re-raising its error), raises
-    ``Abandoned`` as soon as another rank published a failure of this attempt, ``TransferError`` past
-    ``timeout_s`` (the helper thread is a daemon: a wait gloo has not yet timed out does not hold the
-    process). Without a store: ``job()`` here."""
-    if groups is None or groups.store is None:
-        job()
-        return
+def start_helper(job) -> tuple[threading.Event, list[BaseException]]:
+    """Start ``job()`` in a daemon helper thread: (an event set when it ends, the error it raised if
+    any). ``run_bounded`` waits on it while watching the store; calibration times a control round the
+    same way (calibrate/microbench.py)."""
     done, err = threading.Event(), []
 
     def run() -> None:
@@ -273,6 +268,19 @@ def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> No
             done.set()
 
     threading.Thread(target=run, name="reshardctl-wait", daemon=True).start()
+    return done, err
+
+
+def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> None:
+    """``job()``, whose blocking gloo waits are each bounded by their group's timeout, in a helper thread
+    while this thread watches the store: returns when it is done (re-raising its error), raises
+    ``Abandoned`` as soon as another rank published a failure of this attempt, ``TransferError`` past
+    ``timeout_s`` (the helper thread is a daemon: a wait gloo has not yet timed out does not hold the
+    process). Without a store: ``job()`` here."""
+    if groups is None or groups.store is None:
+        job()
+        return
+    done, err = start_helper(job)
     end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
     next_check = time.monotonic() + 0.05
     while not done.wait(0.05):
