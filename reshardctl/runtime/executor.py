@@ -37,14 +37,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
-from reshardctl.runtime.bucket_format import (
-    BucketTarget,
-    box_bytes_in,
-    bucket_tensor_view,
-    item_checksums,
-    trailer_view,
-    write_trailer,
-)
+from reshardctl.runtime.bucket_format import BucketTarget, item_checksums, trailer_view, write_trailer
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.checksum_exchange import ChecksumExchange
@@ -52,7 +45,8 @@ from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.groups import Abandoned, Groups, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
-from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_checked, copy_pieces, message_pieces
+from reshardctl.runtime.piece_copy import (PieceViews, Pieces, bucket_pieces, copy_checked, copy_pieces,
+                                           message_pieces)
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.span_copy import MessageCopy, copy_spec
 from reshardctl.runtime.wire import align8, place
@@ -467,8 +461,9 @@ class Executor:
             ops = self._post_recvs(bo.recvs, target, tag, gp, stats, places=bo.recv_at)
             gp.works = self._post(ops, f"gather of bucket {b.index}")
             with self._side():  # own pieces while the others arrive
-                own = self.pieces.get(("own", id(bo)), self.src.data, block, 0,
-                                      lambda: self._own_pieces(bo, bucket))
+                own = self.pieces.get(("own", id(bo)), self.src.data, block, 0, lambda: bucket_pieces(
+                    self.model, lay, ((bo.pos[r.tensor], r.tensor, r.box) for r in bo.own), self.src, bucket,
+                    into_bucket=True))
                 copy_checked(own, self.sums.check, f"bucket {b.index}: own")
             self._wait(gp)
             with self._side():
@@ -492,32 +487,6 @@ class Executor:
             got = self._held[id(bo)] = (ks, torch.tensor(ks, device=device), whats)
         return got
 
-    def _own_pieces(self, bo: BucketOps, bucket: torch.Tensor) -> Pieces:
-        """A bucket root's own pieces: bucket <- its weights."""
-        dst, src, names = [], [], []
-        for r in bo.own:
-            t = self.model.tensors[r.tensor]
-            there = box_bytes_in(bucket_tensor_view(self.model, r.tensor, bo.layout, bo.pos[r.tensor], bucket),
-                                 r.box, t.itemsize)
-            for v, mine in self.src.piece_views(r.tensor, r.box, there):
-                dst.append(v)
-                src.append(mine)
-                names.append(lambda t=t, r=r: f"{t.name} {r.box}")
-        return Pieces(dst, src, names)
-
-    def _held_pieces(self, bo: BucketOps, buf: torch.Tensor) -> Pieces:
-        """A bucket member's held boxes: staged weights <- the bucket."""
-        dst, src, names = [], [], []
-        for k, t_idx, boxes in bo.held:
-            t = self.model.tensors[t_idx]
-            full = bucket_tensor_view(self.model, t_idx, bo.layout, k, buf)
-            for box in boxes:
-                for v, mine in self.staged.piece_views(t_idx, box, box_bytes_in(full, box, t.itemsize)):
-                    dst.append(mine)
-                    src.append(v)
-                    names.append(lambda t=t, box=box: f"{t.name} {box}")
-        return Pieces(dst, src, names)
-
     def _finish_bucket(self, p: _Pending, stats: ExecStats) -> None:
         self._wait_recorded(p, "bucket/broadcast", bucket=p.index)
         if p.bucket is not None and self.is_infer:
@@ -531,8 +500,9 @@ class Executor:
                     got = item_checksums(lay, buf, ks)
                     want = trailer_view(lay, buf)[at]
                     self.sums.check((got != want).any(1), whats)
-                held = self.pieces.get(("unpack", id(bo)), self.staged.data, block, 0,
-                                       lambda: self._held_pieces(bo, buf))
+                held = self.pieces.get(("unpack", id(bo)), self.staged.data, block, 0, lambda: bucket_pieces(
+                    self.model, lay, ((k, t, box) for k, t, boxes in bo.held for box in boxes), self.staged, buf,
+                    into_bucket=False))
                 copy_checked(held, self.sums.check, f"bucket {b.index}", consume_source=True)  # released next
                 stats.bytes_received += held.nbytes
         self._release(p)

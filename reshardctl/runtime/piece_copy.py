@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from reshardctl.runtime.bucket_format import box_bytes_in, bucket_tensor_view
+
 KEEP = 2  # views kept per step: an inference rank's two weight copies alternate
 
 
@@ -86,6 +88,25 @@ def message_pieces(weights, items, buf: torch.Tensor, *, send: bool) -> Pieces:
             seg_side.append(seg)
             weight_side.append(there)
     return Pieces(seg_side, weight_side) if send else Pieces(weight_side, seg_side)
+
+
+def bucket_pieces(model, layout, entries, weights, buf: torch.Tensor, *, into_bucket: bool) -> Pieces:
+    """The pieces between a bucket in ``buf`` and ``weights``: ``entries`` are (position in the bucket,
+    tensor index, box) per box; ``into_bucket`` (a root's own pieces): bucket <- weights, else (a
+    member's held boxes): weights <- bucket. Each piece named for failure reports."""
+    bucket_side: list[torch.Tensor] = []
+    weight_side: list[torch.Tensor] = []
+    names: list[Callable[[], str]] = []
+    for pos, index, box in entries:
+        t = model.tensors[index]
+        there = box_bytes_in(bucket_tensor_view(model, index, layout, pos, buf), box, t.itemsize)
+        for v, mine in weights.piece_views(index, box, there):
+            bucket_side.append(v)
+            weight_side.append(mine)
+            names.append(lambda t=t, box=box: f"{t.name} {box}")
+    if into_bucket:
+        return Pieces(bucket_side, weight_side, names)
+    return Pieces(weight_side, bucket_side, names)
 
 
 def copy_pieces(pieces: Pieces) -> None:
