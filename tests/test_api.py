@@ -12,14 +12,13 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from reshardctl import api
-from reshardctl.launch.local import free_port
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from conftest import SMALL_LLAMA as SMALL  # noqa: E402
+from spawned_ranks import run_ranks
 
 
 
@@ -97,20 +96,8 @@ def _run(tmp_path, transport: str, corrupt: int | None = None, retries: int = 0,
     cfg = tmp_path / "small" / "config.json"
     cfg.parent.mkdir()
     cfg.write_text(json.dumps(SMALL))
-    world = 4
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, str(cfg), transport, corrupt, q, retries, how))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    out = dict((r, (res, err)) for r, res, err in (q.get(timeout=180) for _ in procs))
-    for p in procs:
-        p.join(timeout=30)
-    for r, (res, err) in out.items():
-        assert err is None, f"rank {r}: {err}"
-    return {r: res for r, (res, _) in out.items()}
+    return run_ranks(_rank, 4, lambda r, port, q: (r, 4, port, str(cfg), transport, corrupt, q, retries, how),
+                     timeout_s=180)
 
 
 @pytest.mark.parametrize("transport", ["reshard", "gather_broadcast"])
@@ -175,15 +162,6 @@ def _rank_bad_input(rank: int, world: int, port: int, cfg: str, q) -> None:
 
 
 def test_a_caller_mistake_on_one_rank_fails_every_rank_without_a_hang(small_llama):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_bad_input, args=(r, 4, port, small_llama, q)) for r in range(4)]
-    for p in procs:
-        p.start()
-    out = {r: (res, err) for r, res, err in (q.get(timeout=180) for _ in procs)}
-    for p in procs:
-        p.join(timeout=30)
-    assert all(err is None for _, err in out.values()), out
-    assert "local_src lacks 1 tensor" in out[1][0]
-    assert all(res.startswith("TransferError") for res, _ in out.values()), out
+    out = run_ranks(_rank_bad_input, 4, lambda r, port, q: (r, 4, port, small_llama, q), timeout_s=180)
+    assert "local_src lacks 1 tensor" in out[1]
+    assert all(res.startswith("TransferError") for res in out.values()), out

@@ -166,3 +166,26 @@ def test_message_pieces_move_every_region_byte_exact(data):
 
 def _dt(name: str) -> torch.dtype:
     return getattr(torch, name)
+
+
+def test_the_pool_freeing_a_block_drops_the_views_of_it():
+    """The executor registers ``PieceViews.drop`` with its pool: views of a block the pool frees are
+    built anew, never kept (they would keep the freed block's memory)."""
+    from reshardctl.runtime.buffer_pool import BufferPool
+
+    pool = BufferPool(torch.device("cpu"), limit_bytes=1 << 20)
+    views = PieceViews()
+    pool.notify_on_free(views.drop)
+    built = []
+
+    def build():
+        built.append(1)
+        return Pieces([block[:16]], [torch.zeros(16, dtype=torch.uint8)])
+    data = {}
+    block = pool.acquire(600 << 10)
+    views.get("m", data, block, 0, build)
+    pool.release(block)
+    views.get("m", data, block, 0, build)
+    assert len(built) == 1  # the block is the pool's still: its views kept
+    pool.acquire(700 << 10)  # over the limit: the pool frees the 600 KiB block
+    assert views._steps == {}
