@@ -365,3 +365,11 @@ def test_int8_digits_stay_in_the_bounds_the_module_states():
     top = int(d.abs().max())
     assert 128 * top <= 2 ** 13 and 2 * 255 * top < 2 ** 15
     assert 2 * checksum_module.ROW * 128 * top <= 2 ** 29
+
+
+@pytest.mark.parametrize("offsets, sizes", [([0, 3], [2, 2]), ([-2], [2]), ([0], [-1]), ([4], [6]), ([0, 8], [2, 2])])
+def test_segments_off_even_offsets_or_outside_the_buffer_are_refused(offsets, sizes):
+    buf = torch.zeros(9, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="even offsets inside the buffer"):
+        segment_checksums(buf, offsets, sizes)
+    segment_checksums(buf, [0, 4, 8], [4, 5, 1])  # up to the buffer's odd end: accepted
