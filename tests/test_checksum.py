@@ -72,7 +72,7 @@ def test_pinned_values():
     assert checksum(torch.zeros(0, dtype=torch.uint8)).tolist() == PINNED_EMPTY
 
 
-PINNED_ARANGE = [334558024509229485, 2189123542882095866, 1777280601538345649, 2198313754161399924]
+PINNED_ARANGE = [4611675846271592703, 1649912918534604642, 820263118548085078, 4313451649473233529]
 PINNED_EMPTY = [0, 0, 0, 0]
 
 
@@ -256,7 +256,8 @@ def reference_checksum(data: bytes) -> list[int]:
     """The checksum straight from its definition (module docstring, docs/checksums.md)."""
     n = len(data)
     padded = data + b"\0" * (n % 2)
-    x = [int.from_bytes(padded[i : i + 2], "little") for i in range(0, len(padded), 2)]
+    x = [int.from_bytes(padded[i : i + 1], "little", signed=True) + 256 * int.from_bytes(padded[i + 1 : i + 2], "little", signed=True)
+         for i in range(0, len(padded), 2)]  # signed bytes: x_i = s(lo) + 256 s(hi)
     res = [sum((i + 1) ** m * v for i, v in enumerate(x)) % P for m in range(5)]
     for k in range(3):
         r = sum(_splitmix(i % 64, 1 + k) * pow(_BASES[k], i // 64, P) * v for i, v in enumerate(x))
@@ -317,6 +318,38 @@ def test_consecutive_partial_rows_match_the_definition(int8):
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), lengths=st.lists(st.one_of(st.integers(0, 2_000), st.integers(64 * 128, 24_000)), min_size=1,
+                                       max_size=6).filter(lambda ls: max(ls) >= 64 * 128),
+       gaps=st.lists(st.sampled_from([0, 8, 136]), min_size=6, max_size=6), chunk=st.sampled_from([None, 64, 3000]),
+       int8=st.booleans())
+def test_rows_read_in_place_match_the_definition(seed, lengths, gaps, chunk, int8):
+    """Rows of 64 limbs: a segment of >= 64 whole rows goes to the product as a view of the buffer (no
+    copy), split at the passes' boundaries on the float64 path; its partial last row, short segments
+    and the rest are gathered and put back among them. Every value is the definition's, and runs were
+    read in place wherever a segment has 64 whole rows."""
+    offsets, pos = [], 0
+    for n, gap in zip(lengths, gaps):
+        offsets.append(pos)
+        pos += (n + gap + 1) & ~1
+    buf = _buf(pos + 1, seed)
+    raw = bytes(buf.tolist())
+    seen = []
+    real_runs = checksum_module._direct_runs
+
+    def spy(*args):
+        runs = real_runs(*args)
+        seen.extend(runs)
+        return runs
+
+    with _passes_of(chunk), _on_path(int8), mock.patch.object(checksum_module, "_row_length", lambda sizes: 64), \
+            mock.patch.object(checksum_module, "_direct_runs", spy):
+        got = segment_checksums(buf, offsets, lengths)
+    assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, lengths)]
+    assert seen  # at least one segment has 64 whole rows
+    assert sum(b - a for a, b in seen) >= sum(n // 128 for n in lengths if n // 128 >= checksum_module._DIRECT_ROWS)
+
+
 def _passes_of(limbs: int | None):
     """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
     if limbs is None:
@@ -352,13 +385,14 @@ def test_the_int8_path_is_taken_on_this_cpu():
 
 def test_int8_digits_stay_in_the_bounds_the_module_states():
     """The arithmetic behind the int8 path's exactness (checksum.py): every weight digit is in [-64, 63],
-    the five digits give back the weight's value in (-p/2, p/2] that is congruent to it, and so no
-    product of a data byte (as b - 128, or as b on a u8 x s8 kernel) and a digit passes 2**13 in
-    magnitude, no pair of u8 x s8 products passes int16, and no row sum passes 2**29 (int32)."""
-    mat, v = checksum_module._int8_table()
+    the five digits give back a value in (-p/2, p/2] congruent to the byte's weight (``w`` for a limb's
+    low byte, ``256 w`` for its high byte), and so no product of a data byte (its two's-complement value
+    in [-128, 127], or shifted to [0, 255] on a u8 x s8 kernel) and a digit passes 2**13 in magnitude, no
+    pair of u8 x s8 products passes int16, and no row sum passes 2**29 (int32)."""
+    mat = checksum_module._int8_table()
     d = mat.to(torch.int64).view(-1, checksum_module.SUMS, checksum_module.DIGITS)
     assert int(d.min()) >= -64 and int(d.max()) <= 63
-    assert torch.equal((d * torch.tensor([128 ** k for k in range(checksum_module.DIGITS)])).sum(2), v)
+    v = (d * torch.tensor([128 ** k for k in range(checksum_module.DIGITS)])).sum(2)
     assert bool((v.abs() <= P // 2).all())
     w = checksum_module._table()
     assert torch.equal(v[0::2] % P, w) and torch.equal(v[1::2] % P, w * 256 % P)

@@ -1,8 +1,9 @@
 """Checksums of byte buffers with proven detection guarantees, exact in integer arithmetic (CPU or CUDA).
 
-A buffer of ``n`` bytes is read as ``N = ceil(n / 2)`` little-endian 16-bit limbs ``x_0 .. x_{N-1}``
-(a zero byte pads an odd length). With the prime ``p = 2**31 - 1`` and ``u_i = i + 1`` the checksum is
-eight residues modulo ``p``:
+A buffer of ``n`` bytes is read as ``N = ceil(n / 2)`` limbs ``x_i = s(b_2i) + 256 s(b_2i+1)``, each
+byte ``b`` taken as its two's-complement value ``s(b)`` in ``[-128, 127]`` (a zero byte pads an odd
+length; a limb is in ``[-32896, 32639]`` and determines its two bytes). With the prime
+``p = 2**31 - 1`` and ``u_i = i + 1`` the checksum is eight residues modulo ``p``:
 
     S_m = sum_i u_i**m * x_i        for m = 0 .. 4      (moments)
     R_k = sum_i r_k(i) * x_i + n * L_k   for k = 0 .. 2  (pseudo-random weights, the length mixed in)
@@ -13,9 +14,9 @@ returned as ``WORDS = 4`` int64 (two 31-bit residues per word; ``SUM_BYTES = 32`
 Guarantees (proofs in docs/checksums.md; every one is a property test in tests/test_checksum.py), for
 buffers of fewer than ``p - 1`` limbs (4 GiB):
 
-1. **Any change of at most 5 limbs anywhere is detected**: the change vector ``d`` (``0 < |d_i| < 2**16``,
-   so ``d_i != 0 mod p``) has at most 5 non-zero entries at distinct positions ``u_i < p``; the 5x5
-   Vandermonde matrix of ``(u_i ** m)`` is invertible mod ``p``, so ``S_0 .. S_4`` cannot all be unchanged.
+1. **Any change of at most 5 limbs anywhere is detected**: the change vector ``d`` (a limb's value
+   determines its bytes, so ``0 < |d_i| < 2**16`` and ``d_i != 0 mod p``) has at most 5 non-zero entries
+   at distinct positions ``u_i < p``; the 5x5 Vandermonde matrix of ``(u_i ** m)`` is invertible mod ``p``, so ``S_0 .. S_4`` cannot all be unchanged.
    Hence every change of up to 5 bits, of up to 5 bytes, of one or two fp32/int32 elements, of one 8-byte
    word, of up to five bf16/fp16/fp8/int8 elements.
 2. **Any swap of two different non-overlapping blocks of at most 4 limbs** (two 2-, 4- or 8-byte words,
@@ -38,19 +39,20 @@ by rows: within a row starting at limb ``q`` (a multiple of ``R``, itself a mult
 ``w_k(t) = t_k[t mod 64] * g_k**(t div 64)``. So each row needs its eight row-local sums, which are one
 matrix product of the rows with a fixed ``[R, 8]`` weight table, exact in one of two ways:
 
-* **int8** (the CPU, where ``torch._int_mm`` exists and passes a probe): the rows' bytes ``b`` are read
-  as ``b - 128`` (an XOR with 0x80) in int8, and each weight per *byte* (``w`` for a limb's low byte,
-  ``256 w mod p`` for its high byte, taken in ``(-p, p)``) is written in five balanced base-128 digits
-  in ``[-64, 63]``: ``[rows, 2R] int8 @ [2R, 40] int8 -> int32``. Every product is at most ``2**13`` in
+* **int8** (the CPU, where ``torch._int_mm`` exists and passes a probe): the rows' bytes are read as
+  int8 where they lie (runs of whole rows are views of the buffer, no copy; only a segment's partial
+  last row, or rows too scattered to read one by one, are gathered), and each weight per *byte*
+  (``w`` for a limb's low byte, ``256 w mod p`` for its high byte, taken in ``(-p, p)``) is written in
+  five balanced base-128 digits in ``[-64, 63]``: ``[rows, 2R] int8 @ [2R, 40] int8 -> int32``. Every product is at most ``2**13`` in
   magnitude and every sum at most ``2R * 2**13 <= 2**29``, so no int32 overflows; a kernel that shifts the
   data to unsigned bytes and adds pairs of products in int16 (CPUs without VNNI) stays below
-  ``2 * 255 * 64 < 2**15``. In int64 the digits are recombined
-  (``< 2**60``) and ``128 * sum(weights)`` added back for the shift.
-* **float64** (CUDA, and the fallback): the limbs as float64 times the weights split into 16-bit halves
-  (``w = w_hi * 2**16 + w_lo``, ``w_lo < 2**16``, ``w_hi < 2**15``): ``[rows, R] @ [R, 16]``, every product
-  ``< 2**32`` and every row sum ``< R * 2**32 <= 2**47``: integers below ``2**53``, which float64 holds
-  exactly whatever the BLAS's summation order, blocking or use of FMA (CPU BLAS and cuBLAS alike;
-  float64 has no TF32-style reduced mode).
+  ``2 * 255 * 64 < 2**15``. In int64 the digits are recombined (``< 2**61`` in magnitude).
+* **float64** (CUDA, and the fallback): the limbs (``s(lo) + 256 s(hi)``, ``|x| <= 32896``) as float64
+  times the weights split into 16-bit halves (``w = w_hi * 2**16 + w_lo``, ``w_lo < 2**16``,
+  ``w_hi < 2**15``): ``[rows, R] @ [R, 16]``, every product ``< 2**32`` in magnitude and every row sum
+  ``< R * 2**32 <= 2**47``: integers below ``2**53``, which float64 holds exactly whatever the BLAS's
+  summation order, blocking or use of FMA (CPU BLAS and cuBLAS alike; float64 has no TF32-style
+  reduced mode).
 
 Both are exact, so they give the same value bit for bit (tests compare them, and CUDA with pinned
 values). The rest is int64 residue arithmetic below ``2**63``: each row's moments shifted to its place
@@ -125,8 +127,9 @@ def _row_length(sizes: list[int]) -> int:
 
 
 def _chunk_limbs(device: torch.device, int8: bool) -> int:
-    """Limbs per pass, bounding the temporaries: 2 bytes a limb on the int8 path (8 MiB: larger int8
-    matmuls run faster), 12 on the float64 path (24 MiB; 200 MiB on CUDA)."""
+    """Rows per pass, in limbs, bounding the temporaries: on the int8 path 8 MiB of data (larger int8
+    matmuls run faster; rows read in place cost nothing, gathered ones 2 bytes a limb), on the float64
+    path 10 bytes a limb (20 MiB on the CPU; 160 MiB on CUDA)."""
     if device.type == "cuda":
         return 1 << 24
     return 1 << 22 if int8 else 1 << 21
@@ -148,15 +151,15 @@ def _float_weights(R: int, device: torch.device) -> torch.Tensor:
     return _float_cache[key]
 
 
-_int8_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_int8_full: list[tuple[torch.Tensor, torch.Tensor]] = []
+_int8_cache: dict[tuple, torch.Tensor] = {}
+_int8_full: list[torch.Tensor] = []
 
 
-def _int8_table() -> tuple[torch.Tensor, torch.Tensor]:
+def _int8_table() -> torch.Tensor:
     """For a row of ROW limbs, on the CPU: int8 [2 ROW, 40], per byte each of the eight weights (``w``
     for a limb's low byte, ``256 w mod p`` for its high byte, as a value in (-p, p)) in five balanced
-    base-128 digits in [-64, 63], a weight's five digits side by side; int64 [2 ROW, 8]: the values.
-    A shorter row's table is its first 2R rows (the weights are row-local)."""
+    base-128 digits in [-64, 63], a weight's five digits side by side. A shorter row's table is its
+    first 2R rows (the weights are row-local)."""
     if not _int8_full:
         w = _table()
         v = torch.stack([w, w * 256 % P], 1).reshape(2 * ROW, SUMS)  # byte 2t: w(t); byte 2t+1: 256 w(t)
@@ -169,17 +172,15 @@ def _int8_table() -> tuple[torch.Tensor, torch.Tensor]:
             rest = (rest - d) // 128
         if bool((rest != 0).any()):
             raise AssertionError("checksum weights need more than five base-128 digits")
-        _int8_full.append((torch.stack(digits, 2).reshape(2 * ROW, SUMS * DIGITS).to(torch.int8), v))
+        _int8_full.append(torch.stack(digits, 2).reshape(2 * ROW, SUMS * DIGITS).to(torch.int8))
     return _int8_full[0]
 
 
-def _int8_weights(R: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 digits [2R, 40] of a row of R limbs (``_int8_table``), and int64 [8]: ``128 * sum`` of
-    each weight over the row's bytes (adds back the XOR's shift of the data)."""
+def _int8_weights(R: int, device: torch.device) -> torch.Tensor:
+    """The int8 digits [2R, 40] of a row of R limbs (``_int8_table``)."""
     key = _key(device) + (R,)
     if key not in _int8_cache:
-        mat, v = _int8_table()
-        _int8_cache[key] = (mat[: 2 * R].to(device), (128 * v[: 2 * R].sum(0)).to(device))
+        _int8_cache[key] = _int8_table()[: 2 * R].to(device)
     return _int8_cache[key]
 
 
@@ -205,9 +206,13 @@ def _use_int8(device: torch.device) -> bool:
     return _int8_ok[key]
 
 
-_VIEW_RUNS = 32  # up to this many runs of consecutive rows (or partial rows) per pass: one by one
+_VIEW_RUNS = 32  # up to this many runs of gathered rows are copied one by one
 _RUN_ROWS = 4  # ... or any number of runs of this many rows on average (one copy per run beats a gather)
-_ROW_FILLS = 256  # up to this many partial rows per pass are cleared one by one (else one mask: 3 passes)
+_ROW_FILLS = 256  # up to this many partial rows per pass are cleared one by one (else one mask: 2 passes)
+_DIRECT_ROWS = 64  # a run of at least this many whole rows goes to the product in place (shorter ones
+#                    are gathered: every product call packs the [2R, 40] weights once, ~20 rows' work)
+_DIRECT_BYTES = 64 << 20  # the int8 path's rows per product call read in place (its only temporary is
+#                            the [rows, 40] int32 result); the float64 path keeps to its passes
 
 
 _patterns: dict[tuple, torch.Tensor] = {}
@@ -222,23 +227,22 @@ def _keep(valid: torch.Tensor, W: int, dev: torch.device) -> torch.Tensor:
     return torch.index_select(pat.unfold(0, W, 1), 0, (W - valid).to(dev))
 
 
-def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, flip: int) -> None:
-    """``out`` (uint8 [m, W]) <- m rows of bytes XOR ``flip``: row i holds the ``valid[i]`` bytes from byte
-    ``start[i]`` of ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). A few
-    runs of consecutive rows, or runs of several rows each, are read as views; otherwise one ``index_select`` of W-byte windows (rows
-    that run past the buffer's end from a padded copy of its last W bytes). The bytes past ``valid`` are
-    cleared row by row when few rows are partial, else with one mask (``_keep``)."""
+def _gather(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor) -> None:
+    """``out`` (uint8 [m, W]) <- m rows: row i holds the ``valid[i]`` bytes from byte ``start[i]`` of
+    ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). A few runs of
+    consecutive rows, or runs of several rows each, are copied run by run; otherwise one
+    ``index_select`` of W-byte windows (rows that run past the buffer's end from a padded copy of its
+    last W bytes). The bytes past ``valid`` are cleared row by row when few rows are partial, else
+    with one mask (``_keep``)."""
     dev = buf.device
     W = out.shape[1]
     n = buf.numel()
     inside = start + W <= n
     runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + W])).flatten().tolist()
-    part = torch.nonzero(valid < W).flatten()
-    few = part.numel() <= _ROW_FILLS
     if (len(runs) <= _VIEW_RUNS or start.numel() >= _RUN_ROWS * len(runs)) and bool(inside.all()):
         for a, b in zip(runs, runs[1:] + [start.numel()]):
             s0 = int(start[a])
-            torch.bitwise_xor(buf[s0 : s0 + (b - a) * W].view(b - a, W), flip if few else 0, out=out[a:b])
+            out[a:b].copy_(buf[s0 : s0 + (b - a) * W].view(b - a, W))
     else:
         if n >= W:
             torch.index_select(buf.unfold(0, W, 1), 0, start.clamp(max=n - W).to(dev), out=out)
@@ -248,38 +252,90 @@ def _fill(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torc
             tail = torch.zeros(2 * W, dtype=torch.uint8, device=dev)
             tail[: n - lo] = buf[lo:]
             out.index_copy_(0, outside.to(dev), tail.unfold(0, W, 1)[(start[outside] - lo).to(dev)])
-        if flip and few:
-            out.bitwise_xor_(flip)
-    if few:
+    part = torch.nonzero(valid < W).flatten()
+    if part.numel() <= _ROW_FILLS:
         for i in part.tolist():
-            out[i, int(valid[i]):] = flip
+            out[i, int(valid[i]):] = 0
     else:
         out.bitwise_and_(_keep(valid, W, dev))
-        if flip:
-            out.bitwise_xor_(flip)
+
+
+def _product(x: torch.Tensor, R: int, int8: bool, out: torch.Tensor) -> None:
+    """``out`` <- the row-local sums of the rows ``x`` (uint8 [m, 2R], contiguous) in the path's raw form:
+    int32 [m, 40] digit sums (int8), or float64 [m, 16] sums of the weights' 16-bit halves (float64)."""
+    b = x.view(torch.int8)  # every byte as its two's-complement value
+    if int8:
+        torch._int_mm(b, _int8_weights(R, x.device), out=out)
+    else:
+        pairs = b.view(x.shape[0], R, 2)
+        limbs = pairs[:, :, 1].double().mul_(256).add_(pairs[:, :, 0])  # s(lo) + 256 s(hi)
+        torch.mm(limbs, _float_weights(R, x.device), out=out)
+
+
+def _residues(raw: torch.Tensor, int8: bool) -> torch.Tensor:
+    """``_product``'s raw row sums -> int64 [m, 8] residues mod p."""
+    if int8:
+        return (raw.to(torch.int64).view(-1, SUMS, DIGITS) * _PLACES.to(raw.device)).sum(2) % P  # |.| < 2**61
+    m = raw.to(torch.int64)  # |.| < R * 2**32 <= 2**47 each
+    return (m[:, SUMS:] * 65536 + m[:, :SUMS]) % P  # |hi| * 2**16 < 2**63
+
+
+def _direct_runs(start: torch.Tensor, valid: torch.Tensor, W: int) -> list[tuple[int, int]]:
+    """Runs ``(a, b)`` of at least ``_DIRECT_ROWS`` rows a..b-1 that are whole (``W`` valid bytes) and
+    follow one another in the buffer: read in place."""
+    whole = valid == W
+    if int(whole.sum()) < _DIRECT_ROWS:
+        return []
+    first = whole.clone()
+    first[1:] &= ~(whole[:-1] & (start[1:] == start[:-1] + W))
+    a = torch.nonzero(first).flatten()
+    b = torch.cat([a[1:], torch.tensor([start.numel()])])
+    nw = torch.cumsum(whole, 0)
+    count = nw[b - 1] - torch.where(a > 0, nw[(a - 1).clamp(min=0)], 0)  # the whole rows that begin the run
+    keep = count >= _DIRECT_ROWS
+    return list(zip(a[keep].tolist(), (a + count)[keep].tolist()))
 
 
 def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int, int8: bool) -> torch.Tensor:
-    """[rows, 8] residues per row of ``2R`` bytes (see ``_fill``): its eight row-local sums."""
+    """[rows, 8] residues per row of ``2R`` bytes (row i: the ``valid[i]`` bytes from ``start[i]``, then
+    zeros): its eight row-local sums. Long runs of whole consecutive rows go to the matrix product as
+    views of ``buf`` (no copy); the other rows are gathered into a scratch block (``_gather``), a pass
+    of at most ``_chunk_limbs`` at a time."""
     dev = buf.device
     rows = start.numel()
     res = torch.empty(rows, SUMS, dtype=torch.int64, device=dev)
     if rows == 0:
         return res
+    W = 2 * R
     step = max(1, _chunk_limbs(dev, int8) // R)
-    xb = torch.empty(min(rows, step), 2 * R, dtype=torch.uint8, device=dev)
+    raw = torch.empty(rows, SUMS * DIGITS if int8 else 2 * SUMS, dtype=torch.int32 if int8 else torch.float64,
+                      device=dev)
+    direct = torch.zeros(rows, dtype=torch.bool)
+    piece = max(step, _DIRECT_BYTES // W) if int8 else step
+    for a, b in _direct_runs(start, valid, W):
+        direct[a:b] = True
+        for a0 in range(a, b, piece):
+            b0 = min(b, a0 + piece)
+            s0 = int(start[a0])
+            _product(buf[s0 : s0 + (b0 - a0) * W].view(b0 - a0, W), R, int8, raw[a0:b0])
+    rest = torch.nonzero(~direct).flatten()
+    if rest.numel() == rows:  # every row gathered: passes of consecutive rows, no index
+        scratch = torch.empty(min(rows, step), W, dtype=torch.uint8, device=dev)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            _gather(scratch[: r1 - r0], buf, start[r0:r1], valid[r0:r1])
+            _product(scratch[: r1 - r0], R, int8, raw[r0:r1])
+    elif rest.numel():
+        scratch = torch.empty(min(rest.numel(), step), W, dtype=torch.uint8, device=dev)
+        for r0 in range(0, rest.numel(), step):
+            idx = rest[r0 : r0 + step]
+            x = scratch[: idx.numel()]
+            _gather(x, buf, start[idx], valid[idx])
+            got = torch.empty((idx.numel(),) + raw.shape[1:], dtype=raw.dtype, device=dev)
+            _product(x, R, int8, got)
+            raw.index_copy_(0, idx.to(dev), got)
     for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        x = xb[: r1 - r0]
-        _fill(x, buf, start[r0:r1], valid[r0:r1], 0x80 if int8 else 0)
-        if int8:
-            mat, shift = _int8_weights(R, dev)  # the rows hold b ^ 0x80, read as int8: b - 128
-            d = torch._int_mm(x.view(torch.int8), mat).to(torch.int64).view(r1 - r0, SUMS, DIGITS)
-            res[r0:r1] = ((d * _PLACES.to(dev)).sum(2) + shift) % P  # |.| < 2**61
-        else:
-            limbs = x.view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF).double()
-            m = (limbs @ _float_weights(R, dev)).to(torch.int64)  # < R * 2**32 <= 2**47 each
-            res[r0:r1] = (m[:, SUMS:] * 65536 + m[:, :SUMS]) % P  # hi * 2**16 < 2**62
+        res[r0 : r0 + step] = _residues(raw[r0 : r0 + step], int8)
     return res
 
 
