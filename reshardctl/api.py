@@ -33,7 +33,7 @@ from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import attach_groups, settle
+from reshardctl.runtime.groups import abort_data_plane, attach_groups, settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -138,9 +138,9 @@ class Refitter:
             for x in tensors[t.name]:
                 if not isinstance(x, torch.Tensor):
                     raise TransferError(f"{what}[{t.name!r}] holds a {type(x).__name__}, expected tensors")
-                if str(x.dtype).removeprefix("torch.") != t.dtype or x.device.type != self.groups.device.type:
+                if str(x.dtype).removeprefix("torch.") != t.dtype or not _on(x.device, self.groups.device):
                     raise TransferError(f"{what}[{t.name!r}]: {x.dtype} on {x.device}, expected torch.{t.dtype} "
-                                        f"on {self.groups.device.type}")
+                                        f"on {self.groups.device}")
         weights = LocalWeights(self.model, self._holdings,
                                {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
         if got is not None:  # new tensors: views of the old ones must not keep them alive
@@ -154,7 +154,8 @@ class Refitter:
         if self._arena_flat is None or self._arena_flat[0] is not new.data:
             self._arena_flat = (new.data, [v for i in self._holdings for v in new.data[i]])
         dst = self._bound["local_dst"][2]
-        torch._foreach_copy_(dst, self._arena_flat[1])
+        with torch.no_grad():  # the caller's tensors may be parameters that require grad
+            torch._foreach_copy_(dst, self._arena_flat[1])
 
     def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
               local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0) -> IterationReport:
@@ -182,6 +183,8 @@ class Refitter:
             if missing:
                 raise TransferError(f"refit of step {step}: rank(s) {missing} did not settle after the failed "
                                     f"refit within {self.timeout_s:g} s; the Refitter cannot rebuild its groups")
+        if self.groups.device.type == "cuda":  # ops a failed attempt left posted end with our communicators
+            abort_data_plane(self.groups)
         self._retired.append(self.groups)
         self._attempt += 1
         self._build()
@@ -221,3 +224,11 @@ class Refitter:
     def close(self) -> None:
         self.events.close()
         self.pool.clear()
+
+
+def _on(where: torch.device, device: torch.device) -> bool:
+    """A tensor on ``where`` is on the rank's ``device``: the same type, and on CUDA the same index (a
+    tensor on another GPU would be read by this GPU's streams with no order against its own)."""
+    if where.type != device.type:
+        return False
+    return device.type != "cuda" or device.index is None or where.index == device.index

@@ -36,15 +36,18 @@ def _corrupt_once(step: int):
 
 def _update(local, holdings, by_name, step: int, how: str) -> dict:
     """The caller's tensors at ``step``: new tensors (``new``), the same tensors written in place
-    (``in_place``, as an optimizer does), or the same tensor objects moved to new storage (``set_``)."""
+    (``in_place``, as an optimizer does; ``parameters``: ``nn.Parameter``s that require grad, written
+    under ``no_grad`` as an optimizer step does), or the same tensor objects moved to new storage
+    (``set_``)."""
     if how == "new":
         return {n: [synthetic_region(by_name[n], b, step) for b in boxes] for n, boxes in holdings.items()}
-    for n, boxes in holdings.items():
-        for b, t in zip(boxes, local[n]):
-            if how == "in_place":
-                t.copy_(synthetic_region(by_name[n], b, step))
-            else:
-                t.set_(synthetic_region(by_name[n], b, step))
+    with torch.no_grad():
+        for n, boxes in holdings.items():
+            for b, t in zip(boxes, local[n]):
+                if how in ("in_place", "parameters"):
+                    t.copy_(synthetic_region(by_name[n], b, step))
+                else:
+                    t.set_(synthetic_region(by_name[n], b, step))
     return local
 
 
@@ -62,6 +65,8 @@ def _rank(rank: int, world: int, port: int, cfg: str, transport: str, corrupt: i
         trainer = rank < plan.train_world
         # the caller's own tensors: inference ranks start on step-0 weights
         local = {n: [synthetic_region(by_name[n], b, 0) for b in boxes] for n, boxes in holdings.items()}
+        if how == "parameters":  # a model's own parameters, on both sides
+            local = {n: [torch.nn.Parameter(t) for t in ts] for n, ts in local.items()}
         results = []
         for step in (1, 2, 3) if corrupt is not None else (1, 2):
             try:
@@ -109,12 +114,14 @@ def test_refit_in_caller_processes(tmp_path, transport):
         assert [ok for _, ok, _ in res[r]] == [True, True]
 
 
-@pytest.mark.parametrize("how", ["in_place", "set_"])
+@pytest.mark.parametrize("how", ["in_place", "set_", "parameters"])
 def test_the_same_tensors_again_are_read_afresh(tmp_path, how):
     """The Refitter reuses what it built for the caller's tensors while they are the same tensors at the
     same addresses (api.py ``_local``; the executor's piece views): values written in place between
     refits must still travel, and tensors moved to new storage (``set_``: same objects, new
-    addresses; inference ranks move theirs before step 2) must be read and written at their new place."""
+    addresses; inference ranks move theirs before step 2) must be read and written at their new place.
+    ``parameters``: both sides hand over ``nn.Parameter``s that require grad (a model's own weights);
+    the commit writes into them without autograd complaining about an in-place write to a leaf."""
     res = _run(tmp_path, "reshard", how=how)
     for r in (2, 3):
         assert res[r] == [(1, True, 1), (2, True, 2)]

@@ -3,6 +3,7 @@ checksum per tensor (``SUM_BYTES``, checksum.py), written by the root and checke
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -44,14 +45,23 @@ def trailer_view(layout: Layout, buf: torch.Tensor) -> torch.Tensor:
 
 
 def write_trailer(buf: torch.Tensor, layout: Layout, sums: torch.Tensor) -> None:
-    """The items' checksums into the trailer; the alignment padding zeroed (deterministic wire bytes)."""
+    """The items' checksums into the trailer; the alignment padding zeroed (deterministic wire bytes) in
+    one indexed fill, whatever the number of items."""
     if not len(layout.sizes):
         return
-    gaps = buf[: layout.trailer]
-    for off, n, nxt in zip(layout.offsets, layout.sizes, layout.offsets[1:] + (layout.trailer,)):
-        if off + n < nxt:
-            gaps[off + n : nxt].zero_()
+    pad = _padding(layout, buf.device)
+    if pad.numel():
+        buf.index_fill_(0, pad, 0)
     trailer_view(layout, buf).copy_(sums)
+
+
+@functools.lru_cache(maxsize=256)
+def _padding(layout: Layout, device: torch.device) -> torch.Tensor:
+    """The positions of every alignment padding byte before the trailer (int64, on ``device``): built
+    once per bucket layout (a bucket is the same at every refit)."""
+    nxt = layout.offsets[1:] + (layout.trailer,)
+    idx = [b for off, n, x in zip(layout.offsets, layout.sizes, nxt) for b in range(off + n, x)]
+    return torch.tensor(idx, dtype=torch.int64).to(device)
 
 
 class BucketTarget:

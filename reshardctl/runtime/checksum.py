@@ -112,6 +112,15 @@ def _table() -> torch.Tensor:
     return _table_cache[0]
 
 
+def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A small CPU tensor (indices, sizes) on ``dev`` without a host sync: on CUDA through pinned memory,
+    non-blocking on the current stream (the caching host allocator keeps the pinned block until the
+    copy is done); a pageable copy would wait for the stream's work, packs included."""
+    if dev.type != "cuda":
+        return t
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
 def _row_length(sizes: list[int]) -> int:
     """Limbs per row (a power of two in [GRAIN, ROW]) that minimises the padded work of segments of these
     byte ``sizes``; Python per distinct size (a bucket of experts has few), not per segment."""
@@ -224,36 +233,39 @@ def _keep(valid: torch.Tensor, W: int, dev: torch.device) -> torch.Tensor:
     pat = _patterns.get(key)
     if pat is None:
         pat = _patterns[key] = torch.cat([torch.full((W,), 0xFF, dtype=torch.uint8), torch.zeros(W, dtype=torch.uint8)]).to(dev)
-    return torch.index_select(pat.unfold(0, W, 1), 0, (W - valid).to(dev))
+    return torch.index_select(pat.unfold(0, W, 1), 0, _to_device(W - valid, dev))
 
 
 def _gather(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor) -> None:
     """``out`` (uint8 [m, W]) <- m rows: row i holds the ``valid[i]`` bytes from byte ``start[i]`` of
-    ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). A few runs of
-    consecutive rows, or runs of several rows each, are copied run by run; otherwise one
-    ``index_select`` of W-byte windows (rows that run past the buffer's end from a padded copy of its
-    last W bytes). The bytes past ``valid`` are cleared row by row when few rows are partial, else
-    with one mask (``_keep``)."""
+    ``buf``, then zero bytes. ``start``, ``valid``: int64 on the CPU (no host sync). On the CPU a few
+    runs of consecutive rows, or runs of several rows each, are copied run by run; otherwise (and
+    always on CUDA) one ``index_select`` of W-byte windows (rows that run past the buffer's end from a
+    padded copy of its last W bytes). The bytes past ``valid`` are cleared row by row when few rows
+    are partial on the CPU, else with one mask (``_keep``)."""
     dev = buf.device
     W = out.shape[1]
     n = buf.numel()
+    cuda = dev.type == "cuda"  # a launch per run or per row costs more there than one gather and one mask
     inside = start + W <= n
     runs = torch.nonzero(torch.cat([torch.tensor([True]), start[1:] != start[:-1] + W])).flatten().tolist()
-    if (len(runs) <= _VIEW_RUNS or start.numel() >= _RUN_ROWS * len(runs)) and bool(inside.all()):
+    if not cuda and (len(runs) <= _VIEW_RUNS or start.numel() >= _RUN_ROWS * len(runs)) and bool(inside.all()):
         for a, b in zip(runs, runs[1:] + [start.numel()]):
             s0 = int(start[a])
             out[a:b].copy_(buf[s0 : s0 + (b - a) * W].view(b - a, W))
     else:
         if n >= W:
-            torch.index_select(buf.unfold(0, W, 1), 0, start.clamp(max=n - W).to(dev), out=out)
+            torch.index_select(buf.unfold(0, W, 1), 0, _to_device(start.clamp(max=n - W), dev), out=out)
         outside = torch.nonzero(~inside).flatten()
         if outside.numel():
             lo = max(0, n - W)
             tail = torch.zeros(2 * W, dtype=torch.uint8, device=dev)
             tail[: n - lo] = buf[lo:]
-            out.index_copy_(0, outside.to(dev), tail.unfold(0, W, 1)[(start[outside] - lo).to(dev)])
+            out.index_copy_(0, _to_device(outside, dev), tail.unfold(0, W, 1)[_to_device(start[outside] - lo, dev)])
     part = torch.nonzero(valid < W).flatten()
-    if part.numel() <= _ROW_FILLS:
+    if not part.numel():
+        return
+    if not cuda and part.numel() <= _ROW_FILLS:
         for i in part.tolist():
             out[i, int(valid[i]):] = 0
     else:
@@ -333,7 +345,7 @@ def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: in
             _gather(x, buf, start[idx], valid[idx])
             got = torch.empty((idx.numel(),) + raw.shape[1:], dtype=raw.dtype, device=dev)
             _product(x, R, int8, got)
-            raw.index_copy_(0, idx.to(dev), got)
+            raw.index_copy_(0, _to_device(idx, dev), got)
     for r0 in range(0, rows, step):
         res[r0 : r0 + step] = _residues(raw[r0 : r0 + step], int8)
     return res
@@ -408,7 +420,8 @@ def _checksums(buf: torch.Tensor, offsets: list[int], sizes: list[int], int8: bo
     valid = (nbytes[seg] - rin * 2 * R).clamp(max=2 * R)
     rows = _row_sums(buf, start, valid, R, int8)
     shifts = torch.stack([_powers(g, rin * (R // GRAIN)) for g in _G], 1)
-    res = _combine(rows, seg.to(dev), rin.to(dev), R, len(sizes), nbytes.to(dev), shifts.to(dev))
+    res = _combine(rows, _to_device(seg, dev), _to_device(rin, dev), R, len(sizes), _to_device(nbytes, dev),
+                   _to_device(shifts, dev))
     return _encode(res)
 
 

@@ -90,13 +90,14 @@ class ChecksumExchange:
         self.settle_all()
         ops = []
         ctrl = self.groups.ctrl
-        keep = []
-        for peer, n in sorted(self.out_messages.items()):
-            items = self.out.get(peer, [])
-            if len(items) != n:
-                raise TransferError(f"rank {self.rank}: {len(items)} checksums for rank {peer}, the program says {n}")
-            v = torch.stack(items).cpu()
-            keep.append(v)
+        peers = sorted(self.out_messages.items())
+        for peer, n in peers:
+            if len(self.out.get(peer, [])) != n:
+                raise TransferError(f"rank {self.rank}: {len(self.out.get(peer, []))} checksums for rank {peer}, "
+                                    f"the program says {n}")
+        # every peer's checksums to the host in one copy (one sync on a GPU), then one message per peer
+        keep = torch.stack([x for peer, _ in peers for x in self.out[peer]]).cpu().split([n for _, n in peers]) if peers else ()
+        for (peer, _), v in zip(peers, keep):
             ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
         for peer, n in sorted(self.in_messages.items()):
             v = torch.empty(n, WORDS, dtype=torch.int64)
@@ -113,21 +114,26 @@ class ChecksumExchange:
             raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
 
     def failures(self, limit: int = 20) -> list[str]:
-        """Every comparison of this refit (one host sync): received messages, then local copies."""
+        """Every comparison of this refit (one host sync): local copies, then received messages."""
         checks = list(self.local)
+        received = []  # (peer, the checksums received from it, descriptions)
         for peer, items in sorted(self.inn.items()):
             want = self._got.get(peer)
-            whats = self.whats.get(peer, [])
             if want is None or want.shape[0] != len(items) or any(x is None for x in items):
                 n = 0 if want is None else want.shape[0]
                 checks.append((torch.ones(1, dtype=torch.bool),
                                [lambda p=peer, k=len(items), n=n: f"checksums from rank {p}: {k} messages arrived, {n} checksums"]))
                 continue
-            got = torch.stack(items).cpu()
-            checks.append(((got != want).any(1), whats))
+            received.append((peer, want, self.whats.get(peer, [])))
+        # what this rank computed (the local flags, its own checksums of what it received) to the host
+        # in one copy: one sync on a GPU, not one per check or per peer
+        host = _to_host([m.reshape(-1).to(torch.int64) for m, _ in checks]
+                        + [torch.stack(self.inn[peer]).reshape(-1) for peer, _, _ in received])
+        results = [(h != 0, what) for h, (_, what) in zip(host, checks)]
+        for h, (peer, want, whats) in zip(host[len(checks):], received):
+            results.append(((h.view(want.shape) != want).any(1), whats))
         out = []
-        for mismatch, what in checks:
-            mismatch = mismatch.cpu()
+        for mismatch, what in results:
             if not bool(mismatch.any()):  # the usual case: no Python per item
                 continue
             for bad, w in zip(mismatch.tolist(), what):
@@ -136,3 +142,14 @@ class ChecksumExchange:
                     if len(out) >= limit:
                         return out
         return out
+
+
+def _to_host(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` (1-D int64) on the CPU, in order: those on a device copied together, in one transfer."""
+    on_dev = [i for i, x in enumerate(parts) if x.device.type != "cpu"]
+    out = list(parts)
+    if on_dev:
+        host = torch.cat([parts[i] for i in on_dev]).cpu().split([parts[i].numel() for i in on_dev])
+        for i, h in zip(on_dev, host):
+            out[i] = h
+    return out

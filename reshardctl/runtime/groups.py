@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -131,13 +132,15 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
     device = _device(env)
     timeout = timedelta(seconds=timeout_s)
-    if env.backend == "nccl":
-        # abort the communicator on a timeout or error instead of killing the process (torch's default)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     try:
-        kwargs = {"device_id": device} if env.backend == "nccl" else {}
-        dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
-                                rank=env.global_rank, world_size=env.world_size, timeout=timeout, **kwargs)
+        if env.backend == "nccl":  # the default group is ours: its errors abort it, not the process
+            with nccl_error_handling():
+                dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+                                        rank=env.global_rank, world_size=env.world_size, timeout=timeout,
+                                        device_id=device)
+        else:
+            dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+                                    rank=env.global_rank, world_size=env.world_size, timeout=timeout)
     except RuntimeError as exc:
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
     groups = attach_groups(env, plan, device, timeout_s)
@@ -146,24 +149,49 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     return groups
 
 
+@contextlib.contextmanager
+def nccl_error_handling():
+    """``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` while reshardctl's NCCL groups are built (each reads it when
+    it is created): a timed-out or failed communicator of ours is aborted and the process lives on to
+    report and vote. Torch's default (3) tears the process down; the RL framework's own groups keep it."""
+    old = os.environ.get(_ERROR_HANDLING)
+    os.environ[_ERROR_HANDLING] = "2"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_ERROR_HANDLING, None)
+        else:
+            os.environ[_ERROR_HANDLING] = old
+
+
+_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
 def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *, own_data: bool = False) -> Groups:
     """On an initialised default group (ours, or an RL framework's): the control group, the data group
     (the default group, or with ``own_data`` a fresh one, which the API rebuilds after a failure) and the
     plan's broadcast sub-groups (collective: every rank calls this in the same order); then a check that
-    every rank is there."""
+    every rank is there. On NCCL the groups are built with ``nccl_error_handling`` and bound to the
+    device (``device_id``: their communicators are set up now, in the same order on every rank, not
+    lazily at a first broadcast outside any deadline)."""
     timeout = timedelta(seconds=timeout_s)
+    nccl = env.backend == "nccl"
+    bind = {"device_id": device} if nccl else {}
     try:
         groups = Groups(env, device, timeout)
         ranks = list(range(env.world_size))
         groups.ctrl = dist.new_group(ranks, timeout=timeout, backend="gloo")
-        groups.data = dist.new_group(ranks, timeout=timeout, backend=env.backend) if own_data else dist.group.WORLD
-        for members in broadcast_groups(plan):
-            if len(members) == env.world_size:
-                pg = groups.data
-            else:
-                pg = dist.new_group(list(members), timeout=timeout, backend=env.backend)
-            if env.global_rank in members:
-                groups.broadcast[members] = pg
+        with nccl_error_handling() if nccl else contextlib.nullcontext():
+            groups.data = (dist.new_group(ranks, timeout=timeout, backend=env.backend, **bind) if own_data
+                           else dist.group.WORLD)
+            for members in broadcast_groups(plan):
+                if len(members) == env.world_size:
+                    pg = groups.data
+                else:
+                    pg = dist.new_group(list(members), timeout=timeout, backend=env.backend, **bind)
+                if env.global_rank in members:
+                    groups.broadcast[members] = pg
         probe = torch.ones(1)
         dist.all_reduce(probe, group=groups.ctrl)
         if int(probe.item()) != env.world_size:
@@ -243,7 +271,7 @@ def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> N
             if rec is not None:
                 raise Abandoned(f"{what}: stopped waiting: {rec}")
         if now > end:
-            abort_data_plane()
+            abort_data_plane(groups)
             raise TransferError(f"{what}: not complete within {timeout_s:g} s")
 
 
@@ -296,14 +324,43 @@ def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> No
         raise err[0]
 
 
-def abort_data_plane() -> None:
-    """Abort every NCCL communicator of this process (torch's private abort; best effort)."""
+def abort_data_plane(groups: "Groups") -> None:
+    """Abort reshardctl's NCCL communicators (torch's private abort; best effort). Where reshardctl owns
+    the default group (its own ranks: the data plane is WORLD) that is every group of the process; under
+    the API only the groups it created (``own_groups``), never the RL framework's, in one NCCL group
+    call as torch aborts several communicators (aborted one by one they can wait on each other)."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None:
-        try:
+    if abort is None:
+        return
+    try:
+        if groups.data is dist.group.WORLD:
             abort()
-        except Exception:  # noqa: BLE001 - best effort: the process must go on to report
-            pass
+            return
+        try:
+            backend = groups.data._get_backend(torch.device("cuda"))
+        except RuntimeError:  # no NCCL backend on this group
+            backend = None
+        grouped = hasattr(backend, "_group_start")
+        if grouped:
+            backend._group_start()
+        try:
+            for pg in own_groups(groups):
+                abort(pg)
+        finally:
+            if grouped:
+                backend._group_end()
+    except Exception:  # noqa: BLE001 - best effort: the process must go on to report
+        pass
+
+
+def own_groups(groups: "Groups") -> list:
+    """The data-plane groups reshardctl created (its data group and broadcast sub-groups), each once;
+    never the default group (WORLD), which is the RL framework's under the API."""
+    out: list = []
+    for pg in [groups.data, *groups.broadcast.values()]:
+        if pg is not None and pg is not dist.group.WORLD and all(pg is not q for q in out):
+            out.append(pg)
+    return out
 
 
 def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:

@@ -1,0 +1,79 @@
+"""What reshardctl aborts and how it builds its NCCL groups when a wait overruns (runtime/groups.py):
+chosen on real process groups here (gloo, one process), with torch's NCCL-only abort recorded instead
+of run, since no NCCL communicator exists on this machine. Under the API the default group belongs to
+the RL framework and must survive reshardctl's failures; as reshardctl's own ranks it is ours."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from reshardctl.api import _on
+from reshardctl.runtime import groups as groups_module
+
+
+@pytest.fixture
+def world(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _recorded(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda group=None: calls.append(group))
+    return calls
+
+
+def test_under_the_api_only_reshardctls_own_groups_are_aborted(world, monkeypatch):
+    """The API's data group and broadcast sub-groups, each once (a full-world broadcast group IS the data
+    group); never the default group, which would take the framework's groups down with it."""
+    data, sub = dist.new_group([0]), dist.new_group([0])
+    g = types.SimpleNamespace(data=data, broadcast={(0,): sub, (0, 1): data})
+    calls = _recorded(monkeypatch)
+    groups_module.abort_data_plane(g)
+    assert calls == [data, sub]
+    assert None not in calls and dist.group.WORLD not in calls
+
+
+def test_as_its_own_ranks_reshardctl_aborts_every_group(world, monkeypatch):
+    """The CLI's ranks: the data plane is the default group, created by reshardctl: abort all."""
+    g = types.SimpleNamespace(data=dist.group.WORLD, broadcast={(0,): dist.new_group([0])})
+    calls = _recorded(monkeypatch)
+    groups_module.abort_data_plane(g)
+    assert calls == [None]
+
+
+def test_an_abort_that_fails_does_not_stop_the_rank_from_reporting(world, monkeypatch):
+    def boom(group=None):
+        raise RuntimeError("communicator already gone")
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", boom)
+    groups_module.abort_data_plane(types.SimpleNamespace(data=dist.new_group([0]), broadcast={}))
+
+
+@pytest.mark.parametrize("before", [None, "3", "0"])
+def test_nccl_error_handling_is_2_while_groups_are_built_then_the_callers_again(before, monkeypatch):
+    """Each ProcessGroupNCCL reads TORCH_NCCL_ASYNC_ERROR_HANDLING when it is created: reshardctl's get
+    2 (abort the communicator, keep the process), the framework's setting comes back afterwards."""
+    var = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    if before is None:
+        monkeypatch.delenv(var, raising=False)
+    else:
+        monkeypatch.setenv(var, before)
+    with groups_module.nccl_error_handling():
+        assert os.environ[var] == "2"
+    assert os.environ.get(var) == before
+    with pytest.raises(RuntimeError):
+        with groups_module.nccl_error_handling():
+            raise RuntimeError("group creation failed")
+    assert os.environ.get(var) == before
+
+
+def test_a_tensor_on_another_gpu_is_not_on_this_ranks_device():
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    assert _on(cuda0, cuda0) and _on(cpu, cpu)
+    assert not _on(cuda1, cuda0) and not _on(cuda0, cpu) and not _on(cpu, cuda0)
