@@ -350,6 +350,20 @@ def test_rows_read_in_place_match_the_definition(seed, lengths, gaps, chunk, int
     assert sum(b - a for a, b in seen) >= sum(n // 128 for n in lengths if n // 128 >= checksum_module._DIRECT_ROWS)
 
 
+@pytest.mark.parametrize("R", [64, 4096, checksum_module.ROW])
+def test_row_shifts_are_the_powers_they_stand_for(R):
+    """The random weights' shift of a row starting at limb ``j R`` of its segment is ``g_k ** (j R / 64)``
+    mod p: from two cached tables, for rows far past the first table (1,024 rows) and past the
+    second table's size at first use (it grows), checked against Python's ``pow``."""
+    checksum_module._pow_tables.pop(R, None)
+    small = torch.tensor([0, 1, 2, 1023, 1024, 1025])
+    big = torch.tensor([0, 5000, 123_456, 2 ** 20 + 7, 3 * 2 ** 21 - 1])
+    for rin in (small, big, small):
+        got = checksum_module._row_shifts(rin, R)
+        want = [[pow(g, int(j) * (R // 64), P) for g in checksum_module._G] for j in rin]
+        assert got.tolist() == want
+
+
 def _passes_of(limbs: int | None):
     """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
     if limbs is None:

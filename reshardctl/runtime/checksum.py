@@ -55,9 +55,10 @@ matrix product of the rows with a fixed ``[R, 8]`` weight table, exact in one of
   reduced mode).
 
 Both are exact, so they give the same value bit for bit (tests compare them, and CUDA with pinned
-values). The rest is int64 residue arithmetic below ``2**63``: each row's moments shifted to its place
-in the segment, its random sums times ``g_k**(q / 64)``, the rows summed per segment, the length mixed in.
-``checksum`` is the one-segment case.
+values). The rest is int64 residue arithmetic below ``2**63``, a fixed number of kernels per call: each
+row's moments shifted to its place in the segment (one product per power of ``q``), its random sums
+times ``g_k**(q / 64)`` (two lookups in tables cached per row length, not a square-and-multiply per
+exponent bit), the rows summed per segment, the length mixed in. ``checksum`` is the one-segment case.
 """
 
 from __future__ import annotations
@@ -351,37 +352,79 @@ def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: in
     return res
 
 
-def _powers(base: int, exp: torch.Tensor) -> torch.Tensor:
-    """``base ** exp mod p`` per element (square and multiply; ``exp`` int64 >= 0)."""
-    out = torch.ones_like(exp)
-    sq = base
-    for bit in range(int(exp.max()).bit_length() if exp.numel() else 0):
-        out = torch.where((exp >> bit) & 1 == 1, out * sq % P, out)
-        sq = sq * sq % P
-    return out
+_POW_LO = 1 << 10  # row shifts g**(j R/64) = low table [j mod 1024] x high table [j div 1024]
+_pow_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _geometric(bases: list[int], n: int) -> torch.Tensor:
+    """int64 [n, 3]: ``bases[k] ** j mod p`` for j = 0 .. n-1 (doubling: log2(n) products)."""
+    t = torch.ones(1, RANDOM, dtype=torch.int64)
+    while t.shape[0] < n:
+        step = torch.tensor([pow(b, t.shape[0], P) for b in bases], dtype=torch.int64)
+        t = torch.cat([t, t * step % P])
+    return t[:n]
+
+
+def _row_shifts(rin: torch.Tensor, R: int) -> torch.Tensor:
+    """int64 [rows, 3] on the CPU: ``g_k ** (rin * R / 64) mod p``, the random weights' shift for a row
+    that starts at limb ``rin * R`` of its segment: two lookups in tables cached per row length (a
+    high table grown by doubling as longer segments come), whatever the exponents."""
+    need = (int(rin.max()) // _POW_LO + 1) if rin.numel() else 1
+    got = _pow_tables.get(R)
+    if got is None or got[1].shape[0] < need:
+        step = [pow(g, R // GRAIN, P) for g in _G]
+        lo = _geometric(step, _POW_LO)
+        hi = _geometric([pow(x, _POW_LO, P) for x in step], max(need, 2 * got[1].shape[0] if got else 1))
+        got = _pow_tables[R] = (lo, hi)
+    lo, hi = got
+    return lo[rin % _POW_LO] * hi[rin // _POW_LO] % P  # < 2**62
+
+
+_binomial_cache: dict[tuple, list[torch.Tensor]] = {}
+
+
+def _binomial(dev: torch.device) -> list[torch.Tensor]:
+    """Per power ``d`` of the row's start: int64 [5 - d] on ``dev``, ``C(j + d, j)`` for j = 0 .. 4 - d
+    (the factor of the row-local moment ``j`` in moment ``j + d``)."""
+    key = _key(dev)
+    if key not in _binomial_cache:
+        _binomial_cache[key] = [torch.tensor([_BINOM[j + d][j] for j in range(MOMENTS - d)]).to(dev)
+                                for d in range(MOMENTS)]
+    return _binomial_cache[key]
 
 
 def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Tensor, R: int, nseg: int,
              nbytes: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     """Row sums -> per-segment residues [nseg, 8]: moments shifted by the row's start (binomial), random
-    sums times ``shifts`` (``g_k**(start / 64)``, [rows, 3]), summed per segment, the length mixed in."""
+    sums times ``shifts`` (``g_k**(start / 64)``, [rows, 3]), summed per segment, the length mixed in.
+    A fixed number of kernels, whatever the rows and segments."""
     q = (row_in_seg * R) % P  # the row's first position, 0-based in its segment
-    qp = [torch.ones_like(q)]
-    for _ in range(1, MOMENTS):
-        qp.append(qp[-1] * q % P)
-    terms = []
-    for m in range(MOMENTS):  # sum_t (q + t + 1)^m x_t = sum_j C(m,j) q^(m-j) S_j
-        acc = torch.zeros_like(q)
-        for j in range(m + 1):
-            acc = (acc + (_BINOM[m][j] * qp[m - j] % P) * rows[:, j]) % P
-        terms.append(acc)
-    terms += [rows[:, MOMENTS + k] * shifts[:, k] % P for k in range(RANDOM)]
+    # moment m at the row's place: sum_j C(m, j) q^(m-j) S_j, taken by powers d = m - j of q: each
+    # product < 2**62 reduced, times C <= 6, at most five terms summed (< 25 * 2**31) before one reduction
+    moments = rows[:, :MOMENTS].clone()
+    qd = q
+    for d, binom in enumerate(_binomial(rows.device)[1:], start=1):
+        moments[:, d:] += qd[:, None] * rows[:, : MOMENTS - d] % P * binom
+        if d < MOMENTS - 1:
+            qd = qd * q % P
+    moments %= P
+    terms = torch.cat([moments, rows[:, MOMENTS:] * shifts % P], 1)
     out = torch.zeros(nseg, SUMS, dtype=torch.int64, device=rows.device)
-    out.index_add_(0, seg_of_row, torch.stack(terms, 1))  # residues < 2**31, fewer than 2**31 rows
+    out.index_add_(0, seg_of_row, terms)  # residues < 2**31, fewer than 2**31 rows
     out %= P
-    lens = torch.stack([nbytes % P * L % P for L in _L], 1)
+    lens = (nbytes % P)[:, None] * _lengths(rows.device) % P
     out[:, MOMENTS:] = (out[:, MOMENTS:] + lens) % P
     return out
+
+
+_length_cache: dict[tuple, torch.Tensor] = {}
+
+
+def _lengths(dev: torch.device) -> torch.Tensor:
+    key = _key(dev)
+    if key not in _length_cache:
+        _length_cache[key] = torch.tensor(_L, dtype=torch.int64).to(dev)
+    return _length_cache[key]
 
 
 def _encode(res: torch.Tensor) -> torch.Tensor:
@@ -419,7 +462,7 @@ def _checksums(buf: torch.Tensor, offsets: list[int], sizes: list[int], int8: bo
     start = off[seg] + rin * 2 * R
     valid = (nbytes[seg] - rin * 2 * R).clamp(max=2 * R)
     rows = _row_sums(buf, start, valid, R, int8)
-    shifts = torch.stack([_powers(g, rin * (R // GRAIN)) for g in _G], 1)
+    shifts = _row_shifts(rin, R)
     res = _combine(rows, _to_device(seg, dev), _to_device(rin, dev), R, len(sizes), _to_device(nbytes, dev),
                    _to_device(shifts, dev))
     return _encode(res)

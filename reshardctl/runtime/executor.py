@@ -415,9 +415,10 @@ class Executor:
             if bo.sends:  # a trainer sending its pieces to the root (straight from its arena where it can)
                 gp = _Pending("gather", b.index, [b.root])
                 with self._phase("bucket/gather", bucket=b.index, step=self.step_no, peers=[b.root],
-                                       bytes=sum(x.nbytes for x in bo.sends)), self._side():
-                    ops = self._post_sends(bo.sends, self.src, tag, gp, stats)
-                    self._before_post()
+                                       bytes=sum(x.nbytes for x in bo.sends)):
+                    with self._side():
+                        ops = self._post_sends(bo.sends, self.src, tag, gp, stats)
+                    self._before_post()  # posted on the current stream, which waits for the packs (as rounds)
                     works = self._post(ops, f"gather of bucket {b.index}")
                 if self.cuda and bo.member:  # NCCL: the world's gather done before the sub-communicator's broadcast
                     gp.works = works
