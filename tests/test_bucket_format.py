@@ -29,5 +29,7 @@ def test_trailer_and_zeroed_padding_leave_every_payload_byte(sizes, seed):
     assert torch.equal(buf[payload], before[payload])
     assert bool((buf[~payload & ~trailer] == 0).all())
     assert torch.equal(trailer_view(lay, buf), sums)
-    write_trailer(buf, lay, sums)  # the cached padding positions serve the next refit's bucket alike
+    buf[~payload] = 0xA5  # the next refit's bucket, its padding dirty again: the cached positions serve it
+    write_trailer(buf, lay, sums)
     assert torch.equal(buf[payload], before[payload]) and bool((buf[~payload & ~trailer] == 0).all())
+    assert torch.equal(trailer_view(lay, buf), sums)

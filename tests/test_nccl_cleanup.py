@@ -73,6 +73,44 @@ def test_nccl_error_handling_is_2_while_groups_are_built_then_the_callers_again(
     assert os.environ.get(var) == before
 
 
+def test_a_users_own_setting_is_kept_for_reshardctls_own_ranks_only(monkeypatch):
+    var = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    monkeypatch.setenv(var, "1")
+    with groups_module.nccl_error_handling(keep_users=True):
+        assert os.environ[var] == "1"
+    monkeypatch.delenv(var)
+    with groups_module.nccl_error_handling(keep_users=True):
+        assert os.environ[var] == "2"
+    assert var not in os.environ
+
+
+@pytest.mark.parametrize("before", [None, "3"])
+def test_the_apis_nccl_groups_are_built_bound_and_with_error_handling_2(world, monkeypatch, before):
+    """``attach_groups`` as the API calls it (``own_data``) on an NCCL rank: its data group is created
+    with ``device_id`` (where torch takes it) and with the variable at 2, its gloo control group with
+    neither; the framework's value is back afterwards. ``new_group`` is recorded, then built on gloo."""
+    var = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    if before is None:
+        monkeypatch.delenv(var, raising=False)
+    else:
+        monkeypatch.setenv(var, before)
+    calls, real = [], dist.new_group
+
+    def new_group(ranks, **kw):
+        calls.append((kw.get("backend"), kw.pop("device_id", None), os.environ.get(var)))
+        kw["backend"] = "gloo"
+        return real(ranks, **kw)
+    monkeypatch.setattr(dist, "new_group", new_group)
+    env = types.SimpleNamespace(world_size=1, global_rank=0, backend="nccl")
+    plan = types.SimpleNamespace(broadcast_groups=lambda: [(0,)])
+    cpu = torch.device("cpu")
+    groups = groups_module.attach_groups(env, plan, cpu, 30.0, own_data=True)
+    bound = cpu if groups_module._NEW_GROUP_BINDS else None
+    assert calls == [("gloo", None, before), ("nccl", bound, "2")]
+    assert groups.broadcast == {(0,): groups.data} and groups.data is not dist.group.WORLD
+    assert os.environ.get(var) == before
+
+
 def test_a_tensor_on_another_gpu_is_not_on_this_ranks_device():
     cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
     assert _on(cuda0, cuda0) and _on(cpu, cpu)

@@ -221,8 +221,9 @@ _RUN_ROWS = 4  # ... or any number of runs of this many rows on average (one cop
 _ROW_FILLS = 256  # up to this many partial rows per pass are cleared one by one (else one mask: 2 passes)
 _DIRECT_ROWS = 64  # a run of at least this many whole rows goes to the product in place (shorter ones
 #                    are gathered: every product call packs the [2R, 40] weights once, ~20 rows' work)
-_DIRECT_BYTES = 64 << 20  # the int8 path's rows per product call read in place (its only temporary is
-#                            the [rows, 40] int32 result); the float64 path keeps to its passes
+_DIRECT_BYTES = 64 << 20  # the int8 path's bytes per product call read in place (its temporaries are the
+_DIRECT_ROWS_MAX = 1 << 16  # [rows, 40] results, 480 bytes a row with their int64 copy: rows are capped);
+#                             the float64 path keeps to its passes (its limbs are 4x the bytes)
 
 
 _patterns: dict[tuple, torch.Tensor] = {}
@@ -312,8 +313,10 @@ def _direct_runs(start: torch.Tensor, valid: torch.Tensor, W: int) -> list[tuple
 def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int, int8: bool) -> torch.Tensor:
     """[rows, 8] residues per row of ``2R`` bytes (row i: the ``valid[i]`` bytes from ``start[i]``, then
     zeros): its eight row-local sums. Long runs of whole consecutive rows go to the matrix product as
-    views of ``buf`` (no copy); the other rows are gathered into a scratch block (``_gather``), a pass
-    of at most ``_chunk_limbs`` at a time."""
+    views of ``buf`` (no copy); the other rows are gathered into a scratch block (``_gather``). Each
+    product call takes at most ``_chunk_limbs`` limbs of gathered rows, or ``_DIRECT_BYTES`` read in
+    place in at most ``_DIRECT_ROWS_MAX`` rows, and is reduced to residues at once, so the
+    temporaries stay bounded whatever the buffer."""
     dev = buf.device
     rows = start.numel()
     res = torch.empty(rows, SUMS, dtype=torch.int64, device=dev)
@@ -321,35 +324,37 @@ def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: in
         return res
     W = 2 * R
     step = max(1, _chunk_limbs(dev, int8) // R)
-    raw = torch.empty(rows, SUMS * DIGITS if int8 else 2 * SUMS, dtype=torch.int32 if int8 else torch.float64,
-                      device=dev)
     direct = torch.zeros(rows, dtype=torch.bool)
-    piece = max(step, _DIRECT_BYTES // W) if int8 else step
+    piece = max(step, min(_DIRECT_BYTES // W, _DIRECT_ROWS_MAX)) if int8 else step
     for a, b in _direct_runs(start, valid, W):
         direct[a:b] = True
         for a0 in range(a, b, piece):
             b0 = min(b, a0 + piece)
             s0 = int(start[a0])
-            _product(buf[s0 : s0 + (b0 - a0) * W].view(b0 - a0, W), R, int8, raw[a0:b0])
+            res[a0:b0] = _sums_of(buf[s0 : s0 + (b0 - a0) * W].view(b0 - a0, W), R, int8)
     rest = torch.nonzero(~direct).flatten()
     if rest.numel() == rows:  # every row gathered: passes of consecutive rows, no index
         scratch = torch.empty(min(rows, step), W, dtype=torch.uint8, device=dev)
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             _gather(scratch[: r1 - r0], buf, start[r0:r1], valid[r0:r1])
-            _product(scratch[: r1 - r0], R, int8, raw[r0:r1])
+            res[r0:r1] = _sums_of(scratch[: r1 - r0], R, int8)
     elif rest.numel():
         scratch = torch.empty(min(rest.numel(), step), W, dtype=torch.uint8, device=dev)
         for r0 in range(0, rest.numel(), step):
             idx = rest[r0 : r0 + step]
             x = scratch[: idx.numel()]
             _gather(x, buf, start[idx], valid[idx])
-            got = torch.empty((idx.numel(),) + raw.shape[1:], dtype=raw.dtype, device=dev)
-            _product(x, R, int8, got)
-            raw.index_copy_(0, _to_device(idx, dev), got)
-    for r0 in range(0, rows, step):
-        res[r0 : r0 + step] = _residues(raw[r0 : r0 + step], int8)
+            res.index_copy_(0, _to_device(idx, dev), _sums_of(x, R, int8))
     return res
+
+
+def _sums_of(x: torch.Tensor, R: int, int8: bool) -> torch.Tensor:
+    """int64 [m, 8] residues of the rows ``x`` (uint8 [m, 2R], contiguous): one product, reduced."""
+    raw = torch.empty(x.shape[0], SUMS * DIGITS if int8 else 2 * SUMS, dtype=torch.int32 if int8 else torch.float64,
+                      device=x.device)
+    _product(x, R, int8, raw)
+    return _residues(raw, int8)
 
 
 _POW_LO = 1 << 10  # row shifts g**(j R/64) = low table [j mod 1024] x high table [j div 1024]
@@ -433,7 +438,9 @@ def _encode(res: torch.Tensor) -> torch.Tensor:
 
 def segment_checksums(buf: torch.Tensor, offsets, sizes) -> torch.Tensor:
     """Checksums of ``buf[o : o + n]`` for every (offset, size), as an int64 [len, WORDS] tensor on
-    ``buf``'s device, in one pass of a few kernels whatever the number of segments (no host sync).
+    ``buf``'s device, in one pass whatever the number of segments (no host sync): about 40 kernels, and a
+    matrix product per run of at least 64 whole rows read in place (a segment of many rows not right
+    after the one before), per 64 MiB of such a run, and per pass of gathered rows.
     Offsets must be even (staging blocks and buckets align every message and tensor to 8 bytes)."""
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise ValueError(f"checksums want a 1-D uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")

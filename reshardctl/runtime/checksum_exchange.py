@@ -96,7 +96,9 @@ class ChecksumExchange:
                 raise TransferError(f"rank {self.rank}: {len(self.out.get(peer, []))} checksums for rank {peer}, "
                                     f"the program says {n}")
         # every peer's checksums to the host in one copy (one sync on a GPU), then one message per peer
-        keep = torch.stack([x for peer, _ in peers for x in self.out[peer]]).cpu().split([n for _, n in peers]) if peers else ()
+        mine = [x for peer, _ in peers for x in self.out.get(peer, ())]
+        flat = torch.stack(mine).cpu() if mine else torch.empty(0, WORDS, dtype=torch.int64)
+        keep = flat.split([n for _, n in peers])
         for (peer, _), v in zip(peers, keep):
             ops.append(dist.P2POp(dist.isend, v, peer, tag=TAG_SUMS, group=ctrl))
         for peer, n in sorted(self.in_messages.items()):
@@ -114,24 +116,25 @@ class ChecksumExchange:
             raise TransferError(f"rank {self.rank}: exchanging checksums failed: {exc}") from exc
 
     def failures(self, limit: int = 20) -> list[str]:
-        """Every comparison of this refit (one host sync): local copies, then received messages."""
-        checks = list(self.local)
-        received = []  # (peer, the checksums received from it, descriptions)
+        """Every comparison of this refit (one host sync): local copies, then each peer's messages."""
+        checks = list(self.local)  # (flags, descriptions): local copies, then per peer in order
+        received = {}  # position in ``checks`` -> the checksums the peer sent
         for peer, items in sorted(self.inn.items()):
             want = self._got.get(peer)
             if want is None or want.shape[0] != len(items) or any(x is None for x in items):
                 n = 0 if want is None else want.shape[0]
                 checks.append((torch.ones(1, dtype=torch.bool),
                                [lambda p=peer, k=len(items), n=n: f"checksums from rank {p}: {k} messages arrived, {n} checksums"]))
-                continue
-            received.append((peer, want, self.whats.get(peer, [])))
+            elif items:
+                received[len(checks)] = want
+                checks.append((torch.stack(items), self.whats.get(peer, [])))
         # what this rank computed (the local flags, its own checksums of what it received) to the host
         # in one copy: one sync on a GPU, not one per check or per peer
-        host = _to_host([m.reshape(-1).to(torch.int64) for m, _ in checks]
-                        + [torch.stack(self.inn[peer]).reshape(-1) for peer, _, _ in received])
-        results = [(h != 0, what) for h, (_, what) in zip(host, checks)]
-        for h, (peer, want, whats) in zip(host[len(checks):], received):
-            results.append(((h.view(want.shape) != want).any(1), whats))
+        host = _to_host([x.reshape(-1).to(torch.int64) for x, _ in checks])
+        results = []
+        for k, (h, (_, what)) in enumerate(zip(host, checks)):
+            want = received.get(k)
+            results.append((h != 0, what) if want is None else ((h.view(want.shape) != want).any(1), what))
         out = []
         for mismatch, what in results:
             if not bool(mismatch.any()):  # the usual case: no Python per item

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import os
 import threading
 import time
@@ -134,7 +135,7 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     timeout = timedelta(seconds=timeout_s)
     try:
         if env.backend == "nccl":  # the default group is ours: its errors abort it, not the process
-            with nccl_error_handling():
+            with nccl_error_handling(keep_users=True):
                 dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
                                         rank=env.global_rank, world_size=env.world_size, timeout=timeout,
                                         device_id=device)
@@ -150,12 +151,15 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
 
 
 @contextlib.contextmanager
-def nccl_error_handling():
+def nccl_error_handling(keep_users: bool = False):
     """``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` while reshardctl's NCCL groups are built (each reads it when
     it is created): a timed-out or failed communicator of ours is aborted and the process lives on to
-    report and vote. Torch's default (3) tears the process down; the RL framework's own groups keep it."""
+    report and vote. Torch's default (3) tears the process down; the RL framework's own groups keep
+    their setting. ``keep_users``: a value the user set for reshardctl's own ranks (``reshardctl run``)
+    is kept; under the API the framework's value is about its groups, so ours get 2 regardless."""
     old = os.environ.get(_ERROR_HANDLING)
-    os.environ[_ERROR_HANDLING] = "2"
+    if not (keep_users and old is not None):
+        os.environ[_ERROR_HANDLING] = "2"
     try:
         yield
     finally:
@@ -174,15 +178,16 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
     plan's broadcast sub-groups (collective: every rank calls this in the same order); then a check that
     every rank is there. On NCCL the groups are built with ``nccl_error_handling`` and bound to the
     device (``device_id``: their communicators are set up now, in the same order on every rank, not
-    lazily at a first broadcast outside any deadline)."""
+    lazily at a first broadcast outside any deadline; where torch's ``new_group`` takes no ``device_id``
+    they stay lazy)."""
     timeout = timedelta(seconds=timeout_s)
     nccl = env.backend == "nccl"
-    bind = {"device_id": device} if nccl else {}
+    bind = {"device_id": device} if nccl and _NEW_GROUP_BINDS else {}
     try:
         groups = Groups(env, device, timeout)
         ranks = list(range(env.world_size))
         groups.ctrl = dist.new_group(ranks, timeout=timeout, backend="gloo")
-        with nccl_error_handling() if nccl else contextlib.nullcontext():
+        with nccl_error_handling(keep_users=not own_data) if nccl else contextlib.nullcontext():
             groups.data = (dist.new_group(ranks, timeout=timeout, backend=env.backend, **bind) if own_data
                            else dist.group.WORLD)
             for members in broadcast_groups(plan):
@@ -200,8 +205,11 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
             p = torch.ones(1, device=device)
             wait_works([dist.all_reduce(p, group=groups.data, async_op=True)], groups, timeout_s, "group check")
         return groups
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:  # torch's own checks (a bound device)
         raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+
+
+_NEW_GROUP_BINDS = "device_id" in inspect.signature(dist.new_group).parameters
 
 
 class Abandoned(TransferError):
@@ -345,7 +353,10 @@ def abort_data_plane(groups: "Groups") -> None:
             backend._group_start()
         try:
             for pg in own_groups(groups):
-                abort(pg)
+                try:
+                    abort(pg)
+                except Exception:  # noqa: BLE001 - one gone already (aborted before): the others still
+                    pass
         finally:
             if grouped:
                 backend._group_end()
