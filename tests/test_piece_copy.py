@@ -25,16 +25,20 @@ def _pieces(src_tensors, block):
 
 @settings(max_examples=30, deadline=None)
 @given(shapes=st.lists(st.tuples(st.integers(1, 5), st.integers(3, 9)), min_size=1, max_size=6),
-       mode=st.sampled_from(["keep", "consume", "consume-without-foreach-max"]), bad=st.data())
+       mode=st.sampled_from(["keep", "keep-in-runs", "keep-without-foreach-max", "consume",
+                             "consume-without-foreach-max"]), bad=st.data())
 def test_a_wrong_copy_is_caught_and_names_its_piece(shapes, mode, bad):
-    """Every mode of the comparison: the source kept (one ne/any per piece), the source consumed (a
-    bucket member's buffer: _foreach_sub_ then _foreach_max), and the consumed mode on a torch without
-    _foreach_max (the per-piece comparison)."""
-    consume = mode != "keep"
+    """Every mode of the comparison: the source kept (a bucket root's own pieces: the differences into
+    transient tensors, in one run or, with a small limit, in runs of a few pieces), the source consumed
+    (a bucket member's buffer: _foreach_sub_ then _foreach_max), and both on a torch without
+    _foreach_max (one ne/any per piece)."""
+    consume = mode.startswith("consume")
     k = bad.draw(st.integers(0, len(shapes) - 1))
-    real_copy, real_max = piece_copy.copy_pieces, piece_copy._FOREACH_MAX
-    if mode == "consume-without-foreach-max":
+    real_copy, real_max, real_limit = piece_copy.copy_pieces, piece_copy._FOREACH_MAX, piece_copy.COMPARE_BYTES
+    if mode.endswith("without-foreach-max"):
         piece_copy._FOREACH_MAX = None
+    if mode == "keep-in-runs":
+        piece_copy.COMPARE_BYTES = bad.draw(st.integers(1, 20))
     try:
         for wrong in (False, True):
             tensors = [torch.randint(0, 256, s, dtype=torch.uint8) for s in shapes]
@@ -58,7 +62,22 @@ def test_a_wrong_copy_is_caught_and_names_its_piece(shapes, mode, bad):
             if not consume:
                 assert all(torch.equal(s, w) for s, w in zip(pieces.src, want))  # the source untouched
     finally:
-        piece_copy.copy_pieces, piece_copy._FOREACH_MAX = real_copy, real_max
+        piece_copy.copy_pieces, piece_copy._FOREACH_MAX, piece_copy.COMPARE_BYTES = real_copy, real_max, real_limit
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30), limit=st.integers(1, 120))
+def test_runs_cover_every_piece_once_within_the_limit(sizes, limit):
+    """``Pieces.runs``: consecutive, covering every piece exactly once, each run within ``limit`` bytes
+    unless it is one larger piece, and no run could take the next piece too."""
+    dst = [torch.zeros(n, dtype=torch.uint8) for n in sizes]
+    runs = Pieces(dst, dst).runs(limit)
+    assert [a for a, _ in runs] == [0] + [b for _, b in runs[:-1]] and runs[-1][1] == len(sizes)
+    for i, (a, b) in enumerate(runs):
+        total = sum(sizes[a:b])
+        assert total <= limit or b == a + 1
+        if i + 1 < len(runs):
+            assert total + sizes[b] > limit
 
 
 def test_views_are_reused_only_for_the_same_weights_and_buffer():

@@ -9,10 +9,11 @@ commit, so they alternate); every refit then copies the pieces with one ``torch.
 Python per piece, and on CUDA the fused multi-tensor kernel wherever both sides of a piece are dense.
 
 ``copy_checked`` also compares every piece after the copy, byte for byte, as the bucket steps always
-did (no extra memory), into one flag tensor resolved in the verify phase: out of a bucket (whose buffer
-is free after the copy) in two multi-tensor operations, into a bucket at its root (the bucket is still
-to be broadcast, the source is the trainer's weights) with one ``ne``/``any`` per piece, so the root's
-own pieces still cost two operations each (docs/benchmarks.md, "Host work per refit").
+did, into one flag tensor resolved in the verify phase, in multi-tensor operations whatever the number of
+pieces: out of a bucket (whose buffer is free after the copy) the differences in place, into a bucket at
+its root (the bucket is still to be broadcast, the source is the trainer's weights: neither may change)
+the differences into transient tensors, ``COMPARE_BYTES`` at a time (docs/benchmarks.md, "Host work per
+refit"). Where torch lacks ``_foreach_max``, one ``ne``/``any`` per piece.
 
 Views hold their tensors' memory: the pool tells ``PieceViews`` before it frees a block (``drop``), so a
 freed staging block is never kept alive by a view of it.
@@ -21,6 +22,8 @@ freed staging block is never kept alive by a view of it.
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Callable, Sequence
 
 import torch
@@ -28,6 +31,7 @@ import torch
 from reshardctl.runtime.bucket_format import box_bytes_in, bucket_tensor_view
 
 KEEP = 2  # views kept per step: an inference rank's two weight copies alternate
+COMPARE_BYTES = 64 << 20  # transient differences at a time where neither side of a copy may change
 
 
 class Pieces:
@@ -39,6 +43,21 @@ class Pieces:
         self.nbytes = sum(d.numel() for d in dst)
         self.all_nonempty = all(d.numel() for d in dst)
         self._said: dict[str, list[Callable[[], str]]] = {}
+        self._runs: dict[int, list[tuple[int, int]]] = {}
+
+    def runs(self, limit: int) -> list[tuple[int, int]]:
+        """The pieces in runs ``(a, b)`` of consecutive ones of at most ``limit`` bytes together (a larger
+        piece alone); built once per limit (Python per run, not per piece)."""
+        got = self._runs.get(limit)
+        if got is None:
+            ends = list(accumulate(d.numel() * d.element_size() for d in self.dst))
+            got, a, base = [], 0, 0
+            while a < len(ends):
+                b = max(bisect_right(ends, base + limit, lo=a), a + 1)
+                got.append((a, b))
+                a, base = b, ends[b - 1]
+            self._runs[limit] = got
+        return got
 
     def describe(self, label: str) -> list[Callable[[], str]]:
         """One failure description per piece, built once per label."""
@@ -119,15 +138,20 @@ def copy_checked(pieces: Pieces, check: Callable[[torch.Tensor, Sequence[Callabl
     """Copy the pieces, then compare each with its source byte for byte; ``check(flags, describers)``
     books the result (the checksum exchange resolves it in the verify phase). ``consume_source``: the
     source may be overwritten after the copy (a bucket member's broadcast buffer, released right after):
-    then the comparison is two multi-tensor operations whatever the number of pieces (the destination
-    subtracted from the source in place, ``_foreach_sub_``, then each piece's maximum, ``_foreach_max``:
-    0 exactly where every byte is equal) instead of two operations per piece."""
+    the destination is subtracted from the source in place (``_foreach_sub_``), then each piece's
+    maximum taken (``_foreach_max``: 0 exactly where every byte is equal). Otherwise (a root's own
+    pieces) the differences go to transient tensors, ``COMPARE_BYTES`` of them at a time. Either way a
+    few multi-tensor operations per call (per 64 MiB), not two per piece."""
     if not pieces.dst:
         return
     copy_pieces(pieces)
-    if consume_source and _FOREACH_MAX is not None and pieces.all_nonempty:
-        torch._foreach_sub_(pieces.src, pieces.dst)  # uint8: wraps, 0 where equal
-        flags = torch.stack(_FOREACH_MAX(pieces.src)) != 0
+    if _FOREACH_MAX is not None and pieces.all_nonempty:
+        if consume_source:
+            torch._foreach_sub_(pieces.src, pieces.dst)  # uint8: wraps, 0 where equal
+            flags = torch.stack(_FOREACH_MAX(pieces.src)) != 0
+        else:
+            flags = torch.cat([torch.stack(_FOREACH_MAX(torch._foreach_sub(pieces.dst[a:b], pieces.src[a:b])))
+                               for a, b in pieces.runs(COMPARE_BYTES)]) != 0
     else:
         flags = torch.stack([torch.ne(d, x).any() for d, x in zip(pieces.dst, pieces.src)])
     check(flags, pieces.describe(label))
