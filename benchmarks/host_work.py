@@ -63,37 +63,31 @@ class _Ops(TorchDispatchMode):
         return out
 
 
-def _count_calls(fn):
+def _count_events(fn, events: tuple[str, ...], hooks) -> int:
+    """Python events of ``fn()`` in every thread: ``hooks`` are (threading's, sys's) setter, profile
+    ("call", "c_call": calls) or trace ("line": lines)."""
     n = [0]
 
-    def prof(frame, event, arg):
-        if event in ("call", "c_call"):
+    def hook(frame, event, arg):
+        if event in events:
             n[0] += 1
-    threading.setprofile(prof)
-    sys.setprofile(prof)
+        return hook  # a trace function must return itself to see lines; a profile's return is ignored
+    for h in hooks:
+        h(hook)
     try:
         fn()
     finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
+        for h in hooks:
+            h(None)
     return n[0]
 
 
-def _count_lines(fn):
-    n = [0]
+def _count_calls(fn) -> int:
+    return _count_events(fn, ("call", "c_call"), (threading.setprofile, sys.setprofile))
 
-    def trace(frame, event, arg):
-        if event == "line":
-            n[0] += 1
-        return trace
-    threading.settrace(trace)
-    sys.settrace(trace)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-        threading.settrace(None)
-    return n[0]
+
+def _count_lines(fn) -> int:
+    return _count_events(fn, ("line",), (threading.settrace, sys.settrace))
 
 
 def _rank(rank: int, port: int, cfg: str, transport: str, q) -> None:

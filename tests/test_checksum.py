@@ -364,6 +364,29 @@ def test_row_shifts_are_the_powers_they_stand_for(R):
         assert got.tolist() == want
 
 
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
+def test_every_product_call_is_bounded_whatever_the_buffer(int8):
+    """``_row_sums``' promise: each product (and its temporaries) takes at most a pass of gathered rows or
+    a capped piece of rows read in place, however long the segment; the values stay the definition's.
+    Rows of 64 limbs, a 1 MiB segment (8,192 rows) and a pass of 256 limbs (4 rows): with the in-place
+    caps lowered to 512 rows, no call may see more."""
+    buf = _buf((1 << 20) + 300, seed=11)
+    offsets, sizes = [0, (1 << 20) + 8], [1 << 20, 250]
+    seen = []
+    real = checksum_module._sums_of
+
+    def spy(x, R, path):
+        seen.append(x.shape[0])
+        return real(x, R, path)
+    with _passes_of(256), _on_path(int8), mock.patch.object(checksum_module, "_row_length", lambda sizes: 64), \
+            mock.patch.object(checksum_module, "_DIRECT_ROWS_MAX", 512), mock.patch.object(checksum_module, "_sums_of", spy):
+        got = segment_checksums(buf, offsets, sizes)
+    cap = 512 if int8 else 4
+    assert seen and max(seen) <= cap and sum(seen) == 8192 + 2  # every row once, none in an unbounded call
+    raw = bytes(buf.tolist())
+    assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
+
+
 def _passes_of(limbs: int | None):
     """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
     if limbs is None:

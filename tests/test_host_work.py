@@ -40,11 +40,11 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _rank(rank: int, port: int, cfg: str, q) -> None:
+def _rank(rank: int, port: int, cfg: str, q, transport: str) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        plan = api.plan_refit(model=cfg, train="ep=2", infer="tp=2")
+        plan = api.plan_refit(model=cfg, train="ep=2", infer="tp=2", transport=transport)
         by_name = {t.name: t for t in plan.model.tensors}
         refitter = api.Refitter(plan, timeout_s=120)
         trainer = rank < plan.train_world
@@ -98,15 +98,15 @@ def _rank(rank: int, port: int, cfg: str, q) -> None:
         q.put((rank, None, repr(exc)))
 
 
-def _case(tmp_path, experts: int) -> dict[int, dict]:
+def _case(tmp_path, experts: int, transport: str = "reshard") -> dict[int, dict]:
     cfg = preset_config("tiny-qwen3-moe")
     scale = experts // 8
     cfg.update(num_hidden_layers=2, num_experts=experts, num_experts_per_tok=4,
                moe_intermediate_size=256 // scale, vocab_size=4096)
-    path = tmp_path / f"moe-{experts}" / "config.json"
+    path = tmp_path / f"moe-{experts}-{transport}" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(cfg))
-    return run_ranks(_rank, WORLD, lambda r, port, q: (r, port, str(path), q))
+    return run_ranks(_rank, WORLD, lambda r, port, q: (r, port, str(path), q, transport))
 
 
 def test_torch_operations_per_refit_do_not_grow_with_regions(tmp_path):
@@ -119,6 +119,17 @@ def test_torch_operations_per_refit_do_not_grow_with_regions(tmp_path):
         assert b["ops"] == a["ops"], (r, a, b)  # not one operation per region or per tensor
         assert a["kept"] <= 0 and b["kept"] <= 0, (r, a, b)  # nothing accumulates refit after refit
         assert a["freed"] and b["freed"], (r, a, b)  # replaced tensors are not held by the Refitter
+
+
+def test_gather_and_broadcast_host_work_does_not_grow_with_tensors(tmp_path):
+    """The baseline too: a bucket member compares what it copied out of a bucket, and the bucket root
+    its own pieces, in multi-tensor operations (piece_copy.copy_checked), not two per piece."""
+    few, many = _case(tmp_path, 8, "gather_broadcast"), _case(tmp_path, 32, "gather_broadcast")
+    for r in range(WORLD):
+        a, b = few[r], many[r]
+        assert a["ok"] and b["ok"], (r, a, b)
+        assert b["ops"] == a["ops"], (r, a, b)  # root: 385 vs 529 with one ne/any per own piece
+        assert a["kept"] <= 0 and b["kept"] <= 0 and a["freed"] and b["freed"], (r, a, b)
 
 
 class _Holder:

@@ -16,7 +16,8 @@ buffers of fewer than ``p - 1`` limbs (4 GiB):
 
 1. **Any change of at most 5 limbs anywhere is detected**: the change vector ``d`` (a limb's value
    determines its bytes, so ``0 < |d_i| < 2**16`` and ``d_i != 0 mod p``) has at most 5 non-zero entries
-   at distinct positions ``u_i < p``; the 5x5 Vandermonde matrix of ``(u_i ** m)`` is invertible mod ``p``, so ``S_0 .. S_4`` cannot all be unchanged.
+   at distinct positions ``u_i < p``; the 5x5 Vandermonde matrix of ``(u_i ** m)`` is invertible mod
+   ``p``, so ``S_0 .. S_4`` cannot all be unchanged.
    Hence every change of up to 5 bits, of up to 5 bytes, of one or two fp32/int32 elements, of one 8-byte
    word, of up to five bf16/fp16/fp8/int8 elements.
 2. **Any swap of two different non-overlapping blocks of at most 4 limbs** (two 2-, 4- or 8-byte words,
@@ -43,9 +44,10 @@ matrix product of the rows with a fixed ``[R, 8]`` weight table, exact in one of
   int8 where they lie (runs of whole rows are views of the buffer, no copy; only a segment's partial
   last row, or rows too scattered to read one by one, are gathered), and each weight per *byte*
   (``w`` for a limb's low byte, ``256 w mod p`` for its high byte, taken in ``(-p, p)``) is written in
-  five balanced base-128 digits in ``[-64, 63]``: ``[rows, 2R] int8 @ [2R, 40] int8 -> int32``. Every product is at most ``2**13`` in
-  magnitude and every sum at most ``2R * 2**13 <= 2**29``, so no int32 overflows; a kernel that shifts the
-  data to unsigned bytes and adds pairs of products in int16 (CPUs without VNNI) stays below
+  five balanced base-128 digits in ``[-64, 63]``: ``[rows, 2R] int8 @ [2R, 40] int8 -> int32``. Every
+  product is at most ``2**13`` in magnitude and every sum at most ``2R * 2**13 <= 2**29``, so no int32
+  overflows; a kernel that shifts the data to unsigned bytes and adds pairs of products in int16 (CPUs
+  without VNNI) stays below
   ``2 * 255 * 64 < 2**15``. In int64 the digits are recombined (``< 2**61`` in magnitude).
 * **float64** (CUDA, and the fallback): the limbs (``s(lo) + 256 s(hi)``, ``|x| <= 32896``) as float64
   times the weights split into 16-bit halves (``w = w_hi * 2**16 + w_lo``, ``w_lo < 2**16``,
@@ -149,19 +151,26 @@ def _key(device: torch.device) -> tuple[str, int]:
     return device.type, device.index if device.index is not None else -1
 
 
-_float_cache: dict[tuple, torch.Tensor] = {}
+_constants: dict[tuple, object] = {}
+
+
+def _constant(name, device: torch.device, make):
+    """A constant (tensors) built once per device: ``make(device)``; every table on a device is one."""
+    key = (name,) + _key(device)
+    got = _constants.get(key)
+    if got is None:
+        got = _constants[key] = make(device)
+    return got
 
 
 def _float_weights(R: int, device: torch.device) -> torch.Tensor:
     """float64 [R, 16]: the eight row-local weights' low 16 bits, then their high 15 bits."""
-    key = _key(device) + (R,)
-    if key not in _float_cache:
+    def make(dev):
         w = _table()[:R]
-        _float_cache[key] = torch.cat([w & 0xFFFF, w >> 16], 1).double().to(device)
-    return _float_cache[key]
+        return torch.cat([w & 0xFFFF, w >> 16], 1).double().to(dev)
+    return _constant(("float", R), device, make)
 
 
-_int8_cache: dict[tuple, torch.Tensor] = {}
 _int8_full: list[torch.Tensor] = []
 
 
@@ -188,10 +197,7 @@ def _int8_table() -> torch.Tensor:
 
 def _int8_weights(R: int, device: torch.device) -> torch.Tensor:
     """The int8 digits [2R, 40] of a row of R limbs (``_int8_table``)."""
-    key = _key(device) + (R,)
-    if key not in _int8_cache:
-        _int8_cache[key] = _int8_table()[: 2 * R].to(device)
-    return _int8_cache[key]
+    return _constant(("int8", R), device, lambda dev: _int8_table()[: 2 * R].to(dev))
 
 
 _PLACES = torch.tensor([128 ** d for d in range(DIGITS)], dtype=torch.int64)
@@ -226,15 +232,10 @@ _DIRECT_ROWS_MAX = 1 << 16  # [rows, 40] results, 480 bytes a row with their int
 #                             the float64 path keeps to its passes (its limbs are 4x the bytes)
 
 
-_patterns: dict[tuple, torch.Tensor] = {}
-
-
 def _keep(valid: torch.Tensor, W: int, dev: torch.device) -> torch.Tensor:
     """uint8 [m, W]: 0xFF for each row's first ``valid`` bytes, then 0: windows of one cached pattern."""
-    key = _key(dev) + (W,)
-    pat = _patterns.get(key)
-    if pat is None:
-        pat = _patterns[key] = torch.cat([torch.full((W,), 0xFF, dtype=torch.uint8), torch.zeros(W, dtype=torch.uint8)]).to(dev)
+    pat = _constant(("keep", W), dev, lambda d: torch.cat([torch.full((W,), 0xFF, dtype=torch.uint8),
+                                                           torch.zeros(W, dtype=torch.uint8)]).to(d))
     return torch.index_select(pat.unfold(0, W, 1), 0, _to_device(W - valid, dev))
 
 
@@ -272,26 +273,6 @@ def _gather(out: torch.Tensor, buf: torch.Tensor, start: torch.Tensor, valid: to
             out[i, int(valid[i]):] = 0
     else:
         out.bitwise_and_(_keep(valid, W, dev))
-
-
-def _product(x: torch.Tensor, R: int, int8: bool, out: torch.Tensor) -> None:
-    """``out`` <- the row-local sums of the rows ``x`` (uint8 [m, 2R], contiguous) in the path's raw form:
-    int32 [m, 40] digit sums (int8), or float64 [m, 16] sums of the weights' 16-bit halves (float64)."""
-    b = x.view(torch.int8)  # every byte as its two's-complement value
-    if int8:
-        torch._int_mm(b, _int8_weights(R, x.device), out=out)
-    else:
-        pairs = b.view(x.shape[0], R, 2)
-        limbs = pairs[:, :, 1].double().mul_(256).add_(pairs[:, :, 0])  # s(lo) + 256 s(hi)
-        torch.mm(limbs, _float_weights(R, x.device), out=out)
-
-
-def _residues(raw: torch.Tensor, int8: bool) -> torch.Tensor:
-    """``_product``'s raw row sums -> int64 [m, 8] residues mod p."""
-    if int8:
-        return (raw.to(torch.int64).view(-1, SUMS, DIGITS) * _PLACES.to(raw.device)).sum(2) % P  # |.| < 2**61
-    m = raw.to(torch.int64)  # |.| < R * 2**32 <= 2**47 each
-    return (m[:, SUMS:] * 65536 + m[:, :SUMS]) % P  # |hi| * 2**16 < 2**63
 
 
 def _direct_runs(start: torch.Tensor, valid: torch.Tensor, W: int) -> list[tuple[int, int]]:
@@ -350,11 +331,16 @@ def _row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: in
 
 
 def _sums_of(x: torch.Tensor, R: int, int8: bool) -> torch.Tensor:
-    """int64 [m, 8] residues of the rows ``x`` (uint8 [m, 2R], contiguous): one product, reduced."""
-    raw = torch.empty(x.shape[0], SUMS * DIGITS if int8 else 2 * SUMS, dtype=torch.int32 if int8 else torch.float64,
-                      device=x.device)
-    _product(x, R, int8, raw)
-    return _residues(raw, int8)
+    """int64 [m, 8] residues mod p of the row-local sums of the rows ``x`` (uint8 [m, 2R], contiguous):
+    one matrix product of the bytes as two's-complement values, reduced at once."""
+    b = x.view(torch.int8)
+    if int8:  # int32 digit sums [m, 40], recombined in int64: |.| < 2**61
+        d = torch._int_mm(b, _int8_weights(R, x.device)).to(torch.int64).view(-1, SUMS, DIGITS)
+        return (d * _constant("places", x.device, lambda dev: _PLACES.to(dev))).sum(2) % P
+    pairs = b.view(x.shape[0], R, 2)
+    limbs = pairs[:, :, 1].double().mul_(256).add_(pairs[:, :, 0])  # s(lo) + 256 s(hi)
+    m = torch.mm(limbs, _float_weights(R, x.device)).to(torch.int64)  # |.| < R * 2**32 <= 2**47 each
+    return (m[:, SUMS:] * 65536 + m[:, :SUMS]) % P  # |hi| * 2**16 < 2**63
 
 
 _POW_LO = 1 << 10  # row shifts g**(j R/64) = low table [j mod 1024] x high table [j div 1024]
@@ -385,17 +371,11 @@ def _row_shifts(rin: torch.Tensor, R: int) -> torch.Tensor:
     return lo[rin % _POW_LO] * hi[rin // _POW_LO] % P  # < 2**62
 
 
-_binomial_cache: dict[tuple, list[torch.Tensor]] = {}
-
-
 def _binomial(dev: torch.device) -> list[torch.Tensor]:
     """Per power ``d`` of the row's start: int64 [5 - d] on ``dev``, ``C(j + d, j)`` for j = 0 .. 4 - d
     (the factor of the row-local moment ``j`` in moment ``j + d``)."""
-    key = _key(dev)
-    if key not in _binomial_cache:
-        _binomial_cache[key] = [torch.tensor([_BINOM[j + d][j] for j in range(MOMENTS - d)]).to(dev)
-                                for d in range(MOMENTS)]
-    return _binomial_cache[key]
+    return _constant("binomial", dev, lambda d: [torch.tensor([_BINOM[j + k][j] for j in range(MOMENTS - k)]).to(d)
+                                                 for k in range(MOMENTS)])
 
 
 def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Tensor, R: int, nseg: int,
@@ -417,19 +397,10 @@ def _combine(rows: torch.Tensor, seg_of_row: torch.Tensor, row_in_seg: torch.Ten
     out = torch.zeros(nseg, SUMS, dtype=torch.int64, device=rows.device)
     out.index_add_(0, seg_of_row, terms)  # residues < 2**31, fewer than 2**31 rows
     out %= P
-    lens = (nbytes % P)[:, None] * _lengths(rows.device) % P
+    lens = (nbytes % P)[:, None] * _constant("lengths", rows.device, lambda d: torch.tensor(_L).to(d)) % P
     out[:, MOMENTS:] = (out[:, MOMENTS:] + lens) % P
     return out
 
-
-_length_cache: dict[tuple, torch.Tensor] = {}
-
-
-def _lengths(dev: torch.device) -> torch.Tensor:
-    key = _key(dev)
-    if key not in _length_cache:
-        _length_cache[key] = torch.tensor(_L, dtype=torch.int64).to(dev)
-    return _length_cache[key]
 
 
 def _encode(res: torch.Tensor) -> torch.Tensor:

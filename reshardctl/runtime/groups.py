@@ -150,6 +150,10 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     return groups
 
 
+_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+_NEW_GROUP_BINDS = "device_id" in inspect.signature(dist.new_group).parameters  # not in every torch >= 2.4
+
+
 @contextlib.contextmanager
 def nccl_error_handling(keep_users: bool = False):
     """``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` while reshardctl's NCCL groups are built (each reads it when
@@ -168,8 +172,6 @@ def nccl_error_handling(keep_users: bool = False):
         else:
             os.environ[_ERROR_HANDLING] = old
 
-
-_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *, own_data: bool = False) -> Groups:
@@ -208,8 +210,6 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
     except (RuntimeError, ValueError, TypeError, AssertionError) as exc:  # torch's own checks (a bound device)
         raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
 
-
-_NEW_GROUP_BINDS = "device_id" in inspect.signature(dist.new_group).parameters
 
 
 class Abandoned(TransferError):

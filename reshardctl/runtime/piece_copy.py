@@ -47,7 +47,7 @@ class Pieces:
 
     def runs(self, limit: int) -> list[tuple[int, int]]:
         """The pieces in runs ``(a, b)`` of consecutive ones of at most ``limit`` bytes together (a larger
-        piece alone); built once per limit (Python per run, not per piece)."""
+        piece alone); built once per limit, then reused at every refit."""
         got = self._runs.get(limit)
         if got is None:
             ends = list(accumulate(d.numel() * d.element_size() for d in self.dst))
