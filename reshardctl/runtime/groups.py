@@ -1,10 +1,14 @@
 """Rendezvous and process groups: a gloo control plane apart from the data plane, every call bounded.
 
-* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``; the others connect
-  as clients within the rendezvous timeout. Every run has a random token (``RESHARDCTL_RUN_TOKEN`` or
-  ``RunOptions.token``): rank 0 publishes its SHA-256 digest; a process whose token differs (a stale
-  rank, another run on the same port) is refused there (``LaunchError``) and never touches the run's
-  keys, which live under a prefix derived from the token (``PrefixStore``).
+* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``, listening on that
+  address only (not every interface: the socket is bound here, ``run_store.listen_fd``); the others
+  connect as clients within the rendezvous timeout. Every run has a random token
+  (``RESHARDCTL_RUN_TOKEN`` or ``RunOptions.token``) from which the key prefix and the keys are derived
+  by HMAC, never stored (``run_store.RunKeys``): rank 0 stores a nonce and its HMAC; a process whose
+  token gives another (a stale rank, another run on the same port) is refused there (``LaunchError``).
+  The records ranks act on, the failure record and the settle marks, are sealed (an HMAC over name and
+  value, ``run_store.seal``); one with a wrong seal, written without the token, is ignored: it neither
+  stops the run nor counts as a settled rank (docs/runs.md, "The run's store").
 * The data plane: the default group (gloo on CPU tensors, or NCCL on ``RankEnv.device`` (device.py's choice) with
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: a timed-out or failed communicator is aborted, the process is
   not killed, so the rank still reports and votes), plus one sub-group per distinct broadcast group of
