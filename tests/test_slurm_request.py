@@ -113,7 +113,7 @@ def test_het_components_and_resources():
     assert {"--mpi=pmix", "--cpu-bind=none", "--kill-on-bad-exit=0"} <= set(argv)
     # the profile's python (slurm.python), then the worker on the run's session file
     assert argv[-6:] == ["rank", "python3", "-m", "reshardctl.runtime.worker", "--session", f"{RUN_DIR}/session.pkl"]
-    assert "RESHARDCTL_MASTER_PORT=$(( 8100 + SLURM_JOB_ID % 800 ))" in text
+    assert "RESHARDCTL_MASTER_PORT=$(( 8100 + (port_draw + try) % 800 ))" in text
     assert "module load cuda/12.8" in text and "ulimit -l unlimited" in text
 
 
@@ -270,3 +270,38 @@ def test_het_job_nodes_per_side_survive_commas_and_accounting_lag(monkeypatch):
     monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
     got = slurm.final_states(["12"], wait_s=60, components=run.components())
     assert slurm._side_nodes(run, slurm.Watch(got, None, 0.0)) == {"train": "n1", "infer": "n2"}
+
+
+# --- the rendezvous port, in a real bash -----------------------------------------------------------------
+
+def _ports(port_min: int, port_max: int, runs: int, job_id: str = "4242") -> list[int]:
+    """The port the rendered rendezvous lines choose, ``runs`` times (head node: this machine)."""
+    site = parse_profile(dict(FULL, slurm=dict(FULL["slurm"], port_min=port_min, port_max=port_max)), "tests/p.yaml")
+    lines = build_request(site, Topology.from_site(site, 8, 8), RUN_DIR, python=PYTHON).rendezvous
+    script = f'set -uo pipefail\nfail() {{ echo "$*" >&2; exit 3; }}\nhead_node=localhost\n{lines}\necho "$RESHARDCTL_MASTER_PORT"'
+    out = []
+    for _ in range(runs):
+        proc = subprocess.run(["bash", "-c", script], env={**os.environ, "SLURM_JOB_ID": job_id},
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        out.append(int(proc.stdout))
+    return out
+
+
+def test_the_rendezvous_port_is_random_in_the_range_not_the_job_id():
+    ports = _ports(1400, 1999, 12)
+    assert all(1400 <= p <= 1999 for p in ports)
+    assert len(set(ports)) > 1  # the same job id: another port each time (was 1400 + job id % 600)
+
+
+def test_the_rendezvous_port_skips_one_a_socket_of_the_node_uses():
+    import socket
+
+    with socket.socket() as s:  # a port in use on this node (the head node of the test)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        used = s.getsockname()[1]
+        if used >= 65535:
+            pytest.skip("the OS gave the last port")
+        # a range of two: the used port and the next; every draw that lands on the used one moves on
+        assert _ports(used, used + 1, 8) == [used + 1] * 8

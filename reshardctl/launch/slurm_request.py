@@ -191,6 +191,9 @@ def _prologue(site, run_dir: str, mode: str) -> str:
     return "\n".join(lines)
 
 
+PORT_TRIES = 8
+
+
 def _rendezvous(site) -> str:
     s = site.slurm
     span = s.port_max - s.port_min + 1
@@ -200,8 +203,15 @@ def _rendezvous(site) -> str:
         '  RESHARDCTL_MASTER_ADDR=$(scontrol show node "$head_node" | tr \' \' \'\\n\' | sed -n \'s/^NodeAddr=//p\' | head -n 1)',
         "fi",
         '[ -n "$RESHARDCTL_MASTER_ADDR" ] || fail "no address for node $head_node"',
-        f"# a port in slurm.port_min..port_max ({s.port_min}..{s.port_max}, below the ephemeral range), spread by job id",
-        f"RESHARDCTL_MASTER_PORT=$(( {s.port_min} + SLURM_JOB_ID % {span} ))",
+        f"# a random port in slurm.port_min..port_max ({s.port_min}..{s.port_max}) from /dev/urandom; the next",
+        f"# ones (up to {PORT_TRIES} in all) while a socket of this node (the batch host: the head node) uses it",
+        "port_used() { { cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || :; } | awk -v p=\"$(printf '%04X' \"$1\")\" "
+        "'$1 != \"sl\" { split($2, a, \":\"); if (a[2] == p) f = 1 } END { exit !f }'; }",
+        "port_draw=$(od -An -N4 -tu4 /dev/urandom)",
+        f"for try in $(seq 0 {PORT_TRIES - 1}); do",
+        f"  RESHARDCTL_MASTER_PORT=$(( {s.port_min} + (port_draw + try) % {span} ))",
+        '  port_used "$RESHARDCTL_MASTER_PORT" || break',
+        "done",
         "export RESHARDCTL_MASTER_ADDR RESHARDCTL_MASTER_PORT",
     ])
 

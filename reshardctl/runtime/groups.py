@@ -1,10 +1,14 @@
 """Rendezvous and process groups: a gloo control plane apart from the data plane, every call bounded.
 
-* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``; the others connect
-  as clients within the rendezvous timeout. Every run has a random token (``RESHARDCTL_RUN_TOKEN`` or
-  ``RunOptions.token``): rank 0 publishes its SHA-256 digest; a process whose token differs (a stale
-  rank, another run on the same port) is refused there (``LaunchError``) and never touches the run's
-  keys, which live under a prefix derived from the token (``PrefixStore``).
+* Rendezvous: a ``TCPStore`` hosted by global rank 0 at ``master_addr:master_port``, listening on that
+  address only (not every interface: the socket is bound here, ``run_store.listen_fd``); the others
+  connect as clients within the rendezvous timeout. Every run has a random token
+  (``RESHARDCTL_RUN_TOKEN`` or ``RunOptions.token``) from which the key prefix and the keys are derived
+  by HMAC, never stored (``run_store.RunKeys``): rank 0 stores a nonce and its HMAC; a process whose
+  token gives another (a stale rank, another run on the same port) is refused there (``LaunchError``).
+  The records ranks act on, the failure record and the settle marks, are sealed (an HMAC over name and
+  value, ``run_store.seal``); one with a wrong seal, written without the token, is ignored: it neither
+  stops the run nor counts as a settled rank (docs/runs.md, "The run's store").
 * The data plane: the default group (gloo on CPU tensors, or NCCL on ``RankEnv.device`` (device.py's choice) with
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: a timed-out or failed communicator is aborted, the process is
   not killed, so the rank still reports and votes), plus one sub-group per distinct broadcast group of
@@ -23,8 +27,8 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
+import sys
 import os
 import threading
 import time
@@ -36,9 +40,11 @@ import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.runtime.env import RankEnv
+from reshardctl.runtime.run_store import (
+    CHECK_KEY, RunKeys, RunStore, answers, challenge, listen_fd, read_sealed, scoped, seal, unseal,
+)
 
 TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
-_DIGEST_KEY = "reshardctl/run-digest"
 
 
 @dataclass
@@ -51,27 +57,43 @@ class Groups:
     broadcast: dict[tuple[int, ...], object] = field(default_factory=dict)  # members -> group (members only)
     attempt: int = 0
     store: object = None  # this attempt's store: failures are published there (None: not published)
+    forged: bool = False  # a failure record with a wrong seal was seen (and ignored)
 
     def publish_failure(self, record: str) -> None:
-        """Tell every rank that this attempt failed (first writer wins); best effort (rank 0's store may
-        be gone with rank 0)."""
+        """Tell every rank that this attempt failed (first writer wins, the record sealed with the run's
+        key: ``run_store.seal``); best effort (rank 0's store may be gone with rank 0). A record with a
+        wrong seal in the slot (a process without the token wrote it) is overwritten."""
         if self.store is None:
             return
         try:
-            self.store.compare_set("failed", "", record)
+            sealed = seal(self.store, "failed", record)
+            got = self.store.compare_set("failed", "", sealed)
+            if got != sealed.encode() and self._believed(got) is None:
+                self.store.set("failed", sealed)
         except Exception:  # noqa: BLE001 - the store went with rank 0: the peers see the dead rank anyway
             pass
 
     def failure(self) -> str | None:
-        """The failure another rank published for this attempt, if any."""
+        """The failure another rank published for this attempt, if any. A record whose seal is wrong is
+        ignored (said once on stderr): only a rank with the run's token can stop the run this way."""
         if self.store is None:
             return None
         try:
-            if self.store.check(["failed"]):
-                return self.store.get("failed").decode()
+            if not self.store.check(["failed"]):
+                return None
+            raw = self.store.get("failed")
         except Exception as exc:  # noqa: BLE001 - the store is unreachable: rank 0 is gone
             return f"the run's store is unreachable (rank 0 gone?): {exc}"
-        return None
+        return self._believed(raw)
+
+    def _believed(self, raw: bytes) -> str | None:
+        rec = unseal(self.store, "failed", raw)
+        if rec is None and not self.forged:
+            self.forged = True
+            print(f"reshardctl rank {self.env.global_rank}: ignored a failure record with a wrong seal in the "
+                  f"run's store (attempt {self.attempt}): written by a process without the run's token",
+                  file=sys.stderr, flush=True)
+        return rec
 
     def group_for(self, members: tuple[int, ...]):
         if self.env.global_rank not in members:
@@ -79,36 +101,40 @@ class Groups:
         return self.broadcast[tuple(sorted(members))]
 
 
-def token_digest(token: str | None) -> str:
-    return hashlib.sha256((token or "").encode()).hexdigest()
-
-
 def rendezvous(env: RankEnv, timeout_s: float, token: str | None = None):
     """Connect to (or host) the run's store and check the run token; returns the run's own store
-    (prefixed by the token's digest)."""
+    (``run_store.RunStore``: the token-derived namespace, carrying the keys that seal its records).
+    Rank 0 listens on ``env.master_addr`` only (``run_store.listen_fd``)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV)
-    digest = token_digest(token)
+    keys = RunKeys.from_token(token)
+    where = f"{env.master_addr}:{env.master_port}"
+    host = env.global_rank == 0
+    try:
+        fd = listen_fd(env.master_addr, env.master_port) if host else None
+    except OSError as exc:
+        raise LaunchError(
+            f"rank 0: cannot listen on the rendezvous address {where}: {exc.strerror or exc}",
+            hint="the address must be one of rank 0's own (the launcher's master_addr) and the port free",
+        ) from exc
     try:
         store = dist.TCPStore(
-            env.master_addr, env.master_port, env.world_size, is_master=env.global_rank == 0,
-            timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+            env.master_addr, env.master_port, env.world_size, is_master=host,
+            timeout=timedelta(seconds=timeout_s), wait_for_workers=False, master_listen_fd=fd,
         )
-        if env.global_rank == 0:
-            store.set(_DIGEST_KEY, digest)
-        else:
-            got = store.get(_DIGEST_KEY).decode()
-            if got != digest:
-                raise LaunchError(
-                    f"rank {env.global_rank}: refused at rendezvous {env.master_addr}:{env.master_port}: this "
-                    f"process's run token does not match the run's",
-                    hint="a stale rank of an earlier run, or another run on the same port; each run has its own token",
-                )
+        if host:
+            store.set(CHECK_KEY, challenge(keys))
+        elif not answers(keys, store.get(CHECK_KEY)):
+            raise LaunchError(
+                f"rank {env.global_rank}: refused at rendezvous {where}: this process's run token does not "
+                f"match the run's",
+                hint="a stale rank of an earlier run, or another run on the same port; each run has its own token",
+            )
     except (RuntimeError, OSError) as exc:
         raise LaunchError(
-            f"rank {env.global_rank}: rendezvous at {env.master_addr}:{env.master_port} failed: {exc}",
+            f"rank {env.global_rank}: rendezvous at {where} failed: {exc}",
             hint="is rank 0 running and the port free and reachable?",
         ) from exc
-    return dist.PrefixStore(f"run-{digest[:16]}/", store)
+    return RunStore.make(keys.prefix, store, keys)
 
 
 def broadcast_groups(plan) -> list[tuple[int, ...]]:
@@ -146,7 +172,7 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
     groups = attach_groups(env, plan, device, timeout_s)
     groups.attempt = attempt
-    groups.store = dist.PrefixStore(f"attempt-{attempt}/ctl/", store)
+    groups.store = scoped(store, f"attempt-{attempt}/ctl/")  # keeps the run's keys: records are sealed
     return groups
 
 
@@ -378,11 +404,12 @@ def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
     """Every rank says it has left attempt ``attempt``; wait (bounded) until all did. Returns the ranks
     that did not arrive (empty: all settled, a rebuild is safe)."""
     key = f"settled/{attempt}"
-    store.set(f"{key}/{env.global_rank}", "1")
+    me = f"{key}/{env.global_rank}"
+    store.set(me, seal(store, me, "1"))  # sealed: a mark without the run's token counts for nothing
     end = time.monotonic() + timeout_s
     missing = list(range(env.world_size))
     while time.monotonic() < end:
-        missing = [r for r in missing if not store.check([f"{key}/{r}"])]
+        missing = [r for r in missing if read_sealed(store, f"{key}/{r}")[1] != "1"]
         if not missing:
             return []
         time.sleep(0.05)

@@ -1,0 +1,138 @@
+"""The run's store: who can reach it, where the run's keys live, and which records the ranks believe.
+
+* Reach: rank 0 binds the store's listening socket itself (``listen_fd``) to the address it advertises
+  (127.0.0.1 for a local run, the head node's address on Slurm) and hands the descriptor to torch's
+  ``TCPStore`` (``master_listen_fd``), which would otherwise listen on every interface.
+* Keys: everything is derived from the run's token with HMAC-SHA256 under a fixed label per use
+  (``RunKeys``): the key prefix of the run's namespace, the key that seals records, the key of the
+  rendezvous check. Neither the token nor a digest of it is stored. The prefix is not a secret from a
+  process that can connect (a ``TCPStore`` client can list every key); it keeps runs apart, the seals
+  are what protect.
+* Check: rank 0 stores a random nonce and its HMAC under ``CHECK_KEY``; a rank whose token gives another
+  HMAC is refused. The pair reveals nothing about the token or the prefix.
+* Records: every record a rank acts on (``attempt-<k>/ctl/failed``, the settle marks) is stored as
+  ``<hex HMAC of name and value>:<value>`` (``seal``); ``unseal`` returns ``None`` for a record whose
+  HMAC is wrong: a process without the token wrote it, and it is ignored (a forged failure does not stop
+  the run). The HMAC covers the record's full name (attempt included), so a genuine record cannot be
+  replayed under another name. A store without keys (the API, on the RL framework's store) holds plain
+  records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import socket
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+CHECK_KEY = "reshardctl/run-check"
+_LABEL = b"reshardctl/store/v2/"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    prefix: str  # the run's namespace in the store
+    seal_key: bytes = b""
+    check_key: bytes = b""
+
+    @classmethod
+    def from_token(cls, token: str | None) -> "RunKeys":
+        """``token`` None or empty: keys every token-less process shares (no protection; the local and
+        Slurm launchers always make a token)."""
+        t = (token or "").encode()
+
+        def derive(label: str) -> bytes:
+            return hmac.new(t, _LABEL + label.encode(), hashlib.sha256).digest()
+
+        return cls(prefix=f"run-{derive('prefix').hex()[:32]}/", seal_key=derive("seal"),
+                   check_key=derive("check"))
+
+    def __repr__(self) -> str:  # never print the keys
+        return "RunKeys(<derived from the run token>)"
+
+
+class RunStore(dist.PrefixStore):
+    """A prefix store (the run's namespace, or a scope inside it) that carries the run's keys and the
+    names its records are sealed under: ``scope`` + key. torch uses it as any store."""
+
+    keys: RunKeys | None
+    scope: str
+
+    @classmethod
+    def make(cls, prefix: str, inner, keys: RunKeys | None, scope: str = "") -> "RunStore":
+        store = cls(prefix, inner)
+        store.keys, store.scope = keys, scope
+        return store
+
+
+def scoped(store, prefix: str):
+    """``PrefixStore(prefix, store)`` that keeps ``store``'s keys (a plain one when it has none)."""
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return dist.PrefixStore(prefix, store)
+    return RunStore.make(prefix, store, keys, getattr(store, "scope", "") + prefix)
+
+
+def _mac(keys: RunKeys, name: str, value: str) -> str:
+    return hmac.new(keys.seal_key, name.encode() + b"\0" + value.encode(), hashlib.sha256).hexdigest()
+
+
+def seal(store, key: str, value: str) -> str:
+    """What to store under ``key`` of ``store`` for ``value``: sealed where the store has run keys."""
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return value
+    return _mac(keys, getattr(store, "scope", "") + key, value) + ":" + value
+
+
+def unseal(store, key: str, raw: bytes | str) -> str | None:
+    """The value of a stored record, ``None`` when its seal is wrong (written without the token)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return text
+    mac, sep, value = text.partition(":")
+    if not sep or not hmac.compare_digest(mac, _mac(keys, getattr(store, "scope", "") + key, value)):
+        return None
+    return value
+
+
+def read_sealed(store, key: str) -> tuple[bool, str | None]:
+    """(the key exists, its value when the seal holds)."""
+    if not store.check([key]):
+        return False, None
+    return True, unseal(store, key, store.get(key))
+
+
+def challenge(keys: RunKeys) -> str:
+    """Rank 0's check record: a fresh nonce and its HMAC under the check key."""
+    nonce = secrets.token_hex(16)
+    return nonce + ":" + hmac.new(keys.check_key, nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def answers(keys: RunKeys, record: bytes) -> bool:
+    """Whether rank 0's check record was made with this process's token."""
+    nonce, _, mac = record.decode(errors="replace").partition(":")
+    want = hmac.new(keys.check_key, nonce.encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(mac, want)
+
+
+def listen_fd(addr: str, port: int) -> int:
+    """A TCP socket bound to ``addr:port`` (the address the ranks connect to, not every interface), for
+    ``TCPStore(master_listen_fd=...)``, which then owns the descriptor. ``OSError`` when no address of
+    ``addr`` can be bound here (not this host's, or the port is taken)."""
+    last: OSError | None = None
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM):
+        s = socket.socket(family, kind, proto)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+        except OSError as exc:
+            s.close()
+            last = exc
+            continue
+        return s.detach()
+    raise last or OSError(f"no address for {addr}")

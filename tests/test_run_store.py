@@ -1,0 +1,165 @@
+"""The run's store against an outsider: a process that knows the store's address and port (from the
+run directory's events) but not the run token, while a real 4-rank gloo run is mid-refit
+(``store_attacker.py``). It cannot connect on another interface of a local run, finds nothing in the
+store derived from the token in a usable form, cannot stop the run with forged failure records (raw,
+under the former scheme's prefix, or under every namespace it lists), and cannot join the run's groups
+on the former scheme's prefix; the run commits every refit. In-process: records and settle marks with
+a wrong seal count for nothing, and a genuine record is not believed under another name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from reshardctl.launch.local import free_port, run_local
+from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.env import make_rank_env
+from reshardctl.runtime.events import read_events
+from reshardctl.runtime.groups import Groups, rendezvous, settle
+from reshardctl.runtime.run_store import RunKeys, scoped
+
+from runtime_plans import p2p_plan, rows_cols_case
+
+TOKEN = "d3adb33f" * 4
+HANG_S = 8.0  # rank 1 pauses this long at step 2 (below the timeout): the outsider acts meanwhile
+
+
+def other_address() -> str | None:
+    """A non-loopback IPv4 address of this machine (the route a datagram would take)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("attacked")
+    other = other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    out = run_dir.parent / "attacker.json"
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    world = plan.train_world + plan.infer_world
+    attacker = subprocess.Popen([sys.executable, str(Path(__file__).parent / "store_attacker.py"), str(run_dir),
+                                 str(out), other, str(world)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        opts = RunOptions(run_dir=str(run_dir), timeout_s=30.0, device="cpu", iterations=3, token=TOKEN,
+                          faults=f"hang:rank=1:phase=transfer:step=2:seconds={HANG_S}")
+        try:
+            reports, error = run_local(plan, opts), None
+        except Exception as exc:  # noqa: BLE001 - asserted by the tests
+            reports, error = getattr(exc, "reports", []), exc
+        log = attacker.communicate(timeout=120)[0].decode()
+    finally:
+        if attacker.poll() is None:
+            attacker.kill()
+    assert out.exists(), log
+    return {"res": json.loads(out.read_text()), "reports": reports, "error": error, "run_dir": run_dir,
+            "world": world, "other": other}
+
+
+def commits(run_dir: Path, world: int) -> list[dict]:
+    return [e for r in range(world) for e in read_events(run_dir / "events" / f"rank-{r}.jsonl")
+            if e["phase"] == "commit" and "error" not in e]
+
+
+def test_the_run_commits_every_refit_despite_the_outsider(attacked):
+    assert attacked["error"] is None, str(attacked["error"])
+    assert len(attacked["reports"]) == attacked["world"] and all(r.ok for r in attacked["reports"])
+
+
+def test_a_local_store_listens_on_loopback_only(attacked):
+    res = attacked["res"]
+    assert res["loopback_connect"]["ok"], res  # the outsider had the right port
+    assert not res["other_interface_connect"]["ok"], (attacked["other"], res["other_interface_connect"])
+    assert "refused" in res["other_interface_connect"]["error"].lower()
+
+
+def test_nothing_in_the_store_reveals_the_token(attacked):
+    res = attacked["res"]
+    assert not res["old_digest"]["ok"], res["old_digest"]  # no digest under the former key
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    assert res["values"], res["keys"]  # the outsider did read the store
+    for key, value in res["values"].items():
+        for secret in (TOKEN, digest, digest[:16]):
+            assert secret not in key and secret not in (value or ""), key
+    assert not any(k.startswith(f"run-{digest[:16]}") for k in res["values"])  # not the former prefix
+
+
+def test_forged_failure_records_do_not_stop_the_run(attacked):
+    res, run_dir, world = attacked["res"], attacked["run_dir"], attacked["world"]
+    forged = {f["target"] for f in res["forged"] if f["ok"]}
+    assert "raw" in forged and any(t.startswith("seen ") for t in forged), res["forged"]
+    # written while every rank still had a refit's waits ahead (they poll the record in every wait)
+    done = commits(run_dir, world)
+    assert res["forged_at"] < min(max(e["start"] for e in done if e["rank"] == r) for r in range(world))
+    assert attacked["error"] is None and all(r.ok for r in attacked["reports"])
+    assert len(done) == 3 * world  # 3 refits, every rank committed each
+
+
+def test_an_outsider_cannot_join_the_runs_groups_on_the_former_prefix(attacked):
+    res = attacked["res"]
+    assert not res["init_old_prefix"]["ok"], res["init_old_prefix"]
+    assert attacked["error"] is None
+
+
+# ---- in-process: seals ----------------------------------------------------------------------------------
+@pytest.fixture
+def run_store():
+    port = free_port()
+    env = make_rank_env(0, 1, 1, "127.0.0.1", port)
+    store = rendezvous(env, 10, token=TOKEN)
+    raw = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+    return env, store, raw
+
+
+def test_a_failure_record_with_a_wrong_seal_is_ignored_and_overwritten(run_store, capsys):
+    env, store, raw = run_store
+    prefix = RunKeys.from_token(TOKEN).prefix
+    g = Groups(env, None, timedelta(seconds=5), store=scoped(store, "attempt-0/ctl/"))
+    raw.set(f"{prefix}/attempt-0/ctl//failed", "rank 3 failed: forged")
+    assert raw.check([f"{prefix}/attempt-0/ctl//failed"])  # the outsider's record is where ranks look
+    assert g.failure() is None and g.forged
+    assert "wrong seal" in capsys.readouterr().err
+    g.publish_failure("rank 0 failed: real")  # the forged record held the slot: overwritten
+    assert g.failure() == "rank 0 failed: real"
+    # a genuine record of attempt 0 is not believed under attempt 1's name
+    g1 = Groups(env, None, timedelta(seconds=5), store=scoped(store, "attempt-1/ctl/"))
+    raw.set(f"{prefix}/attempt-1/ctl//failed", raw.get(f"{prefix}/attempt-0/ctl//failed"))
+    assert g1.failure() is None
+
+
+def test_settle_marks_with_a_wrong_seal_count_for_nothing(run_store):
+    env, store, raw = run_store
+    prefix = RunKeys.from_token(TOKEN).prefix
+    raw.set(f"{prefix}/settled/0/1", "1")  # rank 1 never settled: an outsider says it did
+    assert settle(store, env, 0, 0.3) == [1]
+    peer = rendezvous(make_rank_env(1, 1, 1, "127.0.0.1", env.master_port), 10, token=TOKEN)
+    peer.set("settled/0/1", raw.get(f"{prefix}/settled/0/0"))  # rank 0's genuine mark, replayed as rank 1's
+    assert settle(store, env, 0, 0.3) == [1]
+    assert settle(peer, make_rank_env(1, 1, 1, "127.0.0.1", env.master_port), 0, 5) == []
+
+
+def test_the_local_launcher_port_is_not_reused_by_a_store_on_every_interface():
+    """Rank 0 listens on the rendezvous address only: another process can still bind the same port on
+    another interface (it could not if the store held the wildcard address)."""
+    other = other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    port = free_port()
+    rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)
+    with socket.socket() as s:
+        s.bind((other, port))  # raises EADDRINUSE when the store listens on 0.0.0.0 / ::
