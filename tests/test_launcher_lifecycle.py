@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def _start_run(tmp_path, small_llama, out):
     cmd = [sys.executable, "-m", "reshardctl.cli", "run", "--model", small_llama, "--train", "tp=2",
            "--infer", "tp=2", "--iters", "3", "--out", str(out), "--timeout-s", "600",
            "--inject", "hang:rank=1:phase=start:step=2"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    (tmp_path / "tmpdir").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": str(tmp_path / "tmpdir")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ranks: list[int] = []
     for _ in range(600):  # until the four ranks exist and the hang started (a drill event)
@@ -81,7 +84,7 @@ def _wait_gone(pids: list[int], tries: int = 120) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama):
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama, capsys):
     out = tmp_path / "run"
     proc, ranks = _start_run(tmp_path, small_llama, out)
     proc.kill()  # SIGKILL: the launcher cannot clean up
@@ -89,12 +92,26 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama):
     assert _wait_gone(ranks) == []
     assert run_state(out) == "interrupted"
     assert not (out / "summary.json").exists()
+    # nothing of the run in $TMPDIR (the ranks' plans file is in the run directory, 0600, without the token)
+    assert list((tmp_path / "tmpdir").iterdir()) == []
+    (left,) = out.glob(".ranks-*.pickle")
+    assert left.stat().st_mode & 0o777 == 0o600
+    _plans, options, _fallback = pickle.loads(left.read_bytes())
+    assert options.run_dir == str(out) and options.token is None  # the token reached the ranks by pipe only
+    assert json.loads((out / "run.json").read_text())["state"] == "running"
+    # `reshardctl collect` settles it: run.json's final state, the leftover file gone
+    assert main(["collect", str(out)]) == 1
+    assert "launcher ended without a summary" in capsys.readouterr().err
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "interrupted" and run["settled"]["from"] == "running"
+    assert list(out.glob(".ranks-*.pickle")) == []
 
 
-def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, small_llama):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, small_llama, sig):
     out = tmp_path / "run"
     proc, ranks = _start_run(tmp_path, small_llama, out)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate()
     assert proc.returncode == 1, err
     assert _wait_gone(ranks) == []
@@ -229,3 +246,24 @@ def test_a_failed_start_kills_the_ranks_already_started_and_leaves_no_plan_file(
     assert len(started) == 2
     assert _wait_gone(started) == []
     assert not list(tmp_path.glob("reshardctl-ranks-*"))
+
+
+def test_a_rank_waiting_for_reports_knows_at_once_that_a_rank_ended(tmp_path):
+    """Slurm ranks wait for each other's reports after their own (runtime/report_wait.py): a rank whose
+    task wrote logs/rank-N.exit (killed, exited) is not waited for; a silent one is given up 2 s after
+    the last news once a failure is known, not after the timeout."""
+    from reshardctl.runtime.report_wait import await_reports
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "logs").mkdir()
+    for r in (0, 1, 2):
+        (tmp_path / "reports" / f"rank-{r}.json").write_text("{}")
+    t = time.monotonic()
+    assert await_reports(tmp_path, 4, failed=True, timeout_s=60) == "quiet"
+    assert 2.0 <= time.monotonic() - t < 4.0
+    (tmp_path / "logs" / "rank-3.exit").write_text("137\n")
+    t = time.monotonic()
+    assert await_reports(tmp_path, 4, failed=False, timeout_s=60) == "all"
+    assert time.monotonic() - t < 0.5
+    (tmp_path / "logs" / "rank-3.exit").unlink()
+    assert await_reports(tmp_path, 4, failed=False, timeout_s=0.1) == "backstop"  # no failure: not quiet

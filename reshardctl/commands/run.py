@@ -68,7 +68,8 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
         raise InputError(f"{flag} is a Slurm launcher option, but the launcher is {launcher!r} "
                          f"(add --launcher slurm, or set launcher: slurm in the site profile)")
     if dry_run:
-        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline)
+        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline,
+                        timeout_s=timeout_s, retries=retries)
     where = "Slurm tasks" if launcher == "slurm" else "processes"
     show = not as_json and not output.quiet()
     announced: list[bool] = []
@@ -150,7 +151,7 @@ def slurm_state_line(states: dict, sides: dict | None = None) -> str:
     return escape("; ".join(parts))
 
 
-def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False):
+def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False, timeout_s=None, retries=0):
     """The job scripts and the argv that would submit them, for the run directory that would be used."""
     import sys
     import time
@@ -162,7 +163,7 @@ def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False):
     label = "bench" if baseline else transports[0]  # as the run directory (runs/session.py) is named
     run_dir = Path(out) if out else Path(DEFAULT_BASE) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}"
     req = build_request(inp.site, inp.topology, str(run_dir.absolute()), mode=slurm_mode, label=label,
-                        python=sys.executable)
+                        python=sys.executable, timeout_s=timeout_s, retries=retries)
     scripts = req.materialize()
     argvs = [req.submit_argv(n) for n in scripts]
     if as_json:

@@ -19,10 +19,13 @@ def jobs_cmd(
     """This tool's Slurm runs (from the per-user run index) with their jobs' state."""
     from reshardctl.launch import slurm
     from reshardctl.runs.index import list_runs, state_dir
+    from reshardctl.runs.slurm_session import settle_slurm
 
     runs = list_runs()
     ids = [j for r in runs for j in r["job_ids"].values()]
     live = slurm.job_states(ids) if ids else {}
+    for r in runs:  # a run whose jobs ended but whose launcher never wrote how: collected now
+        settle_slurm(r["run_dir"], live)
     ended = [j for j in ids if j not in live]
     acct = slurm.final_states(ended, wait_s=0.0) if (ended and all_runs) else {}
     rows = []

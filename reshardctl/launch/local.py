@@ -37,13 +37,13 @@ import torch.multiprocessing as mp
 from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, order_failures
+from reshardctl.runs.rundir import RANKS_PAYLOAD_PREFIX
+from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
 from reshardctl.topology import side_of_global
 
-GRACE_S = 5.0  # after the first failure: survivors report within timeout_s + this, or are killed
-QUIET_S = 2.0  # ... and once no rank has reported for this long, the silent ones are killed (hung)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,8 +87,10 @@ def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
     threading.Thread(target=poll, name="reshardctl-parent-watch", daemon=True).start()
 
 
-def _child(env: RankEnv, payload: str, names: list[str], warmup: int, threads: int, q, parent: int) -> None:
-    """One rank: its plans, options and fallback from the launcher's ``payload`` file, then the session."""
+def _child(env: RankEnv, payload: str, token: str, names: list[str], warmup: int, threads: int, q,
+           parent: int) -> None:
+    """One rank: its plans, options and fallback from the launcher's ``payload`` file, the run token from
+    the launcher (through spawn's pipe: never in a file), then the session."""
     watch_parent(parent)
     torch.set_num_threads(threads)
     from reshardctl.runtime.worker import run_rank_session
@@ -96,6 +98,7 @@ def _child(env: RankEnv, payload: str, names: list[str], warmup: int, threads: i
     try:
         with open(payload, "rb") as f:
             plans, options, fallback = pickle.load(f)
+        options = replace(options, token=token)
         reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
     except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
@@ -109,6 +112,16 @@ def _child(env: RankEnv, payload: str, names: list[str], warmup: int, threads: i
         while True:  # until the launcher kills it, after the last report (or it dies with the launcher)
             time.sleep(1)
     os._exit(0)  # no teardown: after a failure, a dead peer's pending ops could hold it up
+
+
+def _remove_payload(payload: str, scratch: str | None) -> None:
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    try:
+        os.unlink(payload)
+    except FileNotFoundError:
+        pass
 
 
 class LocalRunError(TransferError):
@@ -205,18 +218,25 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     q = ctx.Queue()
     procs = []
     # the plans go to the ranks through a private file, not through spawn's pipe: a rank that dies before
-    # reading a large pipe payload would block its start() for ever (the parent holds the pipe's read end)
-    scratch = tempfile.mkdtemp(prefix="reshardctl-ranks-")
-    payload = os.path.join(scratch, "plans.pickle")
+    # reading a large pipe payload would block its start() for ever (the parent holds the pipe's read end).
+    # The file is in the run directory (0600, deleted at the end), never holds the token, and only
+    # without a run directory goes to a private temporary directory
+    if options.run_dir:
+        scratch = None
+        payload = os.path.join(options.run_dir, f"{RANKS_PAYLOAD_PREFIX}{secrets.token_hex(4)}.pickle")
+    else:
+        scratch = tempfile.mkdtemp(prefix="reshardctl-ranks-")
+        payload = os.path.join(scratch, "plans.pickle")
     with atomic_open(payload, binary=True, mode=0o600) as f:
-        pickle.dump((statics, options, fb), f, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump((statics, replace(options, token=None), fb), f, protocol=pickle.HIGHEST_PROTOCOL)
     # ranks log c10d errors through their reports, not as C++ warnings with stack traces on stderr
     saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = saved or "ERROR"
     try:
         for r in range(world):
             env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
-            p = ctx.Process(target=_child, args=(env, payload, names, warmup, threads, q, os.getpid()),
+            p = ctx.Process(target=_child, args=(env, payload, options.token, names, warmup, threads, q,
+                                                 os.getpid()),
                             name=f"reshardctl-rank-{r}")
             procs.append(p)
             p.start()
@@ -224,7 +244,7 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
         for p in procs:
             if p.is_alive():
                 p.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove_payload(payload, scratch)
         raise
     finally:
         if saved is None:
@@ -236,7 +256,7 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     interrupted = False
 
     last_change = time.monotonic()
-    quiet = QUIET_S + (options.timeout_s if options.retries else 0.0)  # survivors may first try to settle
+    quiet = quiet_s(options.timeout_s, options.retries)  # survivors may first try to settle
 
     def failed_now() -> None:
         nonlocal first_failure, end
@@ -291,7 +311,7 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
         for p in procs:
             p.join(timeout=5)
         q.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove_payload(payload, scratch)
     stopped_after = None if first_failure is None else time.monotonic() - first_failure
     session = {n: [reports[r][n] for r in sorted(reports)] for n in names}
     if interrupted:

@@ -31,6 +31,7 @@ from pathlib import PurePosixPath
 from reshardctl import __version__
 from reshardctl.errors import InputError, ProfileError
 from reshardctl.launch.templates import load_template, render
+from reshardctl.runtime.bounds import srun_wait_s
 
 MODES = ("hetjob", "two-jobs")
 ROLE_TEMPLATES = {"hetjob": ("hetjob.sbatch",), "two-jobs": ("train.sbatch", "infer.sbatch")}
@@ -216,12 +217,12 @@ def _rendezvous(site) -> str:
     ])
 
 
-def _srun_flags(site, timeout_s: float) -> str:
+def _srun_flags(site, wait_s: int) -> str:
     s = site.slurm
     q = shlex.quote
-    # survivors of a failed rank report it themselves within timeout_s; --wait is the backstop that
-    # ends a step whose ranks hang after the first one ended
-    flags = ["--kill-on-bad-exit=0", f"--wait={int(math.ceil(timeout_s)) + 60}"]
+    # survivors of a failed rank report it themselves (--kill-on-bad-exit=0); --wait ends the step
+    # wait_s after its first task ended: the ranks still running then are hung or stopped
+    flags = ["--kill-on-bad-exit=0", f"--wait={wait_s}"]
     if s.container_image:
         flags.append(q(f"--container-image={s.container_image}"))
         if s.container_mounts:
@@ -237,19 +238,28 @@ def worker_args(session_path: str) -> list[str]:
 
 
 def ranks_command(python: str, args: list[str]) -> str:
-    """Each task: ``python args...``, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``. The
-    bash string is constant; ``python`` and the arguments travel as quoted arguments."""
-    redirect = ('exec "$@" >"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).out" '
-                '2>"$RESHARDCTL_LOGS/rank-$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)).err"')
+    """Each task: ``python args...``, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``, and,
+    once the process ended however it ended (a SIGKILL too), its exit status in ``logs/rank-<global
+    rank>.exit``: the ranks waiting for reports know at once that this one is gone
+    (``runtime/report_wait.py``). The bash string is constant; ``python`` and the arguments travel as
+    quoted arguments."""
+    redirect = ('r=$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)); '
+                '"$@" >"$RESHARDCTL_LOGS/rank-$r.out" 2>"$RESHARDCTL_LOGS/rank-$r.err"; '
+                'rc=$?; echo "$rc" >"$RESHARDCTL_LOGS/rank-$r.exit"; exit "$rc"')
     q = shlex.quote
     return f"bash -c {q(redirect)} rank {q(python)} " + " ".join(q(a) for a in args)
 
 
 def build_request(site, topology, run_dir: str, *, mode: str | None = None, label: str = "refit",
-                  python: str, rank_args: list[str] | None = None, what: str | None = None) -> SlurmRequest:
+                  python: str, rank_args: list[str] | None = None, what: str | None = None,
+                  timeout_s: float | None = None, retries: int = 0) -> SlurmRequest:
     """The request for one refit session of ``topology``'s two sides on ``site``. ``run_dir`` must be an
     absolute path every node sees; ``python`` is the ranks' interpreter when the profile names none;
-    ``rank_args``: what each task runs after it (default: the refit worker on ``run_dir/session.pkl``)."""
+    ``rank_args``: what each task runs after it (default: the refit worker on ``run_dir/session.pkl``).
+    ``timeout_s`` (default: the profile's ``refit.timeout_s``) and ``retries``: the run's, for
+    ``srun --wait`` (``runtime/bounds.py``: the refit worker waits for its peers' reports, so a task
+    still running ``srun_wait_s`` after the first one ended is hung); other programs (``rank_args``),
+    which do not wait for each other, get ``timeout_s`` + 60 s."""
     mode = mode or site.slurm.mode
     if mode not in MODES:
         raise InputError(f"--slurm-mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -269,10 +279,11 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
         sbatch = {"train": _sbatch_lines(train, site, name + "-train", f"{out_dir}/train-%j.out"),
                   "infer": _sbatch_lines(infer, site, name + "-infer", f"{out_dir}/infer-%j.out")}
     py = site.slurm.python or python
-    timeout = site.refit.timeout_s
+    timeout = site.refit.timeout_s if timeout_s is None else timeout_s
+    wait_s = srun_wait_s(timeout, retries) if rank_args is None else int(math.ceil(timeout)) + 60
     req = SlurmRequest(
         mode=mode, run_dir=run_dir, label=label, components=(train, infer), sbatch=sbatch,
-        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, timeout),
+        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s),
         ranks_cmd=ranks_command(py, rank_args or worker_args(str(PurePosixPath(run_dir) / SESSION_FILE))),
         rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),
         train_world=topology.train_world, infer_world=topology.infer_world, what=what or f"refit {label}",

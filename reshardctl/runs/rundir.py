@@ -13,7 +13,8 @@ runs/<UTC time>-<label>/
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
 summary that says what failed. The directory is private to the user (0700, files 0600). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
-reads it as ``interrupted``.
+reads it as ``interrupted``, and ``reshardctl collect`` writes that state (``settle_local``; a Slurm
+run's is settled from its jobs' end, ``runs/slurm_session.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 
 DEFAULT_BASE = "runs"
+RANKS_PAYLOAD_PREFIX = ".ranks-"  # the local launcher's plans file for its ranks (launch/local.py), 0600
 
 
 def _refuse_to_empty(path: Path) -> str | None:
@@ -160,3 +162,46 @@ def run_state(path: str | os.PathLike) -> str:
     if state == "running" and who.get("host") == socket.gethostname() and not _alive(int(who.get("pid", 0))):
         return "interrupted"
     return state
+
+
+def read_run(path: str | os.PathLike) -> dict | None:
+    """``run.json`` as written by ``mark_run``, or None when it is missing or unreadable."""
+    try:
+        rec = json.loads((Path(path) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def launcher_alive(rec: dict) -> bool | None:
+    """Is the process that wrote ``rec`` (run.json) still running? None when it ran on another host."""
+    who = rec.get("started_by") or {}
+    if who.get("host") != socket.gethostname():
+        return None
+    try:
+        pid = int(who.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    return pid > 0 and _alive(pid)
+
+
+def settle(path: str | os.PathLike, state: str, why: str, was: str | None = None) -> Path:
+    """Give ``run.json`` of a run whose launcher ended without doing so its final ``state``, and say why
+    (``settled``: the state it had, ``was`` or the file's, and why it changed)."""
+    rec = read_run(path) or {}
+    data = {"state": state, "started_by": rec.get("started_by") or {}, "started_at": rec.get("started_at"),
+            "updated_at": time.time(), "settled": {"from": was or rec.get("state"), "why": why}}
+    return write_json(Path(path) / "run.json", data)
+
+
+def settle_local(path: str | os.PathLike) -> str | None:
+    """A local run left ``running`` by a launcher that is gone (killed outright: no summary): its
+    ``run.json`` becomes ``interrupted``; returns the new state, or None when there is nothing to settle."""
+    rec = read_run(path)
+    if rec is None or rec.get("state") != "running" or launcher_alive(rec) is not False:
+        return None
+    pid = (rec.get("started_by") or {}).get("pid")
+    for leftover in Path(path).glob(RANKS_PAYLOAD_PREFIX + "*.pickle"):
+        leftover.unlink(missing_ok=True)
+    settle(path, "interrupted", f"the launcher (pid {pid}) ended without writing a final state")
+    return "interrupted"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Callable
 from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
-from reshardctl.runs.rundir import mark_run
+from reshardctl.runs.rundir import launcher_alive, mark_run, read_run, settle, settle_local
 from reshardctl.runs.session import (
     SESSION_JSON,
     Prepared,
@@ -58,7 +60,7 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     plans, run_dir = pre.plans, pre.run_dir
     label = "bench" if pre.options.baseline else next(iter(plans))  # as the run directory is named
     request = build_request(inp.site, inp.topology, str(run_dir), mode=slurm_mode, label=label,
-                            python=sys.executable)
+                            python=sys.executable, timeout_s=pre.options.timeout_s, retries=pre.options.retries)
     # the run's token travels in the private session file (never on a command line or in the script)
     options = replace(pre.options, token=secrets.token_hex(16))
     slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
@@ -78,15 +80,50 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
             progress(min(total, count_commits(run_dir / "events")), total, "refits: rank commits")
 
     try:
-        w = slurm.watch(run, update)
-    except KeyboardInterrupt:  # watch() cancelled the jobs already
-        w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0, components=run.components()), None, time.time(),
-                        interrupted=True)
-        _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
-        raise Interrupted(f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}; "
+        with _TermAsInterrupt():
+            w = slurm.watch(run, update)
+    except KeyboardInterrupt as exc:  # watch() cancelled the jobs already
+        with _TermAsInterrupt(ignore=True):  # a second SIGTERM/SIGHUP cannot cut the summary short
+            w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0, components=run.components()), None,
+                            time.time(), interrupted=True)
+            _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
+        by = f" by {exc.signame}" if isinstance(exc, Terminated) else ""
+        raise Interrupted(f"interrupted{by}: cancelled Slurm job(s) {', '.join(run.ids)}; "
                           f"run directory {run_dir} (summary.json says so)") from None
     summary, err = _finish_slurm(pre.ctx, run, w, run_dir, time.perf_counter() - t0)
     return SessionResult(run_dir, summary, err, plans, slurm=run)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to an attached Slurm run: handled as Ctrl-C (cancel, summary, exit 130)."""
+
+    def __init__(self, signame: str):
+        super().__init__(signame)
+        self.signame = signame
+
+
+class _TermAsInterrupt:
+    """While watching the jobs, SIGTERM and SIGHUP raise ``Terminated`` (the first one; later ones are
+    ignored while the jobs are cancelled and the summary written); ``ignore``: ignore them. Restored on
+    exit; only in the main thread (signals cannot be set elsewhere)."""
+
+    def __init__(self, ignore: bool = False):
+        self.ignore, self.old = ignore, {}
+
+    def _raise(self, signum, _frame):
+        for sig in self.old:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Terminated(signal.Signals(signum).name)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self.old[sig] = signal.signal(sig, signal.SIG_IGN if self.ignore else self._raise)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
 
 
 def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict, ReshardError | None]:
@@ -119,6 +156,11 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
     from reshardctl.launch import slurm
 
     run_dir = Path(run_dir)
+    if job is None and not (run_dir / slurm.JOBS_FILE).exists():
+        settled = settle_local(run_dir)
+        if settled is not None:
+            raise LaunchError(f"{run_dir}: a local run whose launcher ended without a summary (killed outright); "
+                              f"run.json now says {settled}")
     try:
         ctx = json.loads((run_dir / SESSION_JSON).read_text())
     except FileNotFoundError:
@@ -144,3 +186,42 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
     summary["collected"] = True
     write_summary(run_dir, summary)
     return SessionResult(run_dir, summary, err, {}, slurm=run)
+
+
+UNSETTLED = ("submitting", "submitted")
+
+
+def settle_slurm(run_dir: str | Path, live: dict) -> str | None:
+    """A Slurm run whose ``run.json`` still says ``submitting``/``submitted`` although no launcher of it
+    runs here (detached, or its launcher killed outright) and its jobs ended (``live``: the queue's
+    states, ``slurm.job_states``; accounting must have every job's final record): collected, so that
+    ``summary.json`` and ``run.json`` say how it ended. A run killed before its jobs were recorded
+    becomes ``interrupted``. Returns the new state, or None when there is nothing to settle (yet)."""
+    from reshardctl.launch import slurm
+
+    run_dir = Path(run_dir)
+    rec = read_run(run_dir)
+    if rec is None or rec.get("state") not in UNSETTLED or launcher_alive(rec):
+        return None
+    try:
+        run = slurm.SlurmRun.load(run_dir)
+    except LaunchError:
+        if rec.get("state") != "submitting" or launcher_alive(rec) is None:
+            return None
+        settle(run_dir, "interrupted", "the launcher ended before its jobs were recorded")
+        return "interrupted"
+    if any(j in live and not live[j].terminal for j in run.ids):
+        return None
+    states = slurm.final_states(run.ids, wait_s=0.0, components=run.components())
+    if not all(j in states and states[j].terminal for j in run.ids):
+        return None  # accounting has not recorded the end yet
+    try:
+        ctx = json.loads((run_dir / SESSION_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+    summary["collected"] = True
+    write_summary(run_dir, summary)
+    state = (read_run(run_dir) or {}).get("state", "failed")
+    settle(run_dir, state, "its jobs ended and no launcher collected them", was=rec.get("state"))
+    return state

@@ -38,6 +38,7 @@ from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
+from reshardctl.runtime.report_wait import await_reports
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.synthetic_weights import SyntheticWeights
 from reshardctl.runtime.program import compile_program
@@ -330,19 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.exit_code == 2 else 1
     report = run_rank(env, plan, options, fallback=fallback)
     write_report(Path(a.run_dir), report)
-    if env.global_rank == 0:  # it hosts the run's store: stay (bounded) until every rank reported
-        _await_reports(Path(a.run_dir), env.world_size, options.timeout_s + 5.0)
+    await_reports(Path(a.run_dir), env.world_size, failed=not report.ok, timeout_s=options.timeout_s,
+                  retries=options.retries)
     if not report.ok:
         print(f"reshardctl worker rank {env.global_rank}: {report.error_type}: {report.error_message}", file=sys.stderr)
     return 0 if report.ok else 1
-
-
-def _await_reports(run_dir: Path, world: int, limit_s: float) -> None:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if all((run_dir / "reports" / f"rank-{r}.json").exists() for r in range(world)):
-            return
-        time.sleep(0.2)
 
 
 def write_report(run_dir: Path, report: RankReport) -> Path:
@@ -385,9 +378,9 @@ def _main_session(path: str) -> int:
     out = run_dir / "reports" / f"rank-{env.global_rank}.json"
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_json_atomic(out, {n: report_dict(r) for n, r in reports.items()}, mode=0o600, indent=1, default=str)
-    if env.global_rank == 0:  # it hosts the run's store: stay (bounded) until every rank reported
-        _await_reports(run_dir, env.world_size, options.timeout_s + 5.0)
     bad = [r for r in reports.values() if not r.ok]
+    # rank 0 hosts the store; every rank stays until the others reported or are known gone (bounded)
+    await_reports(run_dir, env.world_size, failed=bool(bad), timeout_s=options.timeout_s, retries=options.retries)
     for r in bad[:1]:
         print(f"reshardctl worker rank {env.global_rank}: {r.error_type}: {r.error_message}", file=sys.stderr)
     return 1 if bad else 0
