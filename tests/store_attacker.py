@@ -20,6 +20,17 @@ OLD_DIGEST_KEY = "reshardctl/run-digest"
 FORGED = "rank 9 (outsider) failed in transfer: FORGED BY AN OUTSIDER"
 
 
+def other_address() -> str | None:
+    """A non-loopback IPv4 address of this machine (the route a datagram would take), or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
 def events(run_dir: Path, rank: int) -> list[dict]:
     path = run_dir / "events" / f"rank-{rank}.jsonl"
     if not path.exists():

@@ -27,20 +27,10 @@ from reshardctl.runtime.groups import Groups, rendezvous, settle
 from reshardctl.runtime.run_store import RunKeys, scoped
 
 from runtime_plans import p2p_plan, rows_cols_case
+from store_attacker import other_address
 
 TOKEN = "d3adb33f" * 4
 HANG_S = 8.0  # rank 1 pauses this long at step 2 (below the timeout): the outsider acts meanwhile
-
-
-def other_address() -> str | None:
-    """A non-loopback IPv4 address of this machine (the route a datagram would take)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))  # no packet is sent
-            addr = s.getsockname()[0]
-    except OSError:
-        return None
-    return None if addr.startswith("127.") else addr
 
 
 @pytest.fixture(scope="module")

@@ -290,3 +290,39 @@ def test_calibrate_through_slurm_measures_two_of_the_sites_nodes(cluster, tmp_pa
     from reshardctl.site.measured import read_measured
 
     assert read_measured(out, "slurm-local").ranks == 8
+
+
+def test_an_outsider_with_the_port_cannot_stop_a_slurm_run(cluster, tmp_path, model, capsys):
+    """docs/runs.md "The run's store", on Slurm: a process that reads the run's port from its events but
+    has no token (tests/store_attacker.py) cannot reach the store on another interface, finds no token
+    digest, forges failure records while rank 1 pauses at step 2, cannot join on the former prefix; the
+    run commits every refit."""
+    from store_attacker import other_address
+
+    other = other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    out, res_path = tmp_path / "attacked", tmp_path / "attacker.json"
+    attacker = subprocess.Popen([sys.executable, str(Path(__file__).parent / "store_attacker.py"), str(out),
+                                 str(res_path), other, "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        code = main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "3", "--transport",
+                     "reshard", "--timeout-s", "30", "--inject", "hang:rank=1:phase=transfer:step=2:seconds=8",
+                     "--out", str(out)])
+        log = attacker.communicate(timeout=120)[0].decode()
+    finally:
+        if attacker.poll() is None:
+            attacker.kill()
+    assert code == 0, capsys.readouterr().err
+    res = json.loads(res_path.read_text())
+    assert res["loopback_connect"]["ok"] and not res["other_interface_connect"]["ok"], (res, log)
+    assert 1400 <= res["port"] <= 1999
+    assert not res["old_digest"]["ok"] and not res["init_old_prefix"]["ok"]
+    forged = {f["target"] for f in res["forged"] if f["ok"]}
+    assert "raw" in forged and any(t.startswith("seen ") for t in forged), res["forged"]
+    commits = [json.loads(x) for r in range(4) for x in (out / "events" / f"rank-{r}.jsonl").read_text().splitlines()
+               if '"commit"' in x]
+    last = [max(e["start"] for e in commits if e["rank"] == r and e["phase"] == "commit") for r in range(4)]
+    assert res["forged_at"] < min(last)  # forged while every rank still had a refit to commit
+    s = _summary(out)
+    assert s["ok"] and s["transports"]["reshard"]["verified"] and s["transports"]["reshard"]["committed_steps_agree"]

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -409,7 +409,7 @@ def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
     end = time.monotonic() + timeout_s
     missing = list(range(env.world_size))
     while time.monotonic() < end:
-        missing = [r for r in missing if read_sealed(store, f"{key}/{r}")[1] != "1"]
+        missing = [r for r in missing if read_sealed(store, f"{key}/{r}") != "1"]
         if not missing:
             return []
         time.sleep(0.05)

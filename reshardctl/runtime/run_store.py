@@ -100,11 +100,11 @@ def unseal(store, key: str, raw: bytes | str) -> str | None:
     return value
 
 
-def read_sealed(store, key: str) -> tuple[bool, str | None]:
-    """(the key exists, its value when the seal holds)."""
+def read_sealed(store, key: str) -> str | None:
+    """The value under ``key`` when it is there and its seal holds, else ``None``."""
     if not store.check([key]):
-        return False, None
-    return True, unseal(store, key, store.get(key))
+        return None
+    return unseal(store, key, store.get(key))
 
 
 def challenge(keys: RunKeys) -> str:
