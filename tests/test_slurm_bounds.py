@@ -127,12 +127,12 @@ def test_a_killed_rank_costs_no_timeout(cluster, tmp_path, model, capsys):
     code = main(["run", "--site", SITE, "--model", model, *LAYOUT, "--iters", "3", "--timeout-s", str(timeout),
                  "--inject", "kill:rank=3:phase=transfer:step=2", "--out", str(out)])
     assert code == 1, capsys.readouterr().err
-    s = _summary(out)
-    assert s["root_cause"]["rank"] == 3 and sorted(s["lost_ranks"]) == ["3"]
-    assert (out / "logs" / "rank-3.exit").read_text().strip() == "137"  # 128 + SIGKILL
     took = _job_end(_job(out)) - _drill_at(out)
     # measured: within the second of the kill (srun --wait=5 bounds a slow exit); before: timeout + 5 s
     assert took < timeout / 3, f"job ended {took:.1f} s after the kill (before: timeout + 5 = {timeout + 5} s)"
+    s = _summary(out)
+    assert s["root_cause"]["rank"] == 3 and sorted(s["lost_ranks"]) == ["3"]
+    assert (out / "logs" / "rank-3.exit").read_text().strip() == "137"  # 128 + SIGKILL
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
