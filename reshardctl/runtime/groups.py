@@ -374,19 +374,48 @@ def own_groups(groups: "Groups") -> list:
     return out
 
 
-def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
+SETTLE_POLL_S = 0.05
+_LOST_PEER = ("connection closed", "connection reset", "broken pipe", "timed out", "not complete within",
+              "unreachable", "killed by signal", "no report")
+
+
+def lost_peer(cause: BaseException | str | None) -> bool:
+    """Does the failure that ended an attempt say a peer is gone or silent (a closed connection, a reset,
+    a timeout, the store unreachable)? Such a peer will not settle: settling need not wait for it."""
+    text = str(cause or "").lower()
+    return any(w in text for w in _LOST_PEER)
+
+
+def settle(store, env: RankEnv, attempt: int, timeout_s: float, cause: BaseException | str | None = None,
+           poll_s: float = SETTLE_POLL_S) -> list[int]:
     """Every rank says it has left attempt ``attempt``; wait (bounded) until all did. Returns the ranks
-    that did not arrive (empty: all settled, a rebuild is safe)."""
+    that cannot be counted on (empty: all settled, a rebuild is safe; the same verdict on every rank).
+
+    One counter in the store (``store.add``): a rank arriving adds 1, or, when the failure that ended its
+    attempt (``cause``) says a peer is lost (a closed connection, a timeout: ``lost_peer``), ``world + 1``,
+    which tells every rank that not every rank will arrive. One store call per poll (``add(key, 0)``
+    reads the counter). Settling therefore ends as soon as the outcome is known: all arrived, or one rank
+    saw a dead or silent peer (a hung rank that caused a timeout is not waited for again), or the store
+    itself is gone (rank 0); ``timeout_s`` only bounds the case where nobody knows. Only at the end are
+    the per-rank keys read, to name the ranks: those that did not arrive, else those that saw a lost
+    peer."""
+    world = env.world_size
     key = f"settled/{attempt}"
-    store.set(f"{key}/{env.global_rank}", "1")
-    end = time.monotonic() + timeout_s
-    missing = list(range(env.world_size))
-    while time.monotonic() < end:
-        missing = [r for r in missing if not store.check([f"{key}/{r}"])]
-        if not missing:
+    lost = lost_peer(cause)
+    try:
+        store.set(f"{key}/{env.global_rank}", "lost" if lost else "ok")
+        n = store.add(key, world + 1 if lost else 1)
+        end = time.monotonic() + timeout_s
+        while n < world and time.monotonic() < end:
+            time.sleep(poll_s)
+            n = store.add(key, 0)
+        if n == world:
             return []
-        time.sleep(0.05)
-    return missing
+        here = [r for r in range(world) if store.check([f"{key}/{r}"])]
+        missing = [r for r in range(world) if r not in here]
+        return missing or [r for r in here if store.get(f"{key}/{r}") == b"lost"]
+    except Exception:  # noqa: BLE001 - the store went with rank 0: no retry is possible
+        return [0]
 
 
 def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
