@@ -210,8 +210,17 @@ class Refitter:
             # still take part: the readiness vote at the common start makes every rank raise at once
             local_error, st = exc, State(committed_step=self._committed)
         ctx = RefitContext(self.plan, self.groups, self.executor, self.options, self.events)
-        report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
-        # committed: every rank voted OK and learned it. Only now the caller's tensors change.
+        try:
+            report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
+        except TransferError:
+            if st.current is not None and st.committed_step == step:  # every rank voted OK: the commit
+                self._adopt(st, step)  # stands on every surviving rank (docs/commit-protocol.md), here too
+            raise
+        self._adopt(st, step)
+        return report
+
+    def _adopt(self, st: State, step: int) -> None:
+        """The refit of ``step`` committed on this rank: only now the caller's tensors change."""
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
             self._commit_copy(st.current)
@@ -219,7 +228,6 @@ class Refitter:
                 torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
             self._staged = st.current  # the arena with the new bytes: the next refit's staging copy
         self._committed = step
-        return report
 
     def close(self) -> None:
         self.events.close()

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.errors import InputError
+from reshardctl.errors import InputError, TransferError
 from reshardctl.plan.inputs import prepare
 from reshardctl.plan.model import TRANSPORTS
 
@@ -131,8 +131,29 @@ def show_summary(res, as_json: bool) -> None:
         output.print_json(res.summary)
     else:
         render(res.summary)
+    split = split_text(res.summary)
+    if split is not None:  # never a success, and never only a line in summary.json
+        raise TransferError(split if res.error is None else f"{split}\n{res.error}")
     if res.error is not None:
         raise res.error
+
+
+def split_text(summary: dict) -> str | None:
+    """``SPLIT: ...`` naming the inference ranks and the step each ends on, when they differ in any
+    transport's ``committed_steps`` (the commit's repair could not make them agree: docs/commit-protocol.md)."""
+    parts = []
+    for name, s in (summary.get("transports") or {}).items():
+        steps = s.get("committed_steps") or {}
+        if len(set(steps.values())) <= 1:
+            continue
+        by: dict = {}
+        for rank, step in sorted(steps.items(), key=lambda kv: int(kv[0])):
+            by.setdefault(step, []).append(rank)
+        parts.append(f"{name}: " + "; ".join(f"step {st} on rank(s) {', '.join(rs)}" for st, rs in by.items()))
+    if not parts:
+        return None
+    return ("SPLIT: the inference ranks end on different weights (" + " | ".join(parts)
+            + "); serve nothing from this run before every inference rank is refitted again")
 
 
 def slurm_state_line(states: dict, sides: dict | None = None) -> str:

@@ -9,9 +9,22 @@ Spec (``--inject``, repeatable; ``RunOptions.faults`` joins them with ``;``)::
     corrupt:rank=6                 one byte flipped in the first bytes that land on the rank
     slow:rank=1:factor=4           the rank's transfer phase lasts ``factor`` times as long
 
-Keys: ``rank`` (global, required), ``phase`` (``start``, ``transfer``, ``verify``, ``commit``; defaults:
-kill/exit/hang ``transfer``/``commit``/``verify`` as above), ``step`` (the refit's training step;
-default: the first refit that reaches the phase), ``factor`` (slow), ``seconds`` (hang), ``code`` (exit).
+Keys: ``rank`` (global, required), ``phase`` (defaults: kill/exit/hang ``transfer``/``commit``/``verify``
+as above), ``step`` (the refit's training step; default: the first refit that reaches the phase),
+``factor`` (slow), ``seconds`` (hang), ``code`` (exit), ``after`` (kill/exit: seconds after the phase
+starts, from a timer, while the rank goes on: a fault in the middle of whatever comes next).
+Phases, in the order a refit reaches them (the commit's windows: docs/commit-protocol.md):
+
+    start     the common start of the refit
+    transfer  the transfer phase
+    verify    the checksum exchange, before the vote
+    vote      the vote's result arrived here, before it is forwarded down the tree
+    commit    after the vote, before this rank swaps to the new weights
+    swapped   after this rank's swap, before the acknowledgement
+    ack       the acknowledgement's result arrived here, before it is forwarded down the tree
+    done      after the acknowledgement, the refit committed here
+    repair    an inference rank enters the failure-time repair (after a failure of the refit)
+
 ``key=value`` pairs may be separated by ``:`` or ``,``. Every drill fires once (a retry runs clean),
 and writes a ``drill`` event (with its unix time) before it acts: detection times are measured from it.
 """
@@ -21,15 +34,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 from reshardctl.errors import InputError
 
 KINDS = ("kill", "exit", "hang", "corrupt", "slow")
-PHASES = ("start", "transfer", "verify", "commit")
+PHASES = ("start", "transfer", "verify", "vote", "commit", "swapped", "ack", "done", "repair")
 _DEFAULT_PHASE = {"kill": "transfer", "exit": "commit", "hang": "verify", "corrupt": "transfer", "slow": "transfer"}
-_KEYS = {"rank", "phase", "step", "factor", "seconds", "code"}
+_KEYS = {"rank", "phase", "step", "factor", "seconds", "code", "after"}
 
 
 @dataclass(frozen=True)
@@ -41,9 +55,11 @@ class Fault:
     factor: float = 4.0
     seconds: float = 86400.0
     code: int = 3
+    after: float = 0.0
 
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
+        at += f", {self.after:g} s later" if self.after else ""
         extra = f" x{self.factor:g}" if self.kind == "slow" else ""
         return f"{self.kind}{extra} rank {self.rank} in phase {self.phase}{at}"
 
@@ -68,9 +84,15 @@ def parse_one(spec: str) -> Fault:
         raise InputError(f"--inject {spec!r}: phase {phase!r} is not one of {', '.join(PHASES)}")
     try:
         f = Fault(kind, int(kv["rank"]), phase, int(kv["step"]) if "step" in kv else None,
-                  float(kv.get("factor", 4.0)), float(kv.get("seconds", 86400.0)), int(kv.get("code", 3)))
+                  float(kv.get("factor", 4.0)), float(kv.get("seconds", 86400.0)), int(kv.get("code", 3)),
+                  float(kv.get("after", 0.0)))
     except ValueError:
-        raise InputError(f"--inject {spec!r}: rank, step and code are integers, factor and seconds numbers") from None
+        raise InputError(f"--inject {spec!r}: rank, step and code are integers, factor, seconds and after "
+                         f"numbers") from None
+    if f.after and f.kind not in ("kill", "exit"):
+        raise InputError(f"--inject {spec!r}: after= is for kill and exit drills (a hang stops the rank where it is)")
+    if not 0 <= f.after <= 3600:
+        raise InputError(f"--inject {spec!r}: after={f.after:g} must be between 0 and 3600 seconds")
     if f.kind == "slow" and f.factor < 1:
         raise InputError(f"--inject {spec!r}: factor {f.factor} must be >= 1")
     return f
@@ -105,14 +127,32 @@ class Drills:
         return True
 
     def at(self, phase: str, step: int) -> None:
+        """The rank reached ``phase`` of the refit of ``step``: fire the drills armed for it (a hang
+        sleeps in the calling thread: call it from the rank's main thread, see ``hangs``)."""
         for f in self.mine:
             if f.kind in ("kill", "exit", "hang") and self._fire(f, step, phase):
-                sys.stderr.flush()
-                if f.kind == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if f.kind == "exit":
-                    os._exit(f.code)
-                time.sleep(f.seconds)
+                if f.after:
+                    threading.Thread(target=self._act_later, args=(f,), name="reshardctl-drill", daemon=True).start()
+                    continue
+                self._act(f)
+
+    def hangs(self, phase: str, step: int) -> bool:
+        """Will ``at(phase, step)`` hang this rank (so the caller runs that point in its main thread)?"""
+        return any(f.kind == "hang" and f not in self._done and f.phase == phase and f.step in (None, step)
+                   for f in self.mine)
+
+    def _act_later(self, f: Fault) -> None:
+        time.sleep(f.after)
+        self._act(f)
+
+    @staticmethod
+    def _act(f: Fault) -> None:
+        sys.stderr.flush()
+        if f.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if f.kind == "exit":
+            os._exit(f.code)
+        time.sleep(f.seconds)
 
     def slow_factor(self, step: int) -> float:
         for f in self.mine:

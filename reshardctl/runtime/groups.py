@@ -246,7 +246,12 @@ class Abandoned(TransferError):
 TAG_CONTROL = (1 << 30) - 2  # the control plane's tree all-reduce (the checksum exchange has 2**30 - 1)
 
 
-def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, wait) -> None:
+class SubtreeLost(TransferError):
+    """The tree all-reduce's result is complete on this rank, but forwarding it to a child failed (a dead
+    or silent child): that child's part of the tree did not get it from here."""
+
+
+def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, wait, progress=None) -> None:
     """``v`` (a CPU tensor) combined elementwise over ranks ``0 .. world - 1`` of ``group``, in place:
     up a binomial tree to rank 0 (at level ``k`` rank ``r + k`` sends to ``r`` where ``r % 2k == 0``),
     then down it, ``2 ceil(log2 world)`` steps of one message each, every one waited by
@@ -254,7 +259,13 @@ def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, w
     and costs one helper thread). gloo's own all-reduce is a ring of ``2 (world - 1)``
     sequential steps, which for these few bytes costs a latency per step: 14 steps took 7-12 ms on 8
     ranks sharing 2 cores here, and would be ~1,000 at 512 ranks. ``combine(a, b)`` returns the
-    elementwise result (associative and commutative: MIN, SUM)."""
+    elementwise result (associative and commutative: MIN, SUM).
+
+    ``progress`` (optional; the commit protocol's, commit.py) is told how far this rank got, and may
+    stop it: ``progress.begin_send()`` just before this rank's contribution goes up (False: stop, nothing
+    sent), ``progress.result()`` once ``v`` holds the final result here, before it is forwarded down
+    (False, the root only: stop, nothing forwarded). A child that cannot be sent the result does not
+    undo it: the other children still get it, then ``SubtreeLost`` is raised (``v`` holds the result)."""
     levels = []
     k = 1
     while k < world:
@@ -263,17 +274,29 @@ def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, w
     tmp = torch.empty_like(v)
     for k in levels:  # up: gather into rank 0
         if rank % (2 * k) == k:
+            if progress is not None and not progress.begin_send():
+                raise TransferError("stopped before this rank's contribution was sent")
             wait([dist.isend(v, rank - k, group=group, tag=TAG_CONTROL)])
             break
         if rank + k < world:
             wait([dist.irecv(tmp, rank + k, group=group, tag=TAG_CONTROL)])
             v.copy_(combine(v, tmp))
+    if rank == 0 and progress is not None and not progress.result():
+        raise TransferError("stopped before the result was forwarded")
+    lost: list[str] = []
     for k in reversed(levels):  # down: rank 0's result to every rank
         if rank % (2 * k) == 0:
             if rank + k < world:
-                wait([dist.isend(v, rank + k, group=group, tag=TAG_CONTROL)])
+                try:
+                    wait([dist.isend(v, rank + k, group=group, tag=TAG_CONTROL)])
+                except (RuntimeError, TransferError) as exc:
+                    lost.append(f"rank {rank + k}: {exc}")
         elif rank % (2 * k) == k:
             wait([dist.irecv(v, rank - k, group=group, tag=TAG_CONTROL)])
+            if progress is not None:
+                progress.result()
+    if lost:
+        raise SubtreeLost(f"result complete here, not forwarded to {'; '.join(lost)}")
 
 
 def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> None:
@@ -400,20 +423,59 @@ def own_groups(groups: "Groups") -> list:
     return out
 
 
-def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
+SETTLE_POLL_S = 0.05
+_LOST_PEER = ("connection closed", "connection reset", "broken pipe", "timed out", "not complete within",
+              "unreachable", "killed by signal", "no report")
+
+
+def lost_peer(cause: BaseException | str | None) -> bool:
+    """Does the failure that ended an attempt say a peer is gone or silent (a closed connection, a reset,
+    a timeout, the store unreachable)? Such a peer will not settle: settling need not wait for it."""
+    text = str(cause or "").lower()
+    return any(w in text for w in _LOST_PEER)
+
+
+def settle(store, env: RankEnv, attempt: int, timeout_s: float, cause: BaseException | str | None = None,
+           poll_s: float = SETTLE_POLL_S) -> list[int]:
     """Every rank says it has left attempt ``attempt``; wait (bounded) until all did. Returns the ranks
-    that did not arrive (empty: all settled, a rebuild is safe)."""
+    that cannot be counted on (empty: all settled, a rebuild is safe; the same verdict on every rank).
+
+    One counter in the store (``store.add``): a rank arriving adds 1, or, when the failure that ended its
+    attempt (``cause``) says a peer is lost (a closed connection, a timeout: ``lost_peer``), ``world + 1``,
+    which tells every rank that not every rank will arrive. One store call per poll (``add(key, 0)``
+    reads the counter). Settling therefore ends as soon as the outcome is known: all arrived, or one rank
+    saw a dead or silent peer (a hung rank that caused a timeout is not waited for again), or the store
+    itself is gone (rank 0); ``timeout_s`` only bounds the case where nobody knows. Only at the end are
+    the per-rank keys read, to name the ranks: those that did not arrive, else those that saw a lost
+    peer. The marks are sealed (``run_store.seal``) and only genuine ones count: an outsider's ``add`` to
+    the counter cannot end settling early (it is believed only when the marks agree), and an outsider's
+    mark counts for nothing."""
+    world = env.world_size
     key = f"settled/{attempt}"
     me = f"{key}/{env.global_rank}"
-    store.set(me, seal(store, me, "1"))  # sealed: a mark without the run's token counts for nothing
-    end = time.monotonic() + timeout_s
-    missing = list(range(env.world_size))
-    while time.monotonic() < end:
-        missing = [r for r in missing if read_sealed(store, f"{key}/{r}") != "1"]
-        if not missing:
-            return []
-        time.sleep(0.05)
-    return missing
+    lost = lost_peer(cause)
+    try:
+        store.set(me, seal(store, me, "lost" if lost else "ok"))  # a mark without the run's token: nothing
+        n = store.add(key, world + 1 if lost else 1)
+        end = time.monotonic() + timeout_s
+        while True:
+            if n >= world:  # the counter says the outcome is known: the sealed marks must say so too
+                marks = {r: read_sealed(store, f"{key}/{r}") for r in range(world)}
+                if all(v == "ok" for v in marks.values()):
+                    return []
+                if any(v == "lost" for v in marks.values()):
+                    missing = [r for r, v in marks.items() if v is None]
+                    return missing or [r for r, v in marks.items() if v == "lost"]
+                # counts without genuine marks: an outsider's add; only the timeout ends it now
+            if time.monotonic() >= end:
+                break
+            time.sleep(poll_s)
+            n = store.add(key, 0)
+        marks = {r: read_sealed(store, f"{key}/{r}") for r in range(world)}
+        missing = [r for r, v in marks.items() if v is None]
+        return missing or [r for r, v in marks.items() if v == "lost"]
+    except Exception:  # noqa: BLE001 - the store went with rank 0: no retry is possible
+        return [0]
 
 
 def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:

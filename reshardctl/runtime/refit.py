@@ -1,5 +1,6 @@
-"""One refit of one rank: common start (readiness + agreement) -> execute -> verify -> vote -> learn ->
-commit. Shared by the worker (``reshardctl run``) and the API; fault drills come in only through the
+"""One refit of one rank: common start (readiness + agreement) -> execute -> verify -> vote -> swap ->
+acknowledge, and on a failure after the common start, the repair among the inference ranks (commit.py,
+docs/commit-protocol.md). Shared by the worker (``reshardctl run``) and the API; fault drills come in only through the
 optional ``drills`` object, which only the worker passes.
 
 Every failure ends here as a raised ``TransferError``/``VerificationError`` carrying a ``record`` (rank,
@@ -121,9 +122,52 @@ class RefitContext:
     drills: object | None = None
 
 
+def _swap_in(st: State, step: int) -> None:
+    """Commit ``step`` here: the staged copy (its verified bytes) becomes the served one; the previous
+    weights stay in the staged copy (``previous_valid``) until the next refit's bytes arrive."""
+    if st.committed_step == step:
+        return
+    if st.current is not None:
+        st.current.swap_data(st.staged)
+        st.previous_step, st.previous_valid = st.committed_step, True
+    st.committed_step = step
+
+
+def _fail_and_repair(ctx: "RefitContext", st: State, phase: str, step: int, exc: BaseException,
+                     known: int) -> BaseException:
+    """A failure of this rank's refit after the common start: publish it (``_fail``), then, on an
+    inference rank, the repair with the other inference ranks (``commit.repair``): commit when any of
+    them had the vote's all-OK result, else keep the previous weights. The returned error says which."""
+    groups, env, events, drills = ctx.groups, ctx.groups.env, ctx.events, ctx.drills
+    err = _fail(groups, env, phase, step, exc)
+    if env.side != "infer":
+        return err
+    if drills is not None:
+        drills.at("repair", step)
+    with events.phase("repair", step=step, known=_commit.KNOWS[known]) as ph:
+        decision, answers, note = _commit.repair(groups, step, known, ctx.options.timeout_s)
+        if decision == _commit.COMMIT:
+            _swap_in(st, step)
+        ph.update(decision=_commit.KNOWS[decision], answers={str(p): a for p, a in answers.items()},
+                  committed_step=st.committed_step)
+    out = type(err)(f"{err.message}; {note}; this rank holds step {st.committed_step}", hint=err.hint)
+    out.record, out.where = err.record, getattr(err, "where", None)
+    return out
+
+
+def _tree_hook(drills, phase: str, step: int):
+    """(the drill point called when a tree all-reduce's result arrives, whether to run it in the main
+    thread: a hang there must stop the whole rank)."""
+    if drills is None:
+        return None, False
+    return (lambda: drills.at(phase, step)), drills.hangs(phase, step)
+
+
 def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
     """One refit of this rank. Raises ``VerificationError``/``TransferError`` (with ``.record``) unless
-    every rank voted OK and this rank learned that every rank knows it; then this rank committed."""
+    every rank voted OK and this rank learned that every rank had that result (then every inference rank
+    swapped); an inference rank whose refit failed after the common start has repaired first (its error
+    says what it holds)."""
     plan, groups, ex, options, events, drills = ctx.plan, ctx.groups, ctx.executor, ctx.options, ctx.events, ctx.drills
     env = groups.env
     phase = "start"
@@ -148,15 +192,17 @@ def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str |
             if factor > 1:
                 time.sleep((factor - 1) * (time.perf_counter() - t0))
     except Exception as exc:  # noqa: BLE001 - every failure becomes this rank's record
-        local_error = _fail(groups, env, phase, step, exc)
+        local_error = exc
     transfer_s = time.perf_counter() - t0
-    if local_error is not None:
-        raise local_error
+    if local_error is not None:  # this rank's verdict never leaves: nobody can commit
+        raise _fail_and_repair(ctx, st, phase, step, local_error, _commit.ABORT)
     phase = "verify"
     if drills is not None:
         drills.at("verify", step)
     t1 = time.perf_counter()
     full_s = 0.0
+    failed: BaseException | None = None
+    known = _commit.ABORT
     with events.phase("verify", step=step) as ph:
         problems: list[str] = []
         try:
@@ -172,9 +218,14 @@ def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str |
             ph["verdict"] = code
             if problems:
                 ph["problems"] = problems[:5]
-            codes = _commit.vote(groups, code)
+            hook, in_main = _tree_hook(drills, "vote", step)
+            codes, _ = _commit.vote(groups, code, hook, in_main)
         except Exception as exc:  # noqa: BLE001
-            raise _fail(groups, env, phase, step, exc) from None
+            failed, known = exc, getattr(exc, "known", _commit.ABORT)  # ABORT: the verdict never left
+        if failed is not None:
+            ph["error"] = str(failed)
+    if failed is not None:
+        raise _fail_and_repair(ctx, st, phase, step, failed, known)
     verify_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     phase = "commit"
@@ -187,15 +238,24 @@ def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str |
             raise
         if drills is not None:
             drills.at("commit", step)
+        _swap_in(st, step)
+        ph["swapped"] = True
+        if drills is not None:
+            drills.at("swapped", step)
         try:
-            _commit.learn(groups, step)
+            hook, in_main = _tree_hook(drills, "ack", step)
+            lost_child = _commit.learn(groups, step, hook, in_main)
         except Exception as exc:  # noqa: BLE001
-            raise _fail(groups, env, phase, step, exc) from None
-        if st.current is not None:
-            st.current.swap_data(st.staged)
-            st.previous_step, st.previous_valid = st.committed_step, True
-        st.committed_step = step
-        ph["committed"] = True
+            failed = exc
+        if failed is None:
+            _commit.mark_acked(groups, step)
+            ph["committed"] = True
+            if lost_child is not None:
+                ph["lost_child"] = str(lost_child)
+    if failed is not None:  # every rank voted OK and this one swapped: the repair tells the others
+        raise _fail_and_repair(ctx, st, phase, step, failed, _commit.COMMIT)
+    if drills is not None:
+        drills.at("done", step)
     return IterationReport(
         step=step, committed=True, transfer_s=transfer_s, verify_s=verify_s,
         commit_s=time.perf_counter() - t2, full_check_s=full_s,

@@ -111,11 +111,11 @@ def _retry_or_raise(exc: BaseException, attempt: int, options: RunOptions, store
     if attempt >= options.retries:
         raise exc
     with events.phase("settle", step=step, attempt=attempt) as ph:
-        missing = settle(store, env, attempt, options.timeout_s)
+        missing = settle(store, env, attempt, options.timeout_s, cause=exc)
         ph["missing"] = missing
     if missing:
-        raise TransferError(f"{exc}; no retry: rank(s) {missing} did not settle within "
-                            f"{options.timeout_s:g} s") from exc
+        raise TransferError(f"{exc}; no retry: rank(s) {missing} did not settle, or saw a lost peer (settling "
+                            f"waits at most {options.timeout_s:g} s)") from exc
 
 
 def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
