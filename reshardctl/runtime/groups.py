@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
+from reshardctl.runtime import nccl_watchdog
 from reshardctl.runtime.env import RankEnv
 
 TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
@@ -51,6 +52,8 @@ class Groups:
     broadcast: dict[tuple[int, ...], object] = field(default_factory=dict)  # members -> group (members only)
     attempt: int = 0
     store: object = None  # this attempt's store: failures are published there (None: not published)
+    aborted: bool = False  # reshardctl's NCCL communicators of this attempt were aborted (abort_data_plane)
+    notes: list[str] = field(default_factory=list)  # settings overridden for torch's monitor (nccl_watchdog)
 
     def publish_failure(self, record: str) -> None:
         """Tell every rank that this attempt failed (first writer wins); best effort (rank 0's store may
@@ -133,8 +136,10 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
     device = _device(env)
     timeout = timedelta(seconds=timeout_s)
+    notes: list[str] = []
     try:
         if env.backend == "nccl":  # the default group is ours: its errors abort it, not the process
+            notes = nccl_watchdog.apply_own_rank_settings()  # before it exists: torch reads them then
             with nccl_error_handling(keep_users=True):
                 dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
                                         rank=env.global_rank, world_size=env.world_size, timeout=timeout,
@@ -146,6 +151,7 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
     groups = attach_groups(env, plan, device, timeout_s)
     groups.attempt = attempt
+    groups.notes = notes
     groups.store = dist.PrefixStore(f"attempt-{attempt}/ctl/", store)
     return groups
 
@@ -160,17 +166,24 @@ def nccl_error_handling(keep_users: bool = False):
     it is created): a timed-out or failed communicator of ours is aborted and the process lives on to
     report and vote. Torch's default (3) tears the process down; the RL framework's own groups keep
     their setting. ``keep_users``: a value the user set for reshardctl's own ranks (``reshardctl run``)
-    is kept; under the API the framework's value is about its groups, so ours get 2 regardless."""
-    old = os.environ.get(_ERROR_HANDLING)
-    if not (keep_users and old is not None):
-        os.environ[_ERROR_HANDLING] = "2"
+    is kept; under the API the framework's value is about its groups, so ours get 2 regardless. Also a
+    short ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` unless one is set (nccl_watchdog.py: the watchdog of a
+    failed group sleeps 4x it before it aborts, and the group's destructor joins the watchdog)."""
+    wanted = {nccl_watchdog.WAIT_TIMEOUT_DUMP_MS: nccl_watchdog.SHORT_DUMP_WAIT_MS}
+    if not (keep_users and os.environ.get(_ERROR_HANDLING) is not None):
+        wanted[_ERROR_HANDLING] = "2"
+    old = {k: os.environ.get(k) for k in wanted}
+    for k, v in wanted.items():
+        if k == _ERROR_HANDLING or old[k] is None:
+            os.environ[k] = v
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(_ERROR_HANDLING, None)
-        else:
-            os.environ[_ERROR_HANDLING] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 
@@ -333,10 +346,18 @@ def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> No
 
 
 def abort_data_plane(groups: "Groups") -> None:
-    """Abort reshardctl's NCCL communicators (torch's private abort; best effort). Where reshardctl owns
-    the default group (its own ranks: the data plane is WORLD) that is every group of the process; under
-    the API only the groups it created (``own_groups``), never the RL framework's, in one NCCL group
-    call as torch aborts several communicators (aborted one by one they can wait on each other)."""
+    """Abort reshardctl's NCCL communicators (torch's private abort; best effort; once per attempt: a
+    group aborted is gone from torch's registry). Where reshardctl owns the default group (its own
+    ranks: the data plane is WORLD) that is every group of the process; under the API only the groups
+    it created (``own_groups``), never the RL framework's, in one NCCL group call as torch aborts several
+    communicators (aborted one by one they can wait on each other). ``ncclCommAbort`` ends the kernels
+    at once; a destroy (``ncclCommFinalize``) would wait for them, which for a dead peer is forever."""
+    if getattr(groups, "aborted", False):
+        return
+    try:
+        groups.aborted = True
+    except AttributeError:  # a read-only stand-in
+        pass
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort is None:
         return
@@ -362,6 +383,37 @@ def abort_data_plane(groups: "Groups") -> None:
                 backend._group_end()
     except Exception:  # noqa: BLE001 - best effort: the process must go on to report
         pass
+
+
+def abort_after_failure(groups: "Groups | None") -> None:
+    """The exit of every failed refit (runtime/refit.py), on every rank (the root cause, a knock-on
+    ``Abandoned``, a verification failure): on CUDA reshardctl's communicators are aborted now, before
+    the rank settles, so no NCCL kernel of the attempt keeps spinning on the GPU and no device-wide sync
+    (the framework's, or this rank's own teardown) waits for one. gloo has no kernels: its groups are
+    released after settling (``release``)."""
+    if groups is not None and groups.device.type == "cuda":
+        abort_data_plane(groups)
+
+
+def release(groups: "Groups") -> None:
+    """Tear down one attempt's groups after every rank settled (``rebuild``, the API's rebuild): NCCL
+    groups are aborted, never destroyed (a destroy finalizes: it waits for every kernel of the
+    communicator); gloo groups are destroyed. As reshardctl's own ranks that is every group (the default
+    group included); under the API its own data, broadcast and control groups, never the framework's:
+    after a release none of them is left in torch's registry (``_world.pg_map``)."""
+    cuda = groups.device.type == "cuda"
+    if cuda:
+        abort_data_plane(groups)
+    if groups.data is dist.group.WORLD:
+        shutdown()
+        return
+    registry = dist.distributed_c10d._world.pg_map
+    for pg in [groups.ctrl] if cuda else [*own_groups(groups), groups.ctrl]:
+        if pg is not None and pg in registry:
+            try:
+                dist.destroy_process_group(pg)
+            except Exception:  # noqa: BLE001 - best effort: a group half gone must not stop the rebuild
+                pass
 
 
 def own_groups(groups: "Groups") -> list:
@@ -390,12 +442,17 @@ def settle(store, env: RankEnv, attempt: int, timeout_s: float) -> list[int]:
 
 
 def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
-    """Fresh groups for the next attempt (every rank calls it after ``settle``)."""
-    shutdown()
+    """Fresh groups for the next attempt (every rank calls it after ``settle``): the old ones released
+    (NCCL: aborted first, never finalized), torch's ``exception_dump`` key of the failed attempt deleted
+    from the root store (nccl_watchdog.py), then the new groups."""
+    release(groups)
+    nccl_watchdog.clear_dump_signal(store)
     return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
 
 
 def shutdown() -> None:
+    """Destroy every group of the process (reshardctl's own ranks at a normal end: nothing is pending;
+    after a failure on CUDA the groups were aborted first and the default group is gone already)."""
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
