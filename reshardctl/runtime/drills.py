@@ -9,7 +9,8 @@ Spec (``--inject``, repeatable; ``RunOptions.faults`` joins them with ``;``)::
     corrupt:rank=6                 one byte flipped in the first bytes that land on the rank
     slow:rank=1:factor=4           the rank's transfer phase lasts ``factor`` times as long
 
-Keys: ``rank`` (global, required), ``phase`` (``start``, ``transfer``, ``verify``, ``commit``; defaults:
+Keys: ``rank`` (global, required), ``phase`` (``connect``: the pre-connect after the groups are built,
+whose ``step`` is the refit that follows; ``start``, ``transfer``, ``verify``, ``commit``; defaults:
 kill/exit/hang ``transfer``/``commit``/``verify`` as above), ``step`` (the refit's training step;
 default: the first refit that reaches the phase), ``factor`` (slow), ``seconds`` (hang), ``code`` (exit).
 ``key=value`` pairs may be separated by ``:`` or ``,``. Every drill fires once (a retry runs clean),
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from reshardctl.errors import InputError
 
 KINDS = ("kill", "exit", "hang", "corrupt", "slow")
-PHASES = ("start", "transfer", "verify", "commit")
+PHASES = ("connect", "start", "transfer", "verify", "commit")
 _DEFAULT_PHASE = {"kill": "transfer", "exit": "commit", "hang": "verify", "corrupt": "transfer", "slow": "transfer"}
 _KEYS = {"rank", "phase", "step", "factor", "seconds", "code"}
 
