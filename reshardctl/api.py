@@ -35,7 +35,7 @@ from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime import nccl_watchdog
-from reshardctl.runtime.groups import attach_groups, release, settle
+from reshardctl.runtime.groups import attach_groups, preconnect, release, settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -117,6 +117,10 @@ class Refitter:
         self.groups = attach_groups(self.env, self.plan, self.device, self.timeout_s, own_data=True)
         store = self._store()
         self.groups.store = None if store is None else dist.PrefixStore(f"attempt-{self._attempt}/", store)
+        # every path of the refits connected now, bounded (groups.preconnect): the first refit, and the
+        # first after a rebuild, do not meet a peer for the first time inside an unbounded post
+        with self.events.phase("connect", attempt=self._attempt) as ph:
+            ph.update(preconnect(self.groups, self.plan, self.timeout_s))
         self.executor = Executor(self.plan, self.groups, self.events, self.pool)
 
     def holdings(self) -> dict[str, tuple[Box, ...]]:
@@ -166,12 +170,28 @@ class Refitter:
             torch._foreach_copy_(dst, self._arena_flat[1])
 
     def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
-              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0) -> IterationReport:
+              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0,
+              producer: "torch.cuda.Stream | torch.cuda.Event | None" = None) -> IterationReport:
         """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
         ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape.
         A failed attempt is retried up to ``retries`` times (every rank passes the same value), after
         every rank settled, on fresh groups; the error of the last attempt is raised. After a failure the
-        Refitter stays usable: the next call rebuilds its groups first."""
+        Refitter stays usable: the next call rebuilds its groups first.
+
+        Streams (CUDA; docs/api.md "Streams"): the refit reads ``local_src`` (and writes ``local_dst``)
+        after everything enqueued on the current stream. Weights written on another stream (an
+        overlapped all-gather) must be ordered before the call: pass that stream, or an event recorded
+        after its last write, as ``producer`` and the current stream waits for it first. On return the
+        committed bytes are in ``local_dst`` and the current stream synchronized with the host: any
+        consumer stream may read them."""
+        if producer is not None and self.device.type == "cuda":
+            current = torch.cuda.current_stream(self.device)
+            if isinstance(producer, torch.cuda.Event):
+                current.wait_event(producer)
+            elif isinstance(producer, torch.cuda.Stream):
+                current.wait_stream(producer)
+            else:
+                raise TransferError(f"producer must be a torch.cuda.Stream or torch.cuda.Event, got {type(producer).__name__}")
         for attempt in range(retries + 1):
             if self._broken:
                 self._rebuild(step)
