@@ -17,7 +17,13 @@
   and a rank stops waiting as soon as another rank published a failure of the attempt in the store.
 * Attempts: ``rebuild`` tears every group down and builds fresh ones under a new store prefix
   (``attempt-<k>``), after every rank settled (``settle``), so nothing left posted by a failed attempt
-  can match the next one's messages.
+  can match the next one's messages. On CUDA every failed refit leaves through ``abort_after_failure``
+  (reshardctl's communicators aborted at once); ``release`` (in ``rebuild``) aborts NCCL groups and
+  destroys gloo ones, never finalizing an NCCL communicator after a failure.
+* First contact: ``preconnect`` connects every point-to-point direction and broadcast group the
+  program uses right after the groups are built, under the deadline (NCCL connects lazily inside the
+  post, outside every bound). Torch's NCCL monitor is kept from killing the process for reshardctl's
+  groups by ``nccl_watchdog.py`` (docs/gpu.md, "Failures on NCCL").
 """
 
 from __future__ import annotations
