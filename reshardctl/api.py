@@ -19,6 +19,7 @@ leaves ``local_dst`` untouched. Reference: docs/api.md.
 from __future__ import annotations
 
 import os
+import warnings
 from itertools import chain
 from typing import Mapping, Sequence
 
@@ -33,7 +34,8 @@ from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import abort_data_plane, attach_groups, settle
+from reshardctl.runtime import nccl_watchdog
+from reshardctl.runtime.groups import attach_groups, preconnect, release, settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -60,15 +62,22 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
 class Refitter:
     """This process's part of every refit of ``plan`` on the initialised default process group."""
 
-    def __init__(self, plan: Plan, *, events_dir: str | None = None, timeout_s: float = 300.0):
+    def __init__(self, plan: Plan, *, events_dir: str | None = None, timeout_s: float = 300.0,
+                 unsafe_monitor: str = "refuse"):
+        """``unsafe_monitor``: what to do when the framework's NCCL settings let torch's monitor kill this
+        process after a failed refit (``nccl_watchdog.monitor_risk``): ``"refuse"`` (a ``TransferError``,
+        before any group is built) or ``"warn"`` (a ``RuntimeWarning``, then go on)."""
         if not dist.is_initialized():
             raise TransferError("Refitter needs torch.distributed initialised (init_process_group) first")
+        if unsafe_monitor not in ("refuse", "warn"):
+            raise TransferError(f"unsafe_monitor={unsafe_monitor!r}: use 'refuse' or 'warn'")
         world, rank = dist.get_world_size(), dist.get_rank()
         T, I = plan.train_world, plan.infer_world
         if world != T + I:
             raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
         # "nccl", "gloo" or a composite "cpu:gloo,cuda:nccl": the data plane is NCCL when CUDA tensors go to NCCL
         backend = data_plane_backend(dist.get_backend())
+        check_monitor(backend, os.environ, unsafe_monitor)
         side, side_rank = side_of_global(rank, T)
         # the framework already chose this process's GPU (torch.cuda.set_device): it is used as it is
         local = torch.cuda.current_device() if backend == "nccl" else 0
@@ -85,7 +94,6 @@ class Refitter:
         _instances[0] += 1
         self._uid = _instances[0]
         self._attempt = 0
-        self._retired: list = []  # groups of failed attempts: never torn down while a dead peer's op may be pending
         self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
         self._build()
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
@@ -109,6 +117,10 @@ class Refitter:
         self.groups = attach_groups(self.env, self.plan, self.device, self.timeout_s, own_data=True)
         store = self._store()
         self.groups.store = None if store is None else dist.PrefixStore(f"attempt-{self._attempt}/", store)
+        # every path of the refits connected now, bounded (groups.preconnect): the first refit, and the
+        # first after a rebuild, do not meet a peer for the first time inside an unbounded post
+        with self.events.phase("connect", attempt=self._attempt) as ph:
+            ph.update(preconnect(self.groups, self.plan, self.timeout_s))
         self.executor = Executor(self.plan, self.groups, self.events, self.pool)
 
     def holdings(self) -> dict[str, tuple[Box, ...]]:
@@ -158,12 +170,28 @@ class Refitter:
             torch._foreach_copy_(dst, self._arena_flat[1])
 
     def refit(self, step: int, *, local_src: Mapping[str, Sequence[torch.Tensor]] | None = None,
-              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0) -> IterationReport:
+              local_dst: Mapping[str, Sequence[torch.Tensor]] | None = None, retries: int = 0,
+              producer: "torch.cuda.Stream | torch.cuda.Event | None" = None) -> IterationReport:
         """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
         ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape.
         A failed attempt is retried up to ``retries`` times (every rank passes the same value), after
         every rank settled, on fresh groups; the error of the last attempt is raised. After a failure the
-        Refitter stays usable: the next call rebuilds its groups first."""
+        Refitter stays usable: the next call rebuilds its groups first.
+
+        Streams (CUDA; docs/api.md "Streams"): the refit reads ``local_src`` (and writes ``local_dst``)
+        after everything enqueued on the current stream. Weights written on another stream (an
+        overlapped all-gather) must be ordered before the call: pass that stream, or an event recorded
+        after its last write, as ``producer`` and the current stream waits for it first. On return the
+        committed bytes are in ``local_dst`` and the current stream synchronized with the host: any
+        consumer stream may read them."""
+        if producer is not None and self.device.type == "cuda":
+            current = torch.cuda.current_stream(self.device)
+            if isinstance(producer, torch.cuda.Event):
+                current.wait_event(producer)
+            elif isinstance(producer, torch.cuda.Stream):
+                current.wait_stream(producer)
+            else:
+                raise TransferError(f"producer must be a torch.cuda.Stream or torch.cuda.Event, got {type(producer).__name__}")
         for attempt in range(retries + 1):
             if self._broken:
                 self._rebuild(step)
@@ -183,9 +211,11 @@ class Refitter:
             if missing:
                 raise TransferError(f"refit of step {step}: rank(s) {missing} did not settle after the failed "
                                     f"refit within {self.timeout_s:g} s; the Refitter cannot rebuild its groups")
-        if self.groups.device.type == "cuda":  # ops a failed attempt left posted end with our communicators
-            abort_data_plane(self.groups)
-        self._retired.append(self.groups)
+        # every rank left the failed attempt: its groups go (NCCL: aborted, never finalized), with torch's
+        # dump signal of the failure (nccl_watchdog.py); then fresh ones
+        release(self.groups)
+        if store is not None:
+            nccl_watchdog.clear_dump_signal(store)
         self._attempt += 1
         self._build()
         self._broken = False
@@ -232,6 +262,21 @@ class Refitter:
     def close(self) -> None:
         self.events.close()
         self.pool.clear()
+
+
+def check_monitor(backend: str, environ: Mapping[str, str], unsafe_monitor: str = "refuse") -> None:
+    """On an NCCL data plane: refuse (``TransferError``) or warn (``RuntimeWarning``) when the framework's
+    settings let torch's monitor kill this process after a failed refit (nccl_watchdog.monitor_risk). The
+    variables are read from the environment now: torch read them when the framework created its default
+    group, so this is right when the framework set them before ``init_process_group`` (as it should)."""
+    risk = nccl_watchdog.monitor_risk(environ) if backend == "nccl" else None
+    if risk is None:
+        return
+    advice = (f"set {nccl_watchdog.DUMP_ON_TIMEOUT}=0 (or {nccl_watchdog.ENABLE_MONITORING}=0) in every rank's "
+              f"environment before init_process_group (docs/gpu.md, \"Torch's monitor\")")
+    if unsafe_monitor == "refuse":
+        raise TransferError(f"Refitter refused: {risk}", hint=advice + "; or Refitter(..., unsafe_monitor='warn')")
+    warnings.warn(f"reshardctl: {risk}; {advice}", RuntimeWarning, stacklevel=3)
 
 
 def _on(where: torch.device, device: torch.device) -> bool:

@@ -83,3 +83,171 @@ def test_selftest_gpu_passes_every_check(capsys):
         assert not nccl["skipped"] and nccl["numbers"]["backend"] == "nccl" and nccl["numbers"]["commits"] > 0
     else:
         assert nccl["skipped"]
+
+
+# --- issue 27: the NCCL path after a failure (docs/gpu.md "Failures on NCCL"); each would have caught one
+# of its findings on the first GPU run.
+
+def test_nccl_hang_before_any_connection_is_bounded_by_the_pre_connect(tmp_path):
+    """A hang at first contact (phase connect, step 1: no p2p connection exists yet): without the bounded
+    pre-connect every other rank blocks inside ncclGroupEnd to the walltime."""
+    _gpus(4)
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    timeout = 10.0
+    with pytest.raises(TransferError) as info:
+        run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=2, device="cuda", dump_weights=True,
+                                   timeout_s=timeout, faults="hang:rank=2:phase=connect:step=1"))
+    err = info.value
+    assert err.failures[0]["rank"] == 2 and len(err.failures) == 4
+    survivors_detect_within_bound(err, drill_time(tmp_path, 2), timeout + 10)
+    assert all(f["phase"] in ("connect", "start") for f in err.failures[1:])
+
+
+def test_nccl_hang_at_step_2_then_a_retry_commits_and_no_rank_is_killed_by_torchs_monitor(tmp_path, monkeypatch):
+    """Rank 2 stalls 26 s in step 2, then wakes: every rank aborts, settles, rebuilds (the exception_dump
+    key deleted), retries and commits. The survivors time out at ~15 s and wait ~10 s for rank 2 to
+    settle: a monitor that reacted to the failure would have killed one by then (its dump, then the 5 s
+    heartbeat timeout; 5 s also exceeds the watchdog's 4 s sleep after a failure, so its own hang check
+    does not fire): a report would be missing."""
+    _gpus(4)
+    monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "5")
+    m, src, dst = rows_cols_case()
+    plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
+    timeout = 15.0
+    reports = run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=4, device="cuda", dump_weights=True,
+                                         timeout_s=timeout, retries=1,
+                                         faults="hang:rank=2:phase=transfer:step=2:seconds=26"))
+    assert all(r.ok for r in reports) and len(reports) == 4
+    assert [(a["step"], a["attempt"]) for a in reports[0].attempts] == [(2, 0), (2, 1)]
+    assert_previous_weights(tmp_path, plan, 4, [2, 3])
+
+
+def test_nccl_gather_and_broadcast_over_two_sub_communicators_with_the_baseline(tmp_path):
+    """Buckets alternating between two broadcast groups (two sub-communicators), refit and raw baseline:
+    one communicator at a time, pre-connected, byte exact."""
+    _gpus(4)
+    from test_baseline_order import alternating_plan
+    plan = alternating_plan()
+    reports = run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=2, device="cuda", dump_weights=True,
+                                         full_check=True, timeout_s=30, baseline=True))
+    assert all(r.ok and r.backend == "nccl" for r in reports)
+    assert all(r.baseline.get("broadcast_bytes", 0) > 0 for r in reports if r.global_rank in (2, 3))
+    assert_previous_weights(tmp_path, plan, 2, [2, 3])
+
+
+def _api_probe_rank(rank: int, world: int, port: int, cfg: str, q) -> None:
+    """An RL framework's rank: NCCL default group (monitor safe), a Refitter; rank 3 stalls mid-transfer
+    past the timeout once; then, after twice the heartbeat timeout, every rank is alive and its default
+    group works, and the next refit (rebuilt groups) commits."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from reshardctl import api
+    from reshardctl.errors import ReshardError
+    from reshardctl.runtime.synthetic_weights import synthetic_region
+
+    try:
+        os.environ.update({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "5"})
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                device_id=torch.device("cuda", rank))
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        by_name = {t.name: t for t in plan.model.tensors}
+        refitter = api.Refitter(plan, timeout_s=5)
+        if rank == 3:
+            done = []
+
+            def tap(at, buf, n):
+                if at == 1 and not done:
+                    done.append(at)
+                    time.sleep(15)
+            refitter.executor.tap = tap
+        holdings = refitter.holdings()
+        local = {n: [synthetic_region(by_name[n], b, 1).cuda() for b in boxes] for n, boxes in holdings.items()}
+        outcomes = []
+        for step in (1, 2):
+            try:
+                if rank < plan.train_world:
+                    refitter.refit(step, local_src=local)
+                else:
+                    refitter.refit(step, local_dst=local)
+                outcomes.append(True)
+            except ReshardError as exc:
+                outcomes.append(type(exc).__name__)
+            if step == 1:
+                time.sleep(12)  # > 2 heartbeat timeouts: a monitor that reacted would have killed us by now
+                probe = torch.ones(1, device="cuda")
+                dist.all_reduce(probe)
+                outcomes.append(int(probe.item()))
+        refitter.close()
+        dist.destroy_process_group()
+        q.put((rank, outcomes, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_api_rank_stalled_mid_transfer_every_rank_lives_and_its_default_group_works(tmp_path):
+    _gpus(4)
+    from conftest import SMALL_LLAMA
+    from spawned_ranks import run_ranks
+    cfg = tmp_path / "small" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(SMALL_LLAMA))
+    res = run_ranks(_api_probe_rank, 4, lambda r, port, q: (r, 4, port, str(cfg), q), timeout_s=300)
+    for rank, outcomes in res.items():
+        assert outcomes[0] != True and outcomes[1] == 4 and outcomes[2] is True, (rank, outcomes)  # noqa: E712
+
+
+def _producer_rank(rank: int, world: int, port: int, cfg: str, q) -> None:
+    """Trainer weights written on a producer stream behind a 50 ms device sleep; ``producer=`` orders
+    the refit after it: the inference ranks get exactly those bytes."""
+    import os
+
+    import torch.distributed as dist
+
+    from reshardctl import api
+    from reshardctl.runtime.synthetic_weights import synthetic_region
+
+    try:
+        os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                device_id=torch.device("cuda", rank))
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        by_name = {t.name: t for t in plan.model.tensors}
+        refitter = api.Refitter(plan, timeout_s=30)
+        holdings = refitter.holdings()
+        local = {n: [torch.zeros_like(synthetic_region(by_name[n], b, 0)).cuda() for b in boxes]
+                 for n, boxes in holdings.items()}
+        producer = torch.cuda.Stream()
+        if rank < plan.train_world:
+            with torch.cuda.stream(producer):
+                torch.cuda._sleep(50_000_000)  # ~50 ms of device time before the weights are written
+                for n, boxes in holdings.items():
+                    for b, t in zip(boxes, local[n]):
+                        t.copy_(synthetic_region(by_name[n], b, 1).cuda(non_blocking=False))
+            refitter.refit(1, local_src=local, producer=producer)
+            ok = True
+        else:
+            refitter.refit(1, local_dst=local, producer=producer)
+            ok = all(torch.equal(t.cpu().view(torch.uint8), synthetic_region(by_name[n], b, 1).view(torch.uint8))
+                     for n, boxes in holdings.items() for b, t in zip(boxes, local[n]))
+        refitter.close()
+        dist.destroy_process_group()
+        q.put((rank, ok, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_api_producer_stream_orders_the_refit_after_the_callers_writes(tmp_path):
+    _gpus(4)
+    from conftest import SMALL_LLAMA
+    from spawned_ranks import run_ranks
+    cfg = tmp_path / "small" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(SMALL_LLAMA))
+    res = run_ranks(_producer_rank, 4, lambda r, port, q: (r, 4, port, str(cfg), q), timeout_s=300)
+    assert all(res.values()), res

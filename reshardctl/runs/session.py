@@ -245,7 +245,9 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         from reshardctl.launch.local import choose_local_backend
         from reshardctl.runs.memory_check import check_memory
 
-        memory = check_memory(plans, gpus=choose_local_backend(inp.topology.world, "auto") == "nccl")["total"]
+        memory = check_memory({**plans, **({"fallback": fallback} if fallback is not None else {})},
+                              gpus=choose_local_backend(inp.topology.world, "auto") == "nccl",
+                              nccl=inp.site.nccl)["total"]
     # absolute: every Slurm node must find it, and summary.json names it wherever it is read
     run_dir = new_run_dir(out, "bench" if baseline else transports[0], force=force).resolve()
     who, started = started_by(), time.time()

@@ -4,8 +4,10 @@ Point-to-point: every (sender, receiver) pair of the plan exchanges ONE prealloc
 buffer holding exactly the payload bytes the plan moves between them (summed over rounds, and over the
 gather pieces of broadcast buckets), all posted in one ``batch_isend_irecv`` after a common start (no
 packing, no checksums, no unpacking). Broadcast buckets: then the raw broadcast of every bucket's size
-from its root over its group, pipelined two deep like the runtime. Best of ``repeats``; gives this
-machine's ceiling for the plan's traffic pattern.
+from its root over its group, pipelined two deep on one communicator and never across two (docs/gpu.md,
+"NCCL communicator order": before a broadcast on another group, everything in flight is waited for).
+Every wait is bounded (``groups.wait_works``). Best of ``repeats``; gives this machine's ceiling for the
+plan's traffic pattern.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound
-from reshardctl.runtime.groups import Groups
+from reshardctl.runtime.groups import Groups, wait_works
 from reshardctl.runtime.bucket_format import bucket_layout
 
 _TAG = 1 << 30
@@ -64,23 +66,26 @@ def raw_transfer(plan, groups: Groups, repeats: int = 3) -> dict[str, float]:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
+    limit = groups.timeout.total_seconds()
     for _ in range(repeats):
-        dist.all_reduce(probe)
+        wait_works([dist.all_reduce(probe, async_op=True)], groups, limit, "baseline start")
         sync()
         t0 = time.perf_counter()
         ops = [dist.P2POp(dist.isend, b, p, tag=_TAG) for p, b in bufs_out.items()]
         ops += [dist.P2POp(dist.irecv, b, p, tag=_TAG) for p, b in bufs_in.items()]
-        for w in dist.batch_isend_irecv(ops) if ops else []:
-            w.wait()
+        wait_works(dist.batch_isend_irecv(ops) if ops else [], groups, limit, "baseline point-to-point")
         sync()
         t1 = time.perf_counter()
-        inflight: list = []
-        for k, (root, group, n) in enumerate(bcasts):
-            if len(inflight) == 2:
-                inflight.pop(0).wait()
-            inflight.append(dist.broadcast(bbufs[k % 2][:n], src=root, group=groups.group_for(group), async_op=True))
-        for w in inflight:
-            w.wait()
+        inflight: list = []  # (group, work): every one on the same communicator
+        for k, (root, members, n) in enumerate(bcasts):
+            pg = groups.group_for(members)
+            if inflight and inflight[-1][0] is not pg:  # another communicator: drain this one first
+                wait_works([w for _, w in inflight], groups, limit, "baseline broadcast")
+                inflight = []
+            if len(inflight) == 2:  # two deep: the buffer of bucket k - 2 is free once its broadcast is
+                wait_works([inflight.pop(0)[1]], groups, limit, "baseline broadcast")
+            inflight.append((pg, dist.broadcast(bbufs[k % 2][:n], src=root, group=pg, async_op=True)))
+        wait_works([w for _, w in inflight], groups, limit, "baseline broadcast")
         sync()
         t2 = time.perf_counter()
         if t2 - t0 < best[0]:

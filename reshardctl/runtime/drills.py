@@ -15,6 +15,7 @@ as above), ``step`` (the refit's training step; default: the first refit that re
 starts, from a timer, while the rank goes on: a fault in the middle of whatever comes next).
 Phases, in the order a refit reaches them (the commit's windows: docs/commit-protocol.md):
 
+    connect   the bounded pre-connect after the groups are built (its ``step``: the refit that follows)
     start     the common start of the refit
     transfer  the transfer phase
     verify    the checksum exchange, before the vote
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from reshardctl.errors import InputError
 
 KINDS = ("kill", "exit", "hang", "corrupt", "slow")
-PHASES = ("start", "transfer", "verify", "vote", "commit", "swapped", "ack", "done", "repair")
+PHASES = ("connect", "start", "transfer", "verify", "vote", "commit", "swapped", "ack", "done", "repair")
 _DEFAULT_PHASE = {"kill": "transfer", "exit": "commit", "hang": "verify", "corrupt": "transfer", "slow": "transfer"}
 _KEYS = {"rank", "phase", "step", "factor", "seconds", "code", "after"}
 

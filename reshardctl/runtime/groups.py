@@ -21,7 +21,13 @@
   and a rank stops waiting as soon as another rank published a failure of the attempt in the store.
 * Attempts: ``rebuild`` tears every group down and builds fresh ones under a new store prefix
   (``attempt-<k>``), after every rank settled (``settle``), so nothing left posted by a failed attempt
-  can match the next one's messages.
+  can match the next one's messages. On CUDA every failed refit leaves through ``abort_after_failure``
+  (reshardctl's communicators aborted at once); ``release`` (in ``rebuild``) aborts NCCL groups and
+  destroys gloo ones, never finalizing an NCCL communicator after a failure.
+* First contact: ``preconnect`` connects every point-to-point direction and broadcast group the
+  program uses right after the groups are built, under the deadline (NCCL connects lazily inside the
+  post, outside every bound). Torch's NCCL monitor is kept from killing the process for reshardctl's
+  groups by ``nccl_watchdog.py`` (docs/gpu.md, "Failures on NCCL").
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
+from reshardctl.plan.schedule import BroadcastBucket, P2PRound
+from reshardctl.runtime import nccl_watchdog
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.run_store import (
     CHECK_KEY, RunKeys, RunStore, answers, challenge, listen_fd, read_sealed, scoped, seal, unseal,
@@ -58,6 +66,8 @@ class Groups:
     attempt: int = 0
     store: object = None  # this attempt's store: failures are published there (None: not published)
     forged: bool = False  # a failure record with a wrong seal was seen (and ignored)
+    aborted: bool = False  # reshardctl's NCCL communicators of this attempt were aborted (abort_data_plane)
+    notes: list[str] = field(default_factory=list)  # settings overridden for torch's monitor (nccl_watchdog)
 
     def publish_failure(self, record: str) -> None:
         """Tell every rank that this attempt failed (first writer wins, the record sealed with the run's
@@ -159,8 +169,10 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     """``plan``: one plan or a list of plans (a session): the broadcast groups of all are created now."""
     device = _device(env)
     timeout = timedelta(seconds=timeout_s)
+    notes: list[str] = []
     try:
         if env.backend == "nccl":  # the default group is ours: its errors abort it, not the process
+            notes = nccl_watchdog.apply_own_rank_settings()  # before it exists: torch reads them then
             with nccl_error_handling(keep_users=True):
                 dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
                                         rank=env.global_rank, world_size=env.world_size, timeout=timeout,
@@ -172,6 +184,7 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
     groups = attach_groups(env, plan, device, timeout_s)
     groups.attempt = attempt
+    groups.notes = notes
     groups.store = scoped(store, f"attempt-{attempt}/ctl/")  # keeps the run's keys: records are sealed
     return groups
 
@@ -186,17 +199,24 @@ def nccl_error_handling(keep_users: bool = False):
     it is created): a timed-out or failed communicator of ours is aborted and the process lives on to
     report and vote. Torch's default (3) tears the process down; the RL framework's own groups keep
     their setting. ``keep_users``: a value the user set for reshardctl's own ranks (``reshardctl run``)
-    is kept; under the API the framework's value is about its groups, so ours get 2 regardless."""
-    old = os.environ.get(_ERROR_HANDLING)
-    if not (keep_users and old is not None):
-        os.environ[_ERROR_HANDLING] = "2"
+    is kept; under the API the framework's value is about its groups, so ours get 2 regardless. Also a
+    short ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` unless one is set (nccl_watchdog.py: the watchdog of a
+    failed group sleeps 4x it before it aborts, and the group's destructor joins the watchdog)."""
+    wanted = {nccl_watchdog.WAIT_TIMEOUT_DUMP_MS: nccl_watchdog.SHORT_DUMP_WAIT_MS}
+    if not (keep_users and os.environ.get(_ERROR_HANDLING) is not None):
+        wanted[_ERROR_HANDLING] = "2"
+    old = {k: os.environ.get(k) for k in wanted}
+    for k, v in wanted.items():
+        if k == _ERROR_HANDLING or old[k] is None:
+            os.environ[k] = v
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(_ERROR_HANDLING, None)
-        else:
-            os.environ[_ERROR_HANDLING] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 
@@ -241,6 +261,107 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
 class Abandoned(TransferError):
     """This rank stopped waiting because another rank published a failure of the same attempt first
     (a knock-on failure: the root cause is elsewhere)."""
+
+
+TAG_CONNECT = (1 << 30) - 3  # pre-connect's messages (the control plane has 2**30 - 2)
+
+
+def program_peers(plan, rank: int) -> tuple[list[int], list[int]]:
+    """The peers this rank sends to and receives from in a plan, or a list of plans (rounds, relays and
+    the gathers of broadcast buckets), each sorted: the directions its program uses, no others (NCCL
+    gives every connected direction its own buffers)."""
+    sends: set[int] = set()
+    recvs: set[int] = set()
+    for pl in plan if isinstance(plan, (list, tuple)) else [plan]:
+        for s in pl.steps_for(rank):
+            if isinstance(s, P2PRound):
+                sends.update(pr.peer for pr in s.sends)
+                recvs.update(pr.peer for pr in s.recvs)
+            elif isinstance(s, BroadcastBucket):
+                for g in s.gather:
+                    if g.peer == rank and rank != s.root:
+                        sends.add(s.root)
+                    elif rank == s.root and g.peer != rank:
+                        recvs.add(g.peer)
+    sends.discard(rank)
+    recvs.discard(rank)
+    return sorted(sends), sorted(recvs)
+
+
+def _finish(works, stop: threading.Event, cuda: bool) -> None:
+    """Wait for ``works`` in the pre-connect's helper thread: gloo's blocking ``wait`` (bounded by the
+    group timeout), NCCL's completion polled until done or until the waiting thread gave up (``stop``)."""
+    if cuda:
+        while not all(w.is_completed() for w in works):
+            if stop.is_set():
+                return
+            time.sleep(1e-3)
+    for w in works:
+        w.wait()
+
+
+def preconnect(groups: Groups, plan, timeout_s: float) -> dict:
+    """Connect every path the refits will use, once, right after the groups are built, bounded like
+    every other wait: one small exchange with every program peer of this rank (``program_peers``: one
+    ``batch_isend_irecv`` on the data group, the directions the program uses), then one broadcast per
+    broadcast group this rank is in, in the plan's order (``broadcast_groups``, the same on every rank),
+    one group at a time. NCCL connects point-to-point channels lazily inside the post (``ncclGroupEnd``)
+    and a sub-communicator's rings at its first collective: a peer that never posts would hold the
+    posting thread there, outside every deadline. So the posts run in a helper thread and this thread
+    waits with the run's deadline, stops at once when another rank published a failure (``Abandoned``),
+    and on its own failure publishes it, aborts reshardctl's communicators (CUDA) and raises
+    ``TransferError``. On gloo the same exchange runs (cheap), so the path is exercised everywhere.
+    Returns what it connected (``peers``, ``groups``, ``seconds``)."""
+    rank = groups.env.global_rank
+    cuda = groups.device.type == "cuda"
+    sends, recvs = program_peers(plan, rank)
+    subgroups = [(m, groups.broadcast[m]) for m in broadcast_groups(plan) if m in groups.broadcast]
+    stage = [f"the exchange with its {len(set(sends) | set(recvs))} program peer(s)"]
+    stop = threading.Event()
+
+    def job() -> None:
+        if cuda:
+            torch.cuda.set_device(groups.device)  # the device is per thread
+        one = torch.ones(1, dtype=torch.uint8, device=groups.device)
+        ins = [torch.zeros(1, dtype=torch.uint8, device=groups.device) for _ in recvs]
+        ops = [dist.P2POp(dist.isend, one, p, group=groups.data, tag=TAG_CONNECT) for p in sends]
+        ops += [dist.P2POp(dist.irecv, t, p, group=groups.data, tag=TAG_CONNECT) for p, t in zip(recvs, ins)]
+        if ops:
+            _finish(dist.batch_isend_irecv(ops), stop, cuda)
+        for members, pg in subgroups:
+            if stop.is_set():
+                return
+            stage[0] = f"the broadcast over group {list(members)}"
+            b = torch.zeros(1, dtype=torch.uint8, device=groups.device)
+            _finish([dist.broadcast(b, src=members[0], group=pg, async_op=True)], stop, cuda)
+
+    t0 = time.monotonic()
+    done, err = start_helper(job)
+    end = t0 + timeout_s + 1.0  # gloo's own timeout fires first
+    next_check = t0 + 0.05
+    failure: TransferError | None = None
+    while not done.wait(0.05):
+        now = time.monotonic()
+        if groups.store is not None and now >= next_check:
+            next_check = now + 0.1
+            rec = groups.failure()
+            if rec is not None:
+                failure = Abandoned(f"pre-connect: stopped waiting: {rec}")
+                break
+        if now > end:
+            failure = TransferError(
+                f"rank {rank}: pre-connect not complete within {timeout_s:g} s, in {stage[0]}: a peer never "
+                f"posted (dead, hung, or still building its groups)")
+            break
+    if failure is None and err:
+        failure = TransferError(f"rank {rank}: pre-connect failed in {stage[0]}: {err[0]}")
+    if failure is not None:
+        stop.set()
+        if not isinstance(failure, Abandoned):
+            groups.publish_failure(f"rank {rank} failed in pre-connect: {failure}")
+        abort_after_failure(groups)
+        raise failure
+    return {"peers": len(set(sends) | set(recvs)), "groups": len(subgroups), "seconds": time.monotonic() - t0}
 
 
 TAG_CONTROL = (1 << 30) - 2  # the control plane's tree all-reduce (the checksum exchange has 2**30 - 1)
@@ -382,10 +503,18 @@ def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> No
 
 
 def abort_data_plane(groups: "Groups") -> None:
-    """Abort reshardctl's NCCL communicators (torch's private abort; best effort). Where reshardctl owns
-    the default group (its own ranks: the data plane is WORLD) that is every group of the process; under
-    the API only the groups it created (``own_groups``), never the RL framework's, in one NCCL group
-    call as torch aborts several communicators (aborted one by one they can wait on each other)."""
+    """Abort reshardctl's NCCL communicators (torch's private abort; best effort; once per attempt: a
+    group aborted is gone from torch's registry). Where reshardctl owns the default group (its own
+    ranks: the data plane is WORLD) that is every group of the process; under the API only the groups
+    it created (``own_groups``), never the RL framework's, in one NCCL group call as torch aborts several
+    communicators (aborted one by one they can wait on each other). ``ncclCommAbort`` ends the kernels
+    at once; a destroy (``ncclCommFinalize``) would wait for them, which for a dead peer is forever."""
+    if getattr(groups, "aborted", False):
+        return
+    try:
+        groups.aborted = True
+    except AttributeError:  # a read-only stand-in
+        pass
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort is None:
         return
@@ -411,6 +540,37 @@ def abort_data_plane(groups: "Groups") -> None:
                 backend._group_end()
     except Exception:  # noqa: BLE001 - best effort: the process must go on to report
         pass
+
+
+def abort_after_failure(groups: "Groups | None") -> None:
+    """The exit of every failed refit (runtime/refit.py), on every rank (the root cause, a knock-on
+    ``Abandoned``, a verification failure): on CUDA reshardctl's communicators are aborted now, before
+    the rank settles, so no NCCL kernel of the attempt keeps spinning on the GPU and no device-wide sync
+    (the framework's, or this rank's own teardown) waits for one. gloo has no kernels: its groups are
+    released after settling (``release``)."""
+    if groups is not None and groups.device.type == "cuda":
+        abort_data_plane(groups)
+
+
+def release(groups: "Groups") -> None:
+    """Tear down one attempt's groups after every rank settled (``rebuild``, the API's rebuild): NCCL
+    groups are aborted, never destroyed (a destroy finalizes: it waits for every kernel of the
+    communicator); gloo groups are destroyed. As reshardctl's own ranks that is every group (the default
+    group included); under the API its own data, broadcast and control groups, never the framework's:
+    after a release none of them is left in torch's registry (``_world.pg_map``)."""
+    cuda = groups.device.type == "cuda"
+    if cuda:
+        abort_data_plane(groups)
+    if groups.data is dist.group.WORLD:
+        shutdown()
+        return
+    registry = dist.distributed_c10d._world.pg_map
+    for pg in [groups.ctrl] if cuda else [*own_groups(groups), groups.ctrl]:
+        if pg is not None and pg in registry:
+            try:
+                dist.destroy_process_group(pg)
+            except Exception:  # noqa: BLE001 - best effort: a group half gone must not stop the rebuild
+                pass
 
 
 def own_groups(groups: "Groups") -> list:
@@ -479,12 +639,17 @@ def settle(store, env: RankEnv, attempt: int, timeout_s: float, cause: BaseExcep
 
 
 def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
-    """Fresh groups for the next attempt (every rank calls it after ``settle``)."""
-    shutdown()
+    """Fresh groups for the next attempt (every rank calls it after ``settle``): the old ones released
+    (NCCL: aborted first, never finalized), torch's ``exception_dump`` key of the failed attempt deleted
+    from the root store (nccl_watchdog.py), then the new groups."""
+    release(groups)
+    nccl_watchdog.clear_dump_signal(store)
     return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
 
 
 def shutdown() -> None:
+    """Destroy every group of the process (reshardctl's own ranks at a normal end: nothing is pending;
+    after a failure on CUDA the groups were aborted first and the default group is gone already)."""
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

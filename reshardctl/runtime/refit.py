@@ -22,7 +22,7 @@ from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import Abandoned, Groups
+from reshardctl.runtime.groups import Abandoned, Groups, abort_after_failure
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.synthetic_weights import SyntheticWeights, restep_
 
@@ -164,6 +164,16 @@ def _tree_hook(drills, phase: str, step: int):
 
 
 def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
+    """``_refit_once``; any failure out of it first aborts reshardctl's communicators (on CUDA, at once:
+    groups.abort_after_failure), then propagates."""
+    try:
+        return _refit_once(ctx, st, source, step, not_ready)
+    except BaseException:
+        abort_after_failure(ctx.groups)
+        raise
+
+
+def _refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
     """One refit of this rank. Raises ``VerificationError``/``TransferError`` (with ``.record``) unless
     every rank voted OK and this rank learned that every rank had that result (then every inference rank
     swapped); an inference rank whose refit failed after the common start has repaired first (its error

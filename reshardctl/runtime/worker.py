@@ -35,7 +35,7 @@ from reshardctl.runtime.drills import Drills, parse_faults
 from reshardctl.runtime.env import RankEnv, read_rank_env
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, settle, shutdown
+from reshardctl.runtime.groups import Groups, init_groups, preconnect, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
@@ -118,6 +118,18 @@ def _retry_or_raise(exc: BaseException, attempt: int, options: RunOptions, store
                             f"waits at most {options.timeout_s:g} s)") from exc
 
 
+def _connect(groups: Groups, plans: list, options: RunOptions, drills: Drills, events: EventLog, step: int) -> None:
+    """The bounded pre-connect after the groups are built (groups.preconnect), its failure recorded in
+    phase ``connect`` for the step whose refit was to follow."""
+    with events.phase("connect", step=step, attempt=groups.attempt) as ph:
+        drills.at("connect", step)
+        try:
+            ph.update(preconnect(groups, plans, options.timeout_s))
+        except TransferError as exc:
+            exc.record = failure_record(groups.env, "connect", step, exc)
+            raise
+
+
 def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
                 fallback=None) -> dict[str, RankReport]:
     """One rendezvous and one process group for several plans (same worlds), run in order: per plan
@@ -157,6 +169,9 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
             t = time.perf_counter()
             groups = init_groups(env, all_plans, store, timeout)
             info["group_init_s"] = time.perf_counter() - t
+            if groups.notes:  # a user's NCCL setting overridden so torch's monitor cannot kill this rank
+                events.record("nccl_settings", time.time(), 0.0, notes=groups.notes)
+        _connect(groups, all_plans, options, drills, events, options.first_step)
         device = groups.device
         info["device"] = str(device)
         step = options.first_step
@@ -215,6 +230,7 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
                     attempt += 1
                     with events.phase("group_init", backend=env.backend, attempt=attempt):
                         groups = rebuild(groups, all_plans, store, timeout)
+                    _connect(groups, all_plans, options, drills, events, step)
                     ex_plan = fallback if use_fallback else plan
                     events.common["transport"] = ex_plan.transport
                     ex = executor(ex_plan)

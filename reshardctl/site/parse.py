@@ -29,6 +29,7 @@ from reshardctl.site.spec import (
     TRANSPORTS,
     bucket_mb_problem,
     LinkSpec,
+    NcclSpec,
     RefitSpec,
     SiteProfile,
     SlurmSpec,
@@ -88,6 +89,12 @@ REFIT = {
     "timeout_s": Key("float", 300.0, "a number of seconds, e.g. 300", 0, True, MAX_SECONDS),
     "rendezvous_timeout_s": Key("float", 120.0, "a number of seconds, e.g. 120", 0, True, MAX_SECONDS),
 }
+NCCL = {
+    "buffsize_mb": Key("float", 4.0, "a number of MiB, e.g. 4 (NCCL_BUFFSIZE)", 0, True, 1024),
+    "max_channels": Key("int", 32, "a whole number of channels, e.g. 16 (NCCL_MAX_NCHANNELS)", 1, high=64),
+    "p2p_channels_per_peer": Key("int", 2, "a whole number of channels, e.g. 2 (NCCL_NCHANNELS_PER_NET_PEER)", 1,
+                                 high=64),
+}
 TOP = {
     "site": Key("str", None, "a name made of letters, digits, '.', '_' and '-'"),
     "nodes": Key("nodes", REQUIRED, "a node count (e.g. 4), a hostlist ('gpu[001-032]') or a list of names"),
@@ -99,9 +106,11 @@ TOP = {
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
     "slurm": Key("section", None, "a mapping (the slurm: section)"),
     "refit": Key("section", None, "a mapping (the refit: section)"),
+    "nccl": Key("section", None, "a mapping (the nccl: section)"),
     "state_dir": Key("str", None, "a directory path for the site's ledger, e.g. /shared/reshardctl-state"),
 }
-SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT}
+SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT,
+            "nccl.": NCCL}
 ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
 
 MAX_NAME = 128  # characters of a site name (it names files)
@@ -366,6 +375,9 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         hint = f"; did you mean {match[0]!r}?" if match else ""
         c.add("refit.transport", f"must be one of {', '.join(TRANSPORTS)}, got {short(refit['transport'])}{hint}")
 
+    nraw = _section(c, top.get("nccl"), "nccl.", NCCL)
+    nccl = {k: _value(c, nraw, "nccl.", k, spec) for k, spec in NCCL.items()}
+
     # cross-field arithmetic (only with values that passed their own checks)
     if nodes and domain and len(nodes) % domain:
         c.add("nvlink_domain_nodes", domain_message(len(nodes), domain))
@@ -410,6 +422,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         launcher=launcher,
         slurm=SlurmSpec(partitions=partitions, **slurm),
         refit=RefitSpec(**refit),
+        nccl=NcclSpec(**nccl),
         measured=measured,
         state_dir=state_dir,
     )

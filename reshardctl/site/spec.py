@@ -208,6 +208,29 @@ class RefitSpec:
 
 
 @dataclass(frozen=True)
+class NcclSpec:
+    """Caps on NCCL's own device memory, as this site sets them (its ``NCCL_*`` variables); used by the
+    memory check's estimate of NCCL's buffers per GPU (runs/memory_check.py ``nccl_bytes``)."""
+
+    buffsize_mb: float = 4.0  # NCCL_BUFFSIZE (NCCL's default: 4 MiB)
+    max_channels: int = 32  # NCCL_MAX_NCHANNELS: channels of a communicator's rings/trees
+    p2p_channels_per_peer: int = 2  # NCCL_NCHANNELS_PER_NET_PEER: channels per connected p2p direction
+
+    def __post_init__(self) -> None:
+        p = []
+        if not 0 < self.buffsize_mb <= 1024:
+            p.append(f"nccl.buffsize_mb must be > 0 and <= 1024, got {self.buffsize_mb!r}")
+        for k in ("max_channels", "p2p_channels_per_peer"):
+            if not 1 <= getattr(self, k) <= 64:
+                p.append(f"nccl.{k} must be between 1 and 64, got {getattr(self, k)!r}")
+        _raise(p, "invalid NcclSpec")
+
+    @property
+    def buffsize_bytes(self) -> int:
+        return int(self.buffsize_mb * MIB)
+
+
+@dataclass(frozen=True)
 class SiteProfile:
     """One site: its nodes, GPUs, NVLink domains, links, Slurm settings and refit settings.
 
@@ -225,6 +248,7 @@ class SiteProfile:
     launcher: str = "local"  # how `reshardctl run` starts ranks by default: "local" | "slurm"
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     refit: RefitSpec = field(default_factory=RefitSpec)
+    nccl: NcclSpec = field(default_factory=NcclSpec)
     measured: str | None = None  # a calibration file (``reshardctl calibrate --out``), as written in the profile
     state_dir: str | None = None  # where the site's ledger lives (None: the per-user state directory)
 
@@ -328,6 +352,11 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "bucket_mb": r.bucket_mb,
             "timeout_s": r.timeout_s,
             "rendezvous_timeout_s": r.rendezvous_timeout_s,
+        },
+        "nccl": {
+            "buffsize_mb": p.nccl.buffsize_mb,
+            "max_channels": p.nccl.max_channels,
+            "p2p_channels_per_peer": p.nccl.p2p_channels_per_peer,
         },
         "state_dir": p.state_dir,
     }
