@@ -14,7 +14,7 @@ from typing import Any, Callable
 from reshardctl.errors import InputError
 from reshardctl.runbook import gate, ledger
 from reshardctl.runbook.ledger import Entry, stamped
-from reshardctl.runbook.run_record import RunRecord, load_run, replay_args
+from reshardctl.runbook.run_record import RunRecord, load_run, read_command, replay_args
 from reshardctl.site import load_profile
 from reshardctl.site.spec import SiteProfile
 
@@ -58,8 +58,9 @@ def _fingerprint_today(site: str, run: RunRecord, transport: str) -> tuple[str |
     """(today's fingerprint, why it could not be computed, the replayed inputs)."""
     from reshardctl.plan.planner import build_plan
 
+    argv = read_command(run)  # an unreadable command.txt is bad input (exit 2), not a stale run
     try:
-        args = replay_args(run)
+        args = replay_args(run, argv)
         inp = _prepare(site, args, transport)
         plan = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                           bucket_bytes=inp.bucket_bytes, relay=inp.relay)
