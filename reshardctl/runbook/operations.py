@@ -228,13 +228,16 @@ def write_settings(path: str, text: str) -> Path:
 
 
 def check_writable(path: str | None) -> None:
-    """Bad ``--write`` targets are bad input before anything is decided or recorded."""
+    """Bad ``--write`` targets are bad input before anything is decided or recorded: a directory, a device
+    or FIFO (only regular files are written), a missing directory."""
+    from reshardctl.atomic_write import output_problem
     from reshardctl.errors import OutputError
 
     if path is None:
         return
     p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"--write {path}: is a directory")
+    why = output_problem(p)
+    if why:
+        raise OutputError(f"--write {path}: {why}")
     if not p.parent.is_dir():
         raise OutputError(f"--write {path}: directory {p.parent} does not exist")
