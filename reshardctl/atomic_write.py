@@ -1,6 +1,8 @@
 """Atomic writes: a file (or directory) appears under its final name complete, or not at all.
 
 A symlink is written through: the file it points to is replaced and the link stays (``through_link``).
+Only regular files are replaced: an existing directory, device, FIFO or socket is refused
+(``output_problem``; commands check it first to name their flag, the writes check it again).
 The content goes to a temp name next to the target (``.<name>.XXXX.tmp``, same file system), is
 fsynced, given its final mode and renamed over the target; on any failure the temp is removed and
 the target is left as it was. ``mkstemp``/``mkdtemp`` create 0o600/0o700 entries, so the final mode
@@ -9,9 +11,11 @@ is set explicitly: by default 0o666/0o777 minus the process umask, as ``open()``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +28,27 @@ def through_link(path: str | os.PathLike) -> Path:
     stays a link), so a write never silently turns a link into a plain file."""
     path = Path(path)
     return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be an output file, or None: every output is a regular file, so an existing
+    directory, device, FIFO or socket (or a symlink to one) is refused, never replaced (``--write
+    /dev/null`` must not put a plain file where the device was)."""
+    try:
+        st = os.stat(path)  # symlinks followed: the write goes through them
+    except OSError:
+        return None  # missing (created), or a problem the write itself reports
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory; give a file name"
+    if not stat.S_ISREG(st.st_mode):
+        return "exists and is not a regular file (a device, FIFO or socket is never replaced)"
+    return None
+
+
+def _refuse_special(path: Path) -> None:
+    why = output_problem(path)
+    if why is not None:
+        raise OSError(errno.EINVAL, why, str(path))
 
 
 def _umask() -> int:
@@ -47,6 +72,7 @@ def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator
     """Yield an empty temp file next to ``path``; when the block succeeds, fsync it, chmod it to
     ``mode`` (default ``file_mode()``) and rename it over ``path``; when it fails, remove it."""
     path = through_link(path)
+    _refuse_special(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
@@ -95,6 +121,7 @@ class StagedWrites:
 
     def file(self, path: str | os.PathLike) -> Path:
         path = through_link(path)
+        _refuse_special(path)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         self._entries.append((Path(name), path, False))
@@ -145,5 +172,5 @@ class StagedWrites:
             self.abort()
 
 
-__all__ = ["StagedWrites", "through_link", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
+__all__ = ["StagedWrites", "output_problem", "through_link", "atomic_open", "atomic_path", "dir_mode", "file_mode", "write_json_atomic",
            "write_text_atomic"]

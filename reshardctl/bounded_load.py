@@ -39,11 +39,13 @@ MIB = 1 << 20
 
 class LoadError(ValueError):
     """An input refused by a bound or by its parser; ``str()`` is the reason (without the file name).
-    ``reading``: the file itself could not be read (missing, not a regular file, too big, not UTF-8)."""
+    ``reading``: the file itself could not be read (missing, not a regular file, too big, not UTF-8);
+    ``missing``: it does not exist."""
 
-    def __init__(self, message: str, *, reading: bool = False):
+    def __init__(self, message: str, *, reading: bool = False, missing: bool = False):
         super().__init__(message)
         self.reading = reading
+        self.missing = missing
 
 
 def _kind(mode: int) -> str:
@@ -55,30 +57,39 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: str | os.PathLike) -> int:
-    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed); ``LoadError``
-    for anything else, decided without reading (a FIFO is opened non-blocking, so this never hangs)."""
+def check_regular(fd: int) -> os.stat_result:
+    """``fstat`` of an open descriptor when it is a regular file; ``LoadError`` naming what it is otherwise."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = _kind(st.st_mode)
+        raise LoadError(f"is {kind}, not a file" if kind.startswith("a ") else "is not a regular file", reading=True)
+    return st
+
+
+def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """A descriptor of ``path`` (opened with ``flags``, read-only by default; ``mode`` when ``O_CREAT`` creates it) when it is a regular file
+    (symlinks followed); ``LoadError`` for anything else, decided without reading (a FIFO is opened
+    non-blocking, so this never hangs). ``FileNotFoundError`` is a ``LoadError`` with ``missing`` set."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), mode)
     except FileNotFoundError:
-        raise LoadError("no such file", reading=True) from None
+        raise LoadError("no such file", reading=True, missing=True) from None
     except PermissionError:
         raise LoadError("permission denied", reading=True) from None
     except OSError as exc:
         raise LoadError(f"cannot open: {exc.strerror or exc}", reading=True) from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    try:
+        check_regular(fd)
+    except LoadError:
         os.close(fd)
-        kind = _kind(st.st_mode)
-        raise LoadError(f"is {kind}, not a file" if kind.startswith("a ") else "is not a regular file", reading=True)
+        raise
     return fd
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; ``LoadError`` otherwise (never blocks)."""
-    fd = open_regular(path)
+def read_fd(fd: int, max_bytes: int) -> bytes:
+    """The bytes of an open regular file (from its current offset), at most ``max_bytes``."""
     try:
-        st = os.fstat(fd)
+        st = check_regular(fd)
         if st.st_size > max_bytes:
             raise LoadError(f"is {st.st_size:,} bytes, more than the limit of {max_bytes:,} bytes", reading=True)
         chunks, total = [], 0
@@ -93,8 +104,20 @@ def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
         return b"".join(chunks)
     except OSError as exc:
         raise LoadError(f"cannot read: {exc.strerror or exc}", reading=True) from None
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; ``LoadError`` otherwise (never blocks)."""
+    fd = open_regular(path)
+    try:
+        return read_fd(fd, max_bytes)
     finally:
         os.close(fd)
+
+
+def read_text(path: str | os.PathLike, max_bytes: int) -> str:
+    """``read_bytes`` decoded as UTF-8."""
+    return decode(read_bytes(path, max_bytes))
 
 
 def decode(raw: bytes) -> str:
@@ -294,5 +317,5 @@ def load_file(path: str | os.PathLike, fmt: str, *, max_bytes: int, max_nodes: i
     return loads_yaml(text, max_nodes=max_nodes)
 
 
-__all__ = ["LoadError", "MAX_DEPTH", "MAX_NUMBER_CHARS", "decode", "load_file", "loads_json", "loads_toml",
-           "loads_yaml", "open_regular", "read_bytes"]
+__all__ = ["LoadError", "MAX_DEPTH", "MAX_NUMBER_CHARS", "check_regular", "decode", "load_file", "loads_json",
+           "loads_toml", "loads_yaml", "open_regular", "read_bytes", "read_fd", "read_text"]

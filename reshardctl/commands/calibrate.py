@@ -56,6 +56,7 @@ def calibrate_cmd(
     """Run microbenchmarks on the site's ranks and write a calibration file for its predictions."""
     from reshardctl.atomic_write import write_json_atomic
     from reshardctl.calibrate.runner import calibration, measure
+    from reshardctl.atomic_write import output_problem
     from reshardctl.errors import InputError
     from reshardctl.site import load_profile
     from reshardctl.site.measured import default_path
@@ -67,8 +68,9 @@ def calibrate_cmd(
     if run_dir is not None and launcher != "slurm":
         raise InputError("--run-dir is for the Slurm launcher (--launcher slurm)")
     path = Path(out) if out is not None else default_path(prof.name)
-    if path.is_dir():
-        raise InputError(f"--out {path}: is a directory")
+    why = output_problem(path)  # only regular files are written (a device is never replaced)
+    if why:
+        raise InputError(f"--out {path}: {why}")
     if out is not None and not path.parent.is_dir():
         raise InputError(f"--out {path}: directory {path.parent} does not exist")
     if launcher == "slurm":

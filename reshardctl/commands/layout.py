@@ -177,6 +177,7 @@ def export(
     """
     from pathlib import Path
 
+    from reshardctl.atomic_write import output_problem
     from reshardctl.layout.layout_file import export_layout_file
     from reshardctl.plan.inputs import layout_file_problems, layout_or_problems, topology_or_problems
 
@@ -185,8 +186,8 @@ def export(
         problems.append(f"--side {side!r}: expected train or infer")
     if Path(out).suffix not in (".yaml", ".yml", ".json"):
         problems.append(f"--out {out}: expected a .yaml, .yml or .json file name")
-    elif Path(out).is_dir():
-        problems.append(f"--out {out}: is a directory; give a file name")
+    elif output_problem(out):  # a directory, a device, a FIFO (or a link to one): never replaced
+        problems.append(f"--out {out}: {output_problem(out)}")
     else:
         for parent in Path(out).absolute().parents:  # the nearest existing one must be a directory
             if parent.exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import traceback
 from typing import Any
@@ -62,11 +63,33 @@ def info(message: str) -> None:
         err_console().print(message)
 
 
+def _finite(data: Any, path: str, seen: dict[str, str]) -> Any:
+    """``data`` with every NaN/infinite float replaced by None, its path and value recorded in ``seen``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        seen[path or "."] = repr(data)
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), seen) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v, f"{path}[{i}]", seen) for i, v in enumerate(data)]
+    return data
+
+
+def strict_json(data: Any) -> str:
+    """Strict JSON (RFC 8259: no NaN or Infinity): a non-finite number is printed as null, and an object
+    gets ``non_finite``: {path: "nan" | "inf" | "-inf"} saying which values were and why they are null."""
+    seen: dict[str, str] = {}
+    clean = _finite(data, "", seen)
+    if seen and isinstance(clean, dict):
+        clean["non_finite"] = seen
+    return json.dumps(clean, indent=2, sort_keys=False, default=str, allow_nan=False)
+
+
 def print_json(data: Any) -> None:
-    """Machine-readable output on stdout (never mixed with rich markup). One object per command: a
-    command that printed its report (a failed run's summary, a refused promotion) carries its error in
-    it, so ``error`` prints no second object."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Machine-readable output on stdout (never mixed with rich markup), strict JSON (``strict_json``).
+    One object per command: a command that printed its report (a failed run's summary, a refused
+    promotion) carries its error in it, so ``error`` prints no second object."""
+    sys.stdout.write(strict_json(data) + "\n")
     sys.stdout.flush()
     _state["json_printed"] = True
 

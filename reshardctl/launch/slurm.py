@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
-from reshardctl.errors import LaunchError, TransferError
+from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
+from reshardctl.errors import InputError, LaunchError, TransferError
 from reshardctl.launch import slurm_cli
 from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
@@ -32,7 +33,11 @@ from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
-SACCT_LAG_S = 15.0  # accounting rows complete up to a few seconds after a job left the queue
+SACCT_LAG_S = 15.0
+MAX_JOBS_BYTES = 1 << 20  # slurm/jobs.json
+MAX_REPORT_BYTES = 64 << 20  # reports/rank-N.json
+MAX_EVENTS_BYTES = 256 << 20  # events/rank-N.jsonl
+TAIL_BYTES = 64 << 10  # the end of a log that failure messages quote  # accounting rows complete up to a few seconds after a job left the queue
 
 
 @dataclass
@@ -59,14 +64,30 @@ class SlurmRun:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "SlurmRun":
+        """The jobs of ``run_dir``; ``InputError`` (exit 2) for a missing, special, oversized or malformed
+        ``slurm/jobs.json``, and for a job id that is not a Slurm job id (before any command sees it)."""
         path = Path(run_dir) / JOBS_FILE
         try:
-            data = json.loads(path.read_text())
+            data = loads_json(read_text(path, MAX_JOBS_BYTES))
+        except LoadError as exc:
+            if exc.missing:
+                raise InputError(f"{run_dir}: not a Slurm run directory (no {JOBS_FILE})") from None
+            raise InputError(f"{path}: cannot be read: {exc}") from None
+        if not isinstance(data, dict) or set(data) - set(cls.__dataclass_fields__):
+            raise InputError(f"{path}: expected a JSON object with keys {', '.join(cls.__dataclass_fields__)}")
+        kinds = {"run_dir": str, "mode": str, "job_ids": dict, "submitted_at": (int, float), "scripts": list,
+                 "world": int}
+        for key, kind in kinds.items():
+            if key in data and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
+                raise InputError(f"{path}: `{key}` has the wrong type: {str(data[key])[:80]!r}")
+        if data.get("mode") not in ("hetjob", "two-jobs"):
+            raise InputError(f"{path}: `mode` must be hetjob or two-jobs, got {str(data.get('mode'))[:80]!r}")
+        for role, job in (data.get("job_ids") or {}).items():
+            slurm_cli.check_job_id(job, f"{path}: `job_ids.{role}`")
+        try:
             return cls(**data)
-        except FileNotFoundError:
-            raise LaunchError(f"{run_dir}: not a Slurm run directory (no {JOBS_FILE})") from None
-        except (OSError, ValueError, TypeError) as exc:
-            raise LaunchError(f"{path}: unreadable ({exc})") from None
+        except TypeError as exc:  # a key missing
+            raise InputError(f"{path}: {exc}") from None
 
 
 def session_bytes(plans: Mapping[str, object], options, warmup: int, fallback=None) -> bytes:
@@ -86,8 +107,7 @@ def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: i
 
 def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
     """Record a job submitted by hand (from `reshardctl plan --out DIR`'s scripts) as this run's."""
-    if not job.split("+")[0].isdigit():
-        raise LaunchError(f"--job {job!r} is not a Slurm job id")
+    slurm_cli.check_job_id(job, "--job")
     scripts = sorted(str(p) for p in (Path(run_dir) / "slurm").glob("*.sbatch"))
     mode = "hetjob" if any(p.endswith("hetjob.sbatch") for p in scripts) else "two-jobs"
     run = SlurmRun(str(run_dir), mode, {"het" if mode == "hetjob" else "job": job}, time.time(), scripts, world)
@@ -242,9 +262,17 @@ def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], No
 
 def _tail(path: Path, lines: int = 8) -> str:
     try:
-        text = path.read_text(errors="replace")
+        fd = open_regular(path)
+    except LoadError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
+        text = os.read(fd, TAIL_BYTES).decode(errors="replace")
     except OSError:
         return ""
+    finally:
+        os.close(fd)
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
@@ -272,9 +300,12 @@ def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str,
     for r in range(world):
         path = run_dir / "reports" / f"rank-{r}.json"
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = loads_json(read_text(path, MAX_REPORT_BYTES))
+        except LoadError:
             lost[r] = "left no report" + _last_words(run_dir, r)
+            continue
+        if not isinstance(data, dict):
+            lost[r] = f"left a report that is not a JSON object ({path})"
             continue
         if "global_rank" in data:  # a one-plan report
             data = {names[0]: data}
@@ -349,11 +380,11 @@ def _ranks_ready_at(run_dir: Path) -> float | None:
     ends = []
     for f in (run_dir / "events").glob("rank-*.jsonl"):
         try:
-            for line in f.read_text().splitlines():
+            for line in read_text(f, MAX_EVENTS_BYTES).splitlines():
                 if '"group_init"' in line:
                     e = json.loads(line)
                     ends.append(e["start"] + e["duration_s"])
-        except (OSError, ValueError, KeyError):
+        except (LoadError, ValueError, KeyError, TypeError):
             continue
     return max(ends) if ends else None
 

@@ -7,18 +7,38 @@ the launcher deals in job ids and ``JobState`` records.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from reshardctl.errors import LaunchError
+from reshardctl.errors import InputError, LaunchError
 
 COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 DEFAULT_TIMEOUT_S = 30.0
+# a Slurm job id: digits, with an optional array task (``12_3``) or het-job component (``12+1``) suffix
+JOB_ID = re.compile(r"[0-9]{1,12}(?:[_+][0-9]{1,9})?")
+JOB_ID_FORM = "digits, optionally with an array task `_N` or a het component `+N` suffix, e.g. 1234, 1234_5, 1234+1"
+
+
+class JobIdError(InputError):
+    """A string that is not a Slurm job id (read from a file or typed): never passed to a command."""
+
+
+def check_job_id(job: object, where: str) -> str:
+    """``job`` when it is a Slurm job id (``JOB_ID``); ``JobIdError`` naming ``where`` otherwise. Every job
+    id is checked before it reaches an argv, so none can become an option (``--user=root``)."""
+    if not isinstance(job, str) or not JOB_ID.fullmatch(job):
+        raise JobIdError(f"{where}: {str(job)[:80]!r} is not a Slurm job id ({JOB_ID_FORM})")
+    return job
+
+
+def check_job_ids(jobs: Iterable[object], where: str) -> list[str]:
+    return [check_job_id(j, where) for j in jobs]
 
 
 class SlurmCommandError(LaunchError):
@@ -58,15 +78,15 @@ def sbatch(argv: Sequence[str]) -> str:
     """Submit (``argv`` from ``SlurmRequest.submit_argv``, with ``--parsable``); the job id."""
     out = run(argv, timeout_s=60.0).stdout.strip()
     job = out.split(";", 1)[0].strip()  # --parsable: "<id>" or "<id>;<cluster>"
-    if not job or not job.split("+")[0].isdigit():
+    if not JOB_ID.fullmatch(job):
         raise SlurmCommandError(argv, 0, out, why=f"sbatch printed no job id ({out!r})")
     return job
 
 
 def scancel(job_ids: Iterable[str]) -> None:
-    ids = [str(j) for j in job_ids]
+    ids = check_job_ids(job_ids, "scancel")
     if ids:
-        run(["scancel", *ids], check=False)  # an ended job is not an error
+        run(["scancel", "--", *ids], check=False)  # an ended job is not an error
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -105,7 +125,7 @@ def squeue(job_ids: Sequence[str]) -> dict[str, JobState]:
     if not job_ids:
         return {}
     fmt = "%i|%T|%r|%N"
-    proc = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", fmt], check=False)
+    proc = run(["squeue", "-h", "-o", fmt, f"--jobs={','.join(check_job_ids(job_ids, 'squeue'))}"], check=False)
     if proc.returncode != 0:  # "Invalid job id specified": every job has left the queue
         if "Invalid job id" in proc.stderr:
             return {}
@@ -123,7 +143,8 @@ def sacct(job_ids: Sequence[str]) -> dict[str, JobState]:
     if not job_ids:
         return {}
     fields = "JobID,State,ExitCode,NodeList,Submit,Start,End,ElapsedRaw,Reason"
-    proc = run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), f"--format={fields}"], check=False)
+    proc = run(["sacct", "-n", "-P", "-X", f"--format={fields}", f"--jobs={','.join(check_job_ids(job_ids, 'sacct'))}"],
+               check=False)
     if proc.returncode != 0:
         return {}
     out = {}

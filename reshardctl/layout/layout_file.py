@@ -32,6 +32,7 @@ from reshardctl.layout.dtensor import (
     intern_template,
 )
 from reshardctl.layout.placement import Placement
+from reshardctl.layout.safe_regex import regex_problem
 from reshardctl.layout.side import Side, SideLayout
 from reshardctl.models.spec import ModelSpec
 
@@ -150,10 +151,9 @@ def _parse_rule(raw: Any, where: str, named: dict[str, Mesh], probs: _Problems, 
     if not isinstance(pattern, str) or not pattern:
         probs.append(f"{where}.match: expected a glob or 're:<regex>' string, got {_short(pattern)}")
     elif pattern.startswith("re:"):
-        try:
-            re.compile(pattern[3:])
-        except re.error as e:
-            probs.append(f"{where}.match: bad regex {_short(pattern[3:])}: {e}")
+        why = regex_problem(pattern[3:])
+        if why:
+            probs.append(f"{where}.match: regex {_short(pattern[3:])} refused: {why}")
     mesh = _parse_mesh(raw.get("mesh"), f"{where}.mesh", named, probs, world) if "mesh" in raw else None
     if "mesh" not in raw:
         probs.append(f"{where}: missing 'mesh'")

@@ -91,6 +91,7 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tup
         raise ModelError(f"{path}: bad safetensors header: {exc}") from None
     data_size = size - 8 - n
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -110,7 +111,21 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, tup
         if end > data_size:
             raise ModelError(f"{path}: truncated: {name} ends at byte {end} of a {data_size}-byte data section")
         out[name] = (dtype, shape)
+        spans.append((begin, end, name))
+    _check_disjoint(path, spans)
     return out
+
+
+def _check_disjoint(path: str | os.PathLike, spans: list[tuple[int, int, str]]) -> None:
+    """Each tensor's bytes are its own: sorted by offset, no two ``data_offsets`` ranges overlap (two
+    tensors sharing bytes would pass every shape check and only fail inside the ranks)."""
+    prev_end, prev_name = 0, None
+    for begin, end, name in sorted(spans):
+        if begin < prev_end and end > begin:
+            raise ModelError(f"{path}: {name[:200]} (data_offsets {begin}..{end}) overlaps {prev_name[:200]} "
+                             f"(which ends at byte {prev_end}): every tensor needs bytes of its own")
+        if end > prev_end:
+            prev_end, prev_name = end, name
 
 
 def _shard_headers(weight_map: Mapping[str, str], base: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reshardctl.atomic_write import output_problem
 from reshardctl.errors import InputError, LayoutError
 from reshardctl.plan.model import TRANSPORTS
 from reshardctl.site.spec import bucket_mb_problem
@@ -201,10 +202,9 @@ def output_problems(out: str | None, export: str | None) -> list[str]:
         problems.append(f"--out {out}: exists and is not a directory")
     if export is not None and export != "-":
         ep = Path(export)
-        if ep.is_dir():
-            problems.append(f"--export-transfers {export}: is a directory; give a file name")
-        elif ep.exists() and not ep.is_file():  # a FIFO, a device (or a link to one): never replaced
-            problems.append(f"--export-transfers {export}: exists and is not a regular file")
+        why = output_problem(ep)  # a directory, a FIFO, a device (or a link to one): never replaced
+        if why:
+            problems.append(f"--export-transfers {export}: {why}")
         if out is not None and ep.absolute() == Path(out).absolute():
             problems.append(f"--out and --export-transfers both name {export}: give two different paths")
         for parent in [ep.absolute(), *ep.absolute().parents]:

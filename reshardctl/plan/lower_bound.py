@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reshardctl.plan.model import Plan
+from reshardctl.plan.pairs import owners_overlap
 
 
 def _classes_overlap(tpl) -> bool:
@@ -27,9 +28,7 @@ def _classes_overlap(tpl) -> bool:
         return False
     owner = np.asarray([c for c, _ in boxes])
     arr = np.asarray([b for _, b in boxes], dtype=np.int64)  # [n, ndim, 2]
-    lo = np.maximum(arr[:, None, :, 0], arr[None, :, :, 0])
-    hi = np.minimum(arr[:, None, :, 1], arr[None, :, :, 1])
-    return bool((np.all(lo < hi, axis=2) & (owner[:, None] != owner[None, :])).any())
+    return owners_overlap(arr[:, :, 0], arr[:, :, 1], owner)
 
 
 def _union_numel(boxes) -> int:

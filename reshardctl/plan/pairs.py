@@ -11,11 +11,15 @@ element held by no class is a ``PlanError``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+
 import numpy as np
 
 from reshardctl.errors import PlanError
 from reshardctl.layout.placement import Box, ShardTemplate
+
+BLOCK_ELEMENTS = 1 << 22  # elements of one box-comparison array (32 MiB of int64; a few alive at once)
 
 
 @dataclass(frozen=True)
@@ -69,29 +73,46 @@ def _subtract_box(a: Box, b: Box) -> list[Box]:
     return out
 
 
+def _row_blocks(n_rows: int, n_cols: int, ndim: int) -> Iterator[tuple[int, int]]:
+    """Row ranges whose (rows x n_cols x ndim) comparison arrays hold at most ``BLOCK_ELEMENTS`` each:
+    memory stays bounded for any number of boxes (16,384 x 16,384 one-element boxes would be 4 GiB)."""
+    step = max(1, BLOCK_ELEMENTS // max(1, n_cols * ndim))
+    for r0 in range(0, n_rows, step):
+        yield r0, min(n_rows, r0 + step)
+
+
+def owners_overlap(lo: np.ndarray, hi: np.ndarray, owner: np.ndarray) -> bool:
+    """Do two boxes (rows of ``lo``/``hi``, [n, ndim]) of different owners share an element? Compared in
+    blocks of rows (``_row_blocks``), never as one n x n array."""
+    n, ndim = lo.shape
+    for r0, r1 in _row_blocks(n, n, ndim):
+        olo = np.maximum(lo[r0:r1, None, :], lo[None, :, :])
+        ohi = np.minimum(hi[r0:r1, None, :], hi[None, :, :])
+        if (np.all(olo < ohi, axis=2) & (owner[r0:r1, None] != owner[None, :])).any():
+            return True
+    return False
+
+
 def _disjoint_class_boxes(class_boxes: list[tuple[Box, ...]], ndim: int) -> list[list[Box]]:
     """Make classes disjoint: class i keeps its boxes minus everything held by classes < i."""
     lo, hi = _boxes_array([b for boxes in class_boxes for b in boxes], ndim)
     owner = np.repeat(np.arange(len(class_boxes)), [len(b) for b in class_boxes])
-    if len(lo) > 1:
-        olo = np.maximum(lo[:, None, :], lo[None, :, :])
-        ohi = np.minimum(hi[:, None, :], hi[None, :, :])
-        overlap = np.all(olo < ohi, axis=2) & (owner[:, None] != owner[None, :])
-        if not overlap.any():
-            return [list(b) for b in class_boxes]
-    else:
+    if not owners_overlap(lo, hi, owner):
         return [list(b) for b in class_boxes]
-    taken: list[Box] = []
     out: list[list[Box]] = []
+    start = 0
     for boxes in class_boxes:
         mine: list[Box] = []
-        for box in boxes:
+        for j, box in enumerate(boxes, start):
+            # only the earlier classes' boxes that meet this one (a vectorised test, not a loop over all)
+            meets = np.nonzero(np.all(np.maximum(lo[:start], lo[j]) < np.minimum(hi[:start], hi[j]), axis=1))[0]
             parts = [box]
-            for t in taken:
-                parts = [p for q in parts for p in _subtract_box(q, t)]
+            for t in meets:
+                taken = tuple(zip(lo[t].tolist(), hi[t].tolist()))
+                parts = [p for q in parts for p in _subtract_box(q, taken)]
             mine.extend(parts)
         out.append(mine)
-        taken.extend(boxes)
+        start += len(boxes)
     return out
 
 
@@ -110,11 +131,16 @@ def intersect_templates(src: ShardTemplate, dst: ShardTemplate, tensor_name: str
     d_lo, d_hi = _boxes_array([b for _, b in rep_boxes], ndim)
     d_cls = np.asarray([k for k, _ in rep_boxes], dtype=np.int32)
 
-    lo = np.maximum(d_lo[:, None, :], s_lo[None, :, :])
-    hi = np.minimum(d_hi[:, None, :], s_hi[None, :, :])
-    nonempty = np.all(lo < hi, axis=2)
-    di, si = np.nonzero(nonempty)  # row-major: grouped by destination box, then source box
-    p_lo, p_hi = lo[di, si], hi[di, si]
+    parts = []  # per block of destination boxes: (di, si, piece lo, piece hi)
+    for r0, r1 in _row_blocks(len(d_lo), len(s_lo), ndim):
+        lo = np.maximum(d_lo[r0:r1, None, :], s_lo[None, :, :])
+        hi = np.minimum(d_hi[r0:r1, None, :], s_hi[None, :, :])
+        bi, bs = np.nonzero(np.all(lo < hi, axis=2))  # row-major: grouped by destination box, then source box
+        parts.append((bi + r0, bs, lo[bi, bs], hi[bi, bs]))
+    di = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    si = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    p_lo = np.concatenate([p[2] for p in parts]) if parts else np.zeros((0, ndim), dtype=np.int64)
+    p_hi = np.concatenate([p[3] for p in parts]) if parts else np.zeros((0, ndim), dtype=np.int64)
     p_dcls, p_scls = d_cls[di], s_cls[si]
 
     # coverage: every destination box fully covered (sources are disjoint, so sums are exact)
@@ -150,4 +176,4 @@ def intersect_templates(src: ShardTemplate, dst: ShardTemplate, tensor_name: str
     )
 
 
-__all__ = ["PairPieces", "intersect_templates"]
+__all__ = ["PairPieces", "intersect_templates", "owners_overlap"]

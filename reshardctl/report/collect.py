@@ -8,17 +8,21 @@ gather-and-broadcast root logs both its gather and its broadcast).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reshardctl.bounded_load import LoadError, read_text
 from reshardctl.errors import InputError
+from reshardctl.layout.layout_file import MAX_WORLD
 from reshardctl.runbook.run_record import load_run
 
 TRANSFER_PHASES = ("round/transfer", "bucket/gather", "bucket/broadcast")
 # phases of one refit, in the order the timeline's legend shows them
+MAX_EVENTS_BYTES = 256 << 20  # one rank's events/rank-N.jsonl
 REFIT_PHASES = ("materialise", "round/pack", "round/transfer", "round/unpack", "bucket/gather", "bucket/broadcast",
                 "bucket/unpack", "verify", "verify/full", "commit")
 
@@ -70,20 +74,37 @@ class RunData:
         return sorted({(s.rank, s.side) for s in self.segments})
 
 
+def _finite(v: Any, lo: float = 0.0) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= lo
+
+
+def _int(v: Any, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+
+
+def _usable(d: Any) -> bool:
+    """An event the report can place: a start time, a rank, and (when present) a duration, bytes and step
+    of the right kind."""
+    return (isinstance(d, dict) and _finite(d.get("start"), -math.inf) and _int(d.get("rank"), MAX_WORLD)
+            and (d.get("duration_s") is None or _finite(d["duration_s"]))
+            and (d.get("bytes") is None or _int(d["bytes"], 1 << 62))
+            and (d.get("step") is None or _int(d["step"], 1 << 62)))
+
+
 def _read_events(run_dir: Path) -> tuple[list[dict], int]:
     rows, bad = [], 0
     for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
         try:
-            text = f.read_text()
-        except OSError:
-            continue
+            text = read_text(f, MAX_EVENTS_BYTES)
+        except LoadError as exc:
+            raise InputError(f"report {run_dir}: {f.name}: cannot be read: {exc}") from None
         for line in text.splitlines():
             try:
                 d = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:
                 bad += 1  # a rank killed mid-line: the report says how many lines it skipped
                 continue
-            if isinstance(d, dict) and isinstance(d.get("start"), (int, float)) and isinstance(d.get("rank"), int):
+            if _usable(d):
                 rows.append(d)
             else:
                 bad += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import getpass
 import json
+import math
 import os
 import socket
 import time
@@ -27,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reshardctl.bounded_load import LoadError, open_regular, read_fd
 from reshardctl.errors import LedgerError, OutputError
 from reshardctl.site.spec import SiteProfile
 
 LEDGER_VERSION = 1
+MAX_LEDGER_BYTES = 64 << 20  # read whole under the lock; ~30,000 entries
 ACTIONS = ("measure", "promote", "rollback")
 # field -> accepted JSON types (None: null allowed)
 FIELDS: dict[str, tuple] = {
@@ -48,6 +51,20 @@ FIELDS: dict[str, tuple] = {
     "budget_s": (float, int, type(None)),
     "verdict": (str,),
     "reason": (str, type(None)),
+}
+_OPT_STR = (str, type(None))
+# the ``details`` keys that are read back (promote compares the last promotion's model and layouts, rollback
+# --verify replays its inputs, status shows the last rollback's verification) -> accepted JSON types
+DETAIL_FIELDS: dict[str, tuple] = {
+    "model": _OPT_STR, "train": _OPT_STR, "infer": _OPT_STR, "active_before": _OPT_STR,
+    "verify": (bool, type(None)), "verified": (bool, type(None)), "forced": (bool, type(None)),
+    "inputs": (dict, type(None)),
+}
+# ``details.inputs``: the plan arguments of a run (runbook/run_record.py PLAN_ARGS) -> accepted JSON types
+INPUT_FIELDS: dict[str, tuple] = {
+    "model": _OPT_STR, "layers": (int, type(None)), "train": _OPT_STR, "infer": _OPT_STR,
+    "train_style": _OPT_STR, "infer_style": _OPT_STR, "train_layout": _OPT_STR, "infer_layout": _OPT_STR,
+    "bucket_mb": (int, float, type(None)), "relay": _OPT_STR,
 }
 
 
@@ -138,13 +155,39 @@ def _entry(path: Path, lineno: int, text: str) -> Entry:
             raise LedgerError(f"{where}: field `{key}` has the wrong type: {d[key]!r}")
     if d["action"] not in ACTIONS:
         raise LedgerError(f"{where}: `action` {d['action']!r} is not one of {', '.join(ACTIONS)}")
-    details = d.get("details", {})
-    if not isinstance(details, dict):
-        raise LedgerError(f"{where}: `details` must be a JSON object, got {details!r}")
     kw = {k: d[k] for k in FIELDS if k != "v"}
     for k in ("median_s", "p90_s", "budget_s"):
+        if kw[k] is not None and not (math.isfinite(kw[k]) and kw[k] >= 0):
+            raise LedgerError(f"{where}: field `{k}` must be a finite number of seconds >= 0, got {kw[k]!r}")
         kw[k] = None if kw[k] is None else float(kw[k])
-    return Entry(details=details, **kw)
+    return Entry(details=_details(where, d.get("details", {})), **kw)
+
+
+def _typed(where: str, key: str, value: Any, types: tuple) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        names = " or ".join("null" if t is type(None) else {"str": "a string", "bool": "true/false", "int": "an integer",
+                            "float": "a number", "dict": "a JSON object"}[t.__name__] for t in types)
+        raise LedgerError(f"{where}: `{key}` must be {names}, got {str(value)[:80]!r}",
+                          hint="reshardctl never rewrites a ledger: move the file aside or fix the line by hand")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LedgerError(f"{where}: `{key}` must be a finite number, got {value!r}")
+
+
+def _details(where: str, details: Any) -> dict[str, Any]:
+    _typed(where, "details", details, (dict,))
+    for key, types in DETAIL_FIELDS.items():
+        if key in details:
+            _typed(where, f"details.{key}", details[key], types)
+    inputs = details.get("inputs")
+    if isinstance(inputs, dict):
+        unknown = sorted(set(inputs) - set(INPUT_FIELDS))
+        if unknown:
+            raise LedgerError(f"{where}: `details.inputs` has unknown keys {', '.join(map(repr, unknown))[:200]} "
+                              f"(known: {', '.join(INPUT_FIELDS)})",
+                              hint="reshardctl never rewrites a ledger: move the file aside or fix the line by hand")
+        for key, value in inputs.items():
+            _typed(where, f"details.inputs.{key}", value, INPUT_FIELDS[key])
+    return details
 
 
 def parse_ledger(path: Path, data: bytes) -> list[Entry]:
@@ -163,18 +206,25 @@ def parse_ledger(path: Path, data: bytes) -> list[Entry]:
     return [_entry(path, i, line) for i, line in enumerate(lines[:-1], start=1)]
 
 
-def read_ledger(path: Path) -> list[Entry]:
-    """Every entry, oldest first ([] when the ledger does not exist yet). Reads under a shared lock."""
+def _read_locked(path: Path, fd: int) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise LedgerError(f"ledger {path}: cannot be read: {exc.strerror or exc}") from None
+        return read_fd(fd, MAX_LEDGER_BYTES)
+    except LoadError as exc:
+        raise LedgerError(f"ledger {path}: cannot be read: {exc}") from None
+
+
+def read_ledger(path: Path) -> list[Entry]:
+    """Every entry, oldest first ([] when the ledger does not exist yet). Reads under a shared lock;
+    anything but a regular file (a FIFO, a device) is refused without reading it."""
+    try:
+        fd = open_regular(path)
+    except LoadError as exc:
+        if exc.missing:
+            return []
+        raise LedgerError(f"ledger {path}: cannot be read: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        data = _read_locked(path, fd)
     finally:
         os.close(fd)
     return parse_ledger(path, data)
@@ -199,15 +249,16 @@ def transaction(path: Path) -> Iterator[Transaction]:
     succeeds (one write, fsynced). Nothing is appended when the block raises."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    except LoadError as exc:
+        raise LedgerError(f"ledger {path}: cannot be opened: {exc}") from None
     except OSError as exc:
         raise OutputError(f"ledger {path}: cannot be created or opened: {exc.strerror or exc}",
                           hint="set state_dir in the site profile to a writable directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        data = _read_locked(path, fd)
         txn = Transaction(path, parse_ledger(path, data))
         yield txn
         if txn.pending:

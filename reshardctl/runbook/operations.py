@@ -14,7 +14,7 @@ from typing import Any, Callable
 from reshardctl.errors import InputError
 from reshardctl.runbook import gate, ledger
 from reshardctl.runbook.ledger import Entry, stamped
-from reshardctl.runbook.run_record import RunRecord, load_run, replay_args
+from reshardctl.runbook.run_record import RunRecord, load_run, read_command, replay_args
 from reshardctl.site import load_profile
 from reshardctl.site.spec import SiteProfile
 
@@ -58,8 +58,9 @@ def _fingerprint_today(site: str, run: RunRecord, transport: str) -> tuple[str |
     """(today's fingerprint, why it could not be computed, the replayed inputs)."""
     from reshardctl.plan.planner import build_plan
 
+    argv = read_command(run)  # an unreadable command.txt is bad input (exit 2), not a stale run
     try:
-        args = replay_args(run)
+        args = replay_args(run, argv)
         inp = _prepare(site, args, transport)
         plan = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                           bucket_bytes=inp.bucket_bytes, relay=inp.relay)
@@ -227,13 +228,16 @@ def write_settings(path: str, text: str) -> Path:
 
 
 def check_writable(path: str | None) -> None:
-    """Bad ``--write`` targets are bad input before anything is decided or recorded."""
+    """Bad ``--write`` targets are bad input before anything is decided or recorded: a directory, a device
+    or FIFO (only regular files are written), a missing directory."""
+    from reshardctl.atomic_write import output_problem
     from reshardctl.errors import OutputError
 
     if path is None:
         return
     p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"--write {path}: is a directory")
+    why = output_problem(p)
+    if why:
+        raise OutputError(f"--write {path}: {why}")
     if not p.parent.is_dir():
         raise OutputError(f"--write {path}: directory {p.parent} does not exist")

@@ -8,18 +8,21 @@ click options the command used, so the re-plan sees the same flags, layout files
 
 from __future__ import annotations
 
-import json
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import InputError
 
 # the prepare() arguments a run's plan depends on (and a validation refit reuses)
 PLAN_ARGS = ("model", "layers", "train", "infer", "train_style", "infer_style", "train_layout", "infer_layout",
              "bucket_mb", "relay")
 ROOT_FLAGS = {"-v", "--verbose", "-q", "--quiet"}
+MAX_SUMMARY_BYTES = 64 << 20  # summary.json: per-rank records of a few thousand ranks
+MAX_COMMAND_BYTES = 1 << 20  # command.txt: one command line
 
 
 @dataclass(frozen=True)
@@ -60,20 +63,80 @@ class RunRecord:
         return (self.transports.get(transport) or {}).get("fingerprint")
 
 
+_NONE = type(None)
+_SECONDS = "a finite number of seconds >= 0"
+# summary.json keys that promote, rollback and report read -> what they must hold ("seconds": a finite
+# number >= 0, "count": an integer >= 0, else JSON types); None is always allowed (an older summary)
+SUMMARY_KEYS: dict[str, Any] = {
+    "command": (str,), "iterations": "count", "warmup": "count", "ok": (bool,), "interrupted": (bool,),
+    "error": (str,), "inputs": (dict,), "transports": (dict,), "slurm": (dict,),
+}
+INPUT_KEYS: dict[str, Any] = {k: (str,) for k in ("site", "model", "model_source", "train", "infer")}
+TRANSPORT_KEYS: dict[str, Any] = {
+    "fingerprint": (str,), "iterations": "count", "verified": (bool,), "failures": (list,), "refit_s": (dict,),
+    "predicted_s": "seconds", "lower_bound_s": "seconds",
+}
+FIGURE_KEYS: dict[str, Any] = {"median": "seconds", "p90": "seconds", "min": "seconds", "all": (list,)}
+
+
+def _kind_problem(value: Any, want: Any) -> str | None:
+    """Why ``value`` is not ``want`` (a tuple of JSON types, "seconds" or "count"), or None when it is."""
+    if value is None:
+        return None
+    if want == "seconds":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        return None if ok else _SECONDS
+    if want == "count":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return None if ok else "an integer >= 0"
+    if isinstance(value, want) and (bool in want or not isinstance(value, bool)):
+        return None
+    return " or ".join({"str": "a string", "bool": "true/false", "dict": "a JSON object", "list": "a list"}[t.__name__]
+                       for t in want)
+
+
+def _check(where: str, obj: dict, keys: dict[str, Any], prefix: str) -> None:
+    for key, want in keys.items():
+        why = _kind_problem(obj.get(key), want)
+        if why is not None:
+            raise InputError(f"{where}: `{prefix}{key}` must be {why} (or null), got {str(obj.get(key))[:80]!r}",
+                             hint="summary.json is written by `reshardctl run`/`bench`: was it edited?")
+
+
+def check_summary(summary: Any, where: str) -> None:
+    """Refuse (``InputError`` naming the key) a summary whose fields the runbook and the report read have
+    the wrong type, or a time or count that is negative, NaN or infinite."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("transports"), dict):
+        raise InputError(f"{where}: has no `transports` mapping")
+    _check(where, summary, SUMMARY_KEYS, "")
+    _check(where, summary.get("inputs") or {}, INPUT_KEYS, "inputs.")
+    for name, s in summary["transports"].items():
+        if not isinstance(s, dict):
+            raise InputError(f"{where}: `transports.{name}` must be a JSON object, got {str(s)[:80]!r}")
+        _check(where, s, TRANSPORT_KEYS, f"transports.{name}.")
+        fig = s.get("refit_s") or {}
+        _check(where, fig, FIGURE_KEYS, f"transports.{name}.refit_s.")
+        for i, v in enumerate(fig.get("all") or []):
+            if _kind_problem(v, "seconds"):
+                raise InputError(f"{where}: `transports.{name}.refit_s.all[{i}]` must be {_SECONDS}, got {v!r}")
+        for i, f in enumerate(s.get("failures") or []):
+            if not isinstance(f, dict):
+                raise InputError(f"{where}: `transports.{name}.failures[{i}]` must be a JSON object, got {str(f)[:80]!r}")
+
+
 def load_run(run_dir: str | Path, flag: str = "--run") -> RunRecord:
     path = Path(run_dir)
     f = path / "summary.json"
     if not path.is_dir():
         raise InputError(f"{flag} {run_dir}: no such run directory")
     try:
-        summary = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{flag} {run_dir}: no summary.json (not a run directory of `reshardctl run`/`bench`, "
-                         "or the run was interrupted before it was summarised)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        summary = loads_json(read_text(f, MAX_SUMMARY_BYTES))
+    except LoadError as exc:
+        if exc.missing:
+            raise InputError(f"{flag} {run_dir}: no summary.json (not a run directory of `reshardctl run`/`bench`, "
+                             "or the run was interrupted before it was summarised)") from None
         raise InputError(f"{flag} {run_dir}: summary.json cannot be read: {exc}") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("transports"), dict):
-        raise InputError(f"{flag} {run_dir}: summary.json has no `transports` mapping")
+    check_summary(summary, f"{flag} {run_dir}: summary.json")
     return RunRecord(path.resolve(), summary)
 
 
@@ -87,15 +150,19 @@ def _click_command(name: str):
     return typer.main.get_command(app)
 
 
-def replay_args(run: RunRecord) -> dict[str, Any]:
-    """The ``prepare()`` arguments (``PLAN_ARGS``) of the command that produced ``run``. The model is the
-    absolute path summary.json recorded when that path still exists (a relative path on the command
-    line was relative to a working directory that is not recorded)."""
+def read_command(run: RunRecord) -> list[str]:
+    """The words of the run's ``command.txt`` (a regular file of at most ``MAX_COMMAND_BYTES``)."""
     f = run.run_dir / "command.txt"
     try:
-        argv = shlex.split(f.read_text())
-    except (OSError, ValueError) as exc:
+        return shlex.split(read_text(f, MAX_COMMAND_BYTES))
+    except (LoadError, ValueError) as exc:
         raise InputError(f"run {run.run_dir}: command.txt cannot be read: {exc}") from None
+
+
+def replay_args(run: RunRecord, argv: list[str]) -> dict[str, Any]:
+    """The ``prepare()`` arguments (``PLAN_ARGS``) of the command ``argv`` (``read_command``) that produced
+    ``run``. The model is the absolute path summary.json recorded when that path still exists (a relative
+    path on the command line was relative to a working directory that is not recorded)."""
     words = [w for w in argv[1:] if w not in ROOT_FLAGS]
     if not words or words[0] not in ("run", "bench"):
         raise InputError(f"run {run.run_dir}: command.txt is not a `reshardctl run` or `bench` command: {shlex.join(argv)}")

@@ -230,6 +230,9 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     check_out_dir(out, force)
+    from reshardctl.runtime.env import check_backend_env
+
+    check_backend_env()  # the ranks would refuse it: refused here, before anything starts
     faults = ";".join(inject or []) or None
     check_ranks(parse_faults(faults), inp.topology.world)
     plans = plan_transports(inp, transports, launcher)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,17 +12,17 @@ from reshardctl.models.spec import ModelSpec
 def check_checkpoint(model: ModelSpec, checkpoint: str | os.PathLike[str]) -> None:
     """Before any process starts: the checkpoint exists, its headers parse (headers only), and it holds
     every tensor of the model with the model's shape and dtype. Raises ``ModelError`` naming the path."""
-    from reshardctl.models.checkpoint import read_safetensors_header
+    from reshardctl.models.checkpoint import read_json, read_safetensors_header
 
     path = Path(checkpoint)
     index = path / "model.safetensors.index.json"
     if path.is_file():
         files = [path]
     elif index.is_file():
-        try:
-            files = sorted({path / v for v in json.loads(index.read_text())["weight_map"].values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"checkpoint index {index}: unreadable ({exc})") from exc
+        weight_map = read_json(index).get("weight_map")  # bounded, regular files only
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelError(f"checkpoint index {index}: key 'weight_map' must map tensor names to file names")
+        files = sorted({path / v for v in weight_map.values()})
     elif path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:

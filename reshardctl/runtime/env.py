@@ -87,6 +87,21 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise LaunchError(f"{key}={env[key]!r} is not an integer") from None
 
 
+def check_backend_env(env: Mapping[str, str] | None = None) -> None:
+    """Refuse (``InputError``, exit 2) a ``RESHARDCTL_BACKEND`` the ranks would refuse, before any starts."""
+    from reshardctl.errors import InputError
+
+    env = os.environ if env is None else env
+    want = env.get("RESHARDCTL_BACKEND")
+    if want is None or want.strip().lower() == "auto":
+        return
+    try:
+        data_plane_backend(want)
+    except LaunchError:
+        raise InputError(f"environment variable RESHARDCTL_BACKEND={want[:80]!r}: expected gloo, nccl, auto or a "
+                         "composite such as cpu:gloo,cuda:nccl", hint="unset it for the default (auto)") from None
+
+
 def choose_backend(env: Mapping[str, str], cuda_available: Callable[[], bool], force_cpu: bool = False) -> str:
     want = env.get("RESHARDCTL_BACKEND", "auto").strip().lower()
     cpu = force_cpu or env.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false")

@@ -19,9 +19,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reshardctl.bounded_load import LoadError, read_text
 from reshardctl.errors import ProfileError
 
 FORMAT = "reshardctl-calibration/1"
+MAX_RANKS = 1 << 20  # ranks of a calibration world (layout_file.MAX_WORLD)
+MAX_CORES = 1 << 20  # CPU cores of one calibration host
+MAX_CALIBRATION_BYTES = 64 << 20
 # figures the cost model reads (all > 0); units in the names
 FIGURES = (
     "intra_node_bytes_per_s", "intra_node_latency_s",
@@ -81,12 +85,12 @@ def find_measured(site) -> Measured | None:
     an error (the site said where its figures are); a missing default file is not."""
     named = profile_measured_path(site)
     if named is not None:
-        if not named.is_file():
+        if not named.exists():
             raise ProfileError(f"site profile {site.source}: measured: {site.measured}: no such file ({named})",
                                hint=f"run `reshardctl calibrate --site {site.name} --out {named}`")
         return read_measured(named, site.name)
     p = default_path(site.name)
-    return read_measured(p, site.name) if p.is_file() else None
+    return read_measured(p, site.name) if p.exists() else None
 
 
 def _num(data: dict, key: str, where: str, problems: list[str], *, positive: bool = True) -> float:
@@ -95,6 +99,14 @@ def _num(data: dict, key: str, where: str, problems: list[str], *, positive: boo
         problems.append(f"{where}{key}: expected a finite number{' > 0' if positive else ''}, got {v!r}")
         return float("nan")
     return float(v)
+
+
+def _count(data: dict, key: str, high: int, problems: list[str]) -> int:
+    v = data.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
+        problems.append(f"{key}: expected an integer from 1 to {high:,}, got {str(v)[:40]}")
+        return 0
+    return v
 
 
 def parse_measured(data, path: str, site_name: str | None = None) -> Measured:
@@ -111,9 +123,12 @@ def parse_measured(data, path: str, site_name: str | None = None) -> Measured:
         problems.append(f"site: the file was measured for site {site!r}, not {site_name!r}")
     date = data.get("date")
     try:
-        _dt.datetime.fromisoformat(str(date).replace("Z", "+00:00"))
+        when = _dt.datetime.fromisoformat(str(date).replace("Z", "+00:00"))
     except ValueError:
         problems.append(f"date: expected an ISO 8601 time such as 2026-01-31T12:00:00Z, got {date!r}")
+    else:
+        if when.tzinfo is None:  # its age could not be computed (local time of which zone?)
+            problems.append(f"date: {date!r} has no time zone; expected UTC such as 2026-01-31T12:00:00Z")
     hosts = data.get("hosts")
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         problems.append(f"hosts: expected a list of host names, got {hosts!r}")
@@ -122,8 +137,14 @@ def parse_measured(data, path: str, site_name: str | None = None) -> Measured:
     if not isinstance(versions, dict):
         problems.append(f"versions: expected a mapping, got {versions!r}")
         versions = {}
-    ranks = _num(data, "ranks", "", problems)
-    cores = _num(data, "cores", "", problems)
+    ranks = _count(data, "ranks", MAX_RANKS, problems)
+    cores = _count(data, "cores", MAX_CORES, problems)
+    samples = data.get("samples", {})
+    if samples is None:
+        samples = {}
+    if not isinstance(samples, dict):
+        problems.append(f"samples: expected a mapping of microbenchmark points, got {type(samples).__name__}")
+        samples = {}
     figs_raw = data.get("figures")
     figures: dict[str, float] = {}
     if not isinstance(figs_raw, dict):
@@ -141,19 +162,21 @@ def parse_measured(data, path: str, site_name: str | None = None) -> Measured:
         msg = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
         raise ProfileError(f"calibration file {path}: {msg}", hint="run `reshardctl calibrate` again to rewrite it")
     return Measured(path=str(path), site=site, date=str(date), hosts=tuple(hosts), versions=dict(versions),
-                    ranks=int(ranks), cores=int(cores), figures=figures, samples=dict(data.get("samples") or {}))
+                    ranks=ranks, cores=cores, figures=figures, samples=dict(samples))
 
 
 def read_measured(path: str | Path, site_name: str | None = None) -> Measured:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read calibration file {p}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = read_text(p, MAX_CALIBRATION_BYTES)
+    except LoadError as exc:
+        raise ProfileError(f"cannot read calibration file {p}: {exc}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"calibration file {p}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ProfileError(f"calibration file {p}: refused: {exc}") from None
     return parse_measured(data, str(p), site_name)
 
 
