@@ -94,8 +94,9 @@ def _child(env: RankEnv, payload: str, names: list[str], warmup: int, threads: i
     from reshardctl.runtime.worker import run_rank_session
 
     try:
-        with open(payload, "rb") as f:
-            plans, options, fallback = pickle.load(f)
+        from reshardctl.runtime.trusted_file import read_trusted
+
+        plans, options, fallback = pickle.loads(read_trusted(payload, "plans file"))
         reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
     except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
