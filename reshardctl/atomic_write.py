@@ -112,46 +112,46 @@ def write_json_atomic(path: str | os.PathLike, data: Any, *, mode: int | None = 
 class StagedWrites:
     """Several outputs that appear together or not at all. ``file(path)`` / ``dir(path)`` return a temp
     file / an empty temp directory next to ``path``; fill them, then ``commit()`` renames every one over
-    its target (files fsynced and given ``file_mode()``, directories ``dir_mode()``), while ``abort()``
-    removes them all. As a context manager: commit when the block succeeds, abort when it raises.
-    Nothing is renamed before every output has been written."""
+    its target (files fsynced and given ``mode``, default ``file_mode()``, directories ``mode``, default
+    ``dir_mode()``), while ``abort()`` removes them all. As a context manager: commit when the block
+    succeeds, abort when it raises. Nothing is renamed before every output has been written."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[Path, Path, bool]] = []  # (temp, target, is_dir)
+        self._entries: list[tuple[Path, Path, bool, int | None]] = []  # (temp, target, is_dir, mode)
 
-    def file(self, path: str | os.PathLike) -> Path:
+    def file(self, path: str | os.PathLike, *, mode: int | None = None) -> Path:
         path = through_link(path)
         _refuse_special(path)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
-        self._entries.append((Path(name), path, False))
+        self._entries.append((Path(name), path, False, mode))
         return Path(name)
 
-    def dir(self, path: str | os.PathLike) -> Path:
+    def dir(self, path: str | os.PathLike, *, mode: int | None = None) -> Path:
         path = Path(path)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        self._entries.append((tmp, path, True))
+        self._entries.append((tmp, path, True, mode))
         return tmp
 
     def commit(self) -> list[Path]:
-        for tmp, _, is_dir in self._entries:  # everything that can fail before the first rename
+        for tmp, _, is_dir, mode in self._entries:  # everything that can fail before the first rename
             if is_dir:
-                os.chmod(tmp, dir_mode())
+                os.chmod(tmp, dir_mode() if mode is None else mode)
             else:
                 fd = os.open(tmp, os.O_RDONLY)
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                os.chmod(tmp, file_mode())
-        for tmp, target, is_dir in self._entries:
+                os.chmod(tmp, file_mode() if mode is None else mode)
+        for tmp, target, is_dir, _ in self._entries:
             (os.rename if is_dir else os.replace)(tmp, target)
-        done = [target for _, target, _ in self._entries]
+        done = [target for _, target, _, _ in self._entries]
         self._entries = []
         return done
 
     def abort(self) -> None:
-        for tmp, _, is_dir in self._entries:
+        for tmp, _, is_dir, _ in self._entries:
             if is_dir:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:

@@ -90,15 +90,20 @@ def calibrate_cmd(
 
 
 def _measure_on_slurm(prof, reps: int, run_dir: str | None, *, quiet: bool) -> dict:
+    from reshardctl.runs.rundir import new_run_dir, private_umask
+
+    with private_umask():  # the run directory, the job's files and the ranks' results: the user's alone
+        return _measure_in(prof, reps, new_run_dir(run_dir, "calibrate").resolve(), quiet=quiet)
+
+
+def _measure_in(prof, reps: int, d, *, quiet: bool) -> dict:
     import sys
 
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
     from reshardctl.calibrate.runner import measure_slurm
     from reshardctl.commands.run import slurm_state_line
-    from reshardctl.runs.rundir import new_run_dir
 
-    d = new_run_dir(run_dir, "calibrate").resolve()
     if not quiet:
         output.info(f"calibrating site {prof.name} on Slurm: two nodes x {prof.gpus_per_node} ranks; job files in {d}")
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=output.err_console(),

@@ -179,7 +179,8 @@ def plan_cmd(
             output.info(f"wrote {escape(str(p))}")
         if out is not None:
             script = next(p for p in paths if p.suffix == ".sbatch")
-            output.info(f"to run it on Slurm by hand: sbatch {escape(shlex.quote(str(script)))}, then "
+            # umask 077: Slurm creates the job's own output file with the submitter's umask
+            output.info(f"to run it on Slurm by hand: (umask 077 && sbatch {escape(shlex.quote(str(script)))}), then "
                         f"reshardctl collect {escape(shlex.quote(str(out)))} --job <id> --wait")
         if export is not None:
             where = "stdout" if export == "-" else escape(str(export))

@@ -96,8 +96,9 @@ def _child(env: RankEnv, payload: str, token: str, names: list[str], warmup: int
     from reshardctl.runtime.worker import run_rank_session
 
     try:
-        with open(payload, "rb") as f:
-            plans, options, fallback = pickle.load(f)
+        from reshardctl.runtime.trusted_file import read_trusted
+
+        plans, options, fallback = pickle.loads(read_trusted(payload, "plans file"))
         options = replace(options, token=token)
         reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
     except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway

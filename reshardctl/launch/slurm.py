@@ -11,6 +11,9 @@ Slurm command goes through ``slurm_cli.py``. What a run directory holds for Slur
     logs/rank-N.{out,err}  each rank's stdout and stderr
     reports/rank-N.json    each rank's report (written by the rank)
     events/rank-N.jsonl    each rank's events (written by the rank)
+
+Every directory there is 0700 and every file 0600: the session submits under umask 077, which Slurm
+gives the job and its output file, and the scripts set ``umask 077`` themselves (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class SlurmRun:
         return {j: (2 if self.mode == "hetjob" else 1) for j in self.job_ids.values()}
 
     def save(self) -> None:
-        write_json_atomic(Path(self.run_dir) / JOBS_FILE, asdict(self), indent=2)
+        write_json_atomic(Path(self.run_dir) / JOBS_FILE, asdict(self), mode=0o600, indent=2)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "SlurmRun":
@@ -117,10 +120,10 @@ def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
 
 def write_scripts(request: SlurmRequest) -> list[Path]:
     d = Path(request.run_dir) / "slurm"
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     out = []
-    for name, text in request.materialize().items():
-        out.append(write_text_atomic(d / name, text, mode=0o700))
+    for name, text in request.materialize().items():  # read by sbatch, never executed: 0600
+        out.append(write_text_atomic(d / name, text, mode=0o600))
     return out
 
 
@@ -141,7 +144,7 @@ def submit(request: SlurmRequest) -> SlurmRun:
                 slurm_cli.scancel(run.ids)
                 raise
             run.job_ids[role] = job
-            write_text_atomic(slurm_dir / f"{role}.jobid", job + "\n")
+            write_text_atomic(slurm_dir / f"{role}.jobid", job + "\n", mode=0o600)
     run.save()
     return run
 

@@ -161,7 +161,7 @@ def _sbatch_lines(c: Component, site, job_name: str, output: str | None) -> tupl
 def _prologue(site, run_dir: str, mode: str) -> str:
     s = site.slurm
     q = shlex.quote
-    lines = []
+    lines = ["umask 077  # every file and directory of the run (logs, rendezvous) private to the user"]
     if mode == "two-jobs":
         lines += [
             "# the other job of this refit ($peer_file): cancelled when this one fails or is cancelled",

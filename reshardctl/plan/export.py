@@ -62,7 +62,8 @@ def _output_errors(flag: str, path: str | os.PathLike):
 def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for,
                  extra: dict[str, str | bytes] | None = None) -> list[tuple[Path, str]]:
     """Write every output file for directory ``d`` to ``file_for(final path)``; return (written, final name).
-    ``extra``: more files by relative name (``slurm/hetjob.sbatch``), text or bytes."""
+    ``extra``: more files by relative name (``slurm/hetjob.sbatch``), text or bytes. Private to the user:
+    files 0600, subdirectories 0700 (``session.pkl`` holds the run token and is unpickled by the ranks)."""
     from reshardctl.plan.serialize import save_plan
 
     done = []
@@ -73,25 +74,31 @@ def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for,
     js.write_text(json.dumps(result, indent=2, default=str) + "\n")
     done.append((js, "plan.json"))
     for name, content in (extra or {}).items():
-        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         f = file_for(d / name)
         if isinstance(content, bytes):
             f.write_bytes(content)
         else:
             f.write_text(content)
         done.append((f, name))
+    for f, _ in done:
+        f.chmod(PRIVATE_FILE)
     return done
+
+
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 
 def _stage_out(staged: StagedWrites, out: Path, plans: dict[str, Plan], result: dict,
                extra: dict[str, str | bytes] | None = None) -> list[Path]:
-    """A new DIR is filled under a temp name next to it; into an existing DIR every file goes to a temp
-    name inside it. Returns the final paths (valid after ``staged.commit()``)."""
+    """A new DIR (0700) is filled under a temp name next to it; into an existing DIR (the user's own,
+    ``inputs.output_problems``) every file goes to a temp name inside it. Returns the final paths (valid
+    after ``staged.commit()``)."""
     if not out.exists():
-        tmp = staged.dir(out)
+        tmp = staged.dir(out, mode=PRIVATE_DIR)
         files = _write_files(tmp, plans, result, lambda p: p, extra)
     else:
-        files = _write_files(out, plans, result, staged.file, extra)
+        files = _write_files(out, plans, result, lambda p: staged.file(p, mode=PRIVATE_FILE), extra)
     return [out / name for _, name in files]
 
 
@@ -145,6 +152,7 @@ def write_outputs(plans: dict[str, Plan], result: dict, *, out: str | os.PathLik
                 pass
         raise
     if out is not None and Path(out).is_dir():
+        Path(out).chmod(PRIVATE_DIR)  # an existing DIR of the user's own: private from now on
         _remove_stale(Path(out), paths)
     if to_stdout:
         n = _write_lines(export_plan, sys.stdout)

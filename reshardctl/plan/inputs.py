@@ -200,6 +200,14 @@ def output_problems(out: str | None, export: str | None) -> list[str]:
         export = None
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         problems.append(f"--out {out}: exists and is not a directory")
+    elif out is not None and Path(out).is_dir():
+        from reshardctl.errors import InputError
+        from reshardctl.runs.rundir import check_dir_owner
+
+        try:  # it will hold session.pkl (the run token, unpickled by the ranks): the user's alone
+            check_dir_owner(out)
+        except InputError as exc:
+            problems.append(exc.message)
     if export is not None and export != "-":
         ep = Path(export)
         why = output_problem(ep)  # a directory, a FIFO, a device (or a link to one): never replaced

@@ -11,7 +11,11 @@ runs/<UTC time>-<label>/
   summary.json       per transport: refit seconds (median/p90), bytes, GB/s, verified, failures
 ```
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
-summary that says what failed. The directory is private to the user (0700, files 0600). A run whose
+summary that says what failed. The directory belongs to the user who runs reshardctl: an existing
+``--out`` owned by another user, or writable by group or others, is refused (``check_out_dir``: such a
+user could replace the files the ranks load); the directory is 0700, every subdirectory 0700 and every
+file 0600, on both launchers (the session runs under ``private_umask()``, so the ranks, ``sbatch`` and
+the jobs Slurm starts create their files private too). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
 reads it as ``interrupted``, and ``reshardctl collect`` writes that state (``settle_local``; a Slurm
 run's is settled from its jobs' end, ``runs/slurm_session.py``).
@@ -26,6 +30,8 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,38 @@ from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 
 DEFAULT_BASE = "runs"
 RANKS_PAYLOAD_PREFIX = ".ranks-"  # the local launcher's plans file for its ranks (launch/local.py), 0600
+
+
+PRIVATE_UMASK = 0o077  # files 0600, directories 0700
+
+
+@contextmanager
+def private_umask() -> Iterator[None]:
+    """Run the block with umask 077 (restored after): every file and directory created meanwhile by this
+    process and the processes it starts (local ranks, ``sbatch``, whose umask Slurm gives the job and its
+    ``--output`` file) is private to the user, whatever the code that creates it."""
+    old = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def check_dir_owner(path: str | os.PathLike, flag: str = "--out") -> None:
+    """Refuse (``InputError``, exit 2) an existing directory ``path`` that is owned by another user or
+    writable by group or others: that user could swap the session file the ranks unpickle."""
+    from reshardctl.errors import InputError
+    from reshardctl.runtime.trusted_file import not_private
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read the directory: {exc.strerror or exc}") from exc
+    why = not_private(st)
+    if why:
+        raise InputError(f"{flag} {path}: it {why}; a run directory must belong to the user who runs reshardctl "
+                         f"and be writable by nobody else (another user could replace the files the ranks "
+                         f"load); choose a directory of your own, or remove it first")
 
 
 def _refuse_to_empty(path: Path) -> str | None:
@@ -69,6 +107,7 @@ def check_out_dir(out: str | os.PathLike | None, force: bool = False) -> None:
     if path.exists() and not path.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     if path.is_dir():
+        check_dir_owner(path)
         try:
             nonempty = any(path.iterdir())
         except OSError as exc:
@@ -84,7 +123,9 @@ def check_out_dir(out: str | os.PathLike | None, force: bool = False) -> None:
 
 def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) -> Path:
     """``out`` if given (created; an existing non-empty directory is refused unless ``force``, which
-    empties it first), else ``runs/<UTC time>-<label>[-k]``; private to the user (0700)."""
+    empties it first), else ``runs/<UTC time>-<label>[-k]``; private to the user (0700). An existing one
+    must be the user's own (``check_dir_owner``); it is checked again once made (a directory someone
+    else created in between is refused)."""
     if out is not None:
         check_out_dir(out, force)
         path = Path(out)
@@ -92,6 +133,7 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
             if force and path.is_dir():
                 _empty_dir(path)
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_dir_owner(path)
             path.chmod(0o700)
         except OSError as exc:
             from reshardctl.errors import OutputError

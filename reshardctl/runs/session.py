@@ -26,7 +26,8 @@ from reshardctl.plan.model import Plan
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
 from reshardctl.plan.serialize import save_plan
-from reshardctl.runs.rundir import check_out_dir, mark_run, new_run_dir, started_by, write_command, write_json
+from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, private_umask, started_by, write_command,
+                                    write_json)
 from reshardctl.runs.failures import failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
@@ -310,6 +311,17 @@ def run_refit_session(
     when Slurm refuses the jobs. ``detach`` (Slurm only): return once submitted."""
     if detach and launcher != "slurm":
         raise InputError("--detach needs the Slurm launcher (--launcher slurm, or launcher: slurm in the profile)")
+    with private_umask():  # the run directory, the ranks' files and Slurm's own files: private to the user
+        return _run_session(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
+                            force=force, checkpoint=checkpoint, full_check=full_check, argv=argv,
+                            progress=progress, inject=inject, retries=retries, on_failure=on_failure,
+                            timeout_s=timeout_s, stop=stop, launcher=launcher, slurm_mode=slurm_mode,
+                            detach=detach, on_slurm_state=on_slurm_state)
+
+
+def _run_session(inp: Inputs, transports: list[str], *, iterations, warmup, baseline, out, force, checkpoint,
+                 full_check, argv, progress, inject, retries, on_failure, timeout_s, stop, launcher, slurm_mode,
+                 detach, on_slurm_state) -> SessionResult:
     pre = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
                    checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher, inject=inject,
                    retries=retries, on_failure=on_failure, timeout_s=timeout_s, force=force)

@@ -7,7 +7,10 @@ Module entry (one process per rank, rank read from the environment, see ``env.py
     python -m reshardctl.runtime.worker --plan PLAN.pkl --run-dir DIR [--iterations N] [--timeout-s S]
         [--inject SPEC ...] [--retries N --on-failure fallback --fallback-plan GB.pkl] ...
 
-The plan file is a pickled plan object (``StaticPlan.freeze(plan)`` is always picklable); the report
+The plan file is a pickled plan object (``StaticPlan.freeze(plan)`` is always picklable); a session,
+plan or fallback-plan file is loaded only when this rank's user owns it and its directory and nobody
+else can write either (``trusted_file.read_trusted``: checked on the opened descriptors, exit 2 and
+nothing loaded otherwise); the process runs with umask 077 (its files 0600, directories 0700). The report
 goes to ``<run_dir>/reports/rank-<N>.json`` (atomically, 0600). The run token comes from
 ``RESHARDCTL_RUN_TOKEN`` (a launcher exports one random token to every rank of a run; never on a command
 line). Exit status 0 = this rank's refits all committed; the process exits without tearing its groups
@@ -41,6 +44,7 @@ from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.synthetic_weights import SyntheticWeights
+from reshardctl.runtime.trusted_file import read_trusted
 from reshardctl.runtime.program import compile_program
 from reshardctl.runtime.weights import weight_source
 
@@ -49,8 +53,8 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
     if not (options.dump_weights and options.run_dir and st.current is not None):
         return
     path = Path(options.run_dir) / "weights" / f"rank-{env.global_rank}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with atomic_path(path, mode=0o600) as tmp:
         torch.save(
             {
                 "step": st.committed_step,
@@ -323,12 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         return _main_session(a.session)
     if a.plan is None or a.run_dir is None:
         ap.error("give --session FILE, or --plan FILE and --run-dir DIR")
-    with open(a.plan, "rb") as fh:
-        plan = pickle.load(fh)
-    fallback = None
-    if a.fallback_plan:
-        with open(a.fallback_plan, "rb") as fh:
-            fallback = pickle.load(fh)
+    try:
+        plan = pickle.loads(read_trusted(a.plan, "plan file"))
+        fallback = pickle.loads(read_trusted(a.fallback_plan, "fallback plan file")) if a.fallback_plan else None
+    except (OSError, pickle.UnpicklingError) as exc:
+        print(f"reshardctl worker: cannot read the plan file: {exc}", file=sys.stderr)
+        return 2
+    except ReshardError as exc:
+        print(f"reshardctl worker: {exc}", file=sys.stderr)
+        return 2
     try:
         faults = ";".join(a.inject) or None
         parse_faults(faults)
@@ -376,8 +383,7 @@ def _main_session(path: str) -> int:
     options (token included) and warm-up from ``path``; the rank from the environment; ``{plan: report}``
     into ``<run_dir>/reports/rank-<N>.json``. Exit status 0 = every refit of every plan committed."""
     try:
-        with open(path, "rb") as fh:
-            spec = pickle.load(fh)
+        spec = pickle.loads(read_trusted(path, "session file"))
         plans, options, warmup = spec["plans"], spec["options"], spec["warmup"]
         first = next(iter(plans.values()))
         parse_faults(options.faults)
@@ -403,6 +409,7 @@ def _main_session(path: str) -> int:
 
 
 if __name__ == "__main__":
+    os.umask(0o077)  # every file this rank creates (events, report, weights) is private to its user
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
