@@ -143,13 +143,13 @@ def test_settle_marks_with_a_wrong_seal_count_for_nothing(run_store):
     assert settle(peer, make_rank_env(1, 1, 1, "127.0.0.1", env.master_port), 0, 5) == []
 
 
-def test_the_local_launcher_port_is_not_reused_by_a_store_on_every_interface():
-    """Rank 0 listens on the rendezvous address only: another process can still bind the same port on
-    another interface (it could not if the store held the wildcard address)."""
+def test_rank_0_listens_on_the_rendezvous_address_only():
     other = other_address()
     if other is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
     port = free_port()
-    rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)
-    with socket.socket() as s:
-        s.bind((other, port))  # raises EADDRINUSE when the store listens on 0.0.0.0 / ::
+    store = rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)  # kept: it hosts the server
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(ConnectionRefusedError):  # torch alone listens on every interface
+        socket.create_connection((other, port), timeout=5)
+    del store
