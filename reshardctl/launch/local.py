@@ -1,8 +1,8 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
 ``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``) into one
-private file every rank reads (spawn's pipe stays small: a rank that dies at start cannot block its
-launcher), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+private file every rank reads, in the run directory and without the run token (spawn's pipe stays
+small: a rank that dies at start cannot block its launcher; the token travels through it), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
 a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
@@ -43,7 +43,6 @@ from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
 from reshardctl.topology import side_of_global
-
 
 
 def free_port(host: str = "127.0.0.1") -> int:
