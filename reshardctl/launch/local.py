@@ -9,7 +9,7 @@ cause first.
 
 Bounded, fast failure: a rank that exits without a report is known at once; from the first failure on,
 the survivors have ``timeout_s`` plus a grace to report (they stop within the timeout, refit.py); a
-rank still silent once the others have gone quiet for ``QUIET_S`` is killed (a hung rank). Processes are killed before they are joined; none is left
+rank still silent once the others have gone quiet for ``QUIET_S`` (``runtime/bounds.py``) is killed (a hung rank). Processes are killed before they are joined; none is left
 behind. Ranks never outlive the launcher: each watches its parent (``PR_SET_PDEATHSIG`` and a
 polling thread) and exits within a second of its death; ``stop`` (an Event) ends a run early.
 """
