@@ -217,9 +217,9 @@ def settle_slurm(run_dir: str | Path, live: dict) -> str | None:
         return None  # accounting has not recorded the end yet
     try:
         ctx = json.loads((run_dir / SESSION_JSON).read_text())
-    except (OSError, ValueError):
-        return None
-    summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+        summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # not a run this tool can collect: `reshardctl collect` says why
     summary["collected"] = True
     write_summary(run_dir, summary)
     state = (read_run(run_dir) or {}).get("state", "failed")
