@@ -1,15 +1,15 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
 ``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``) into one
-private file every rank reads (spawn's pipe stays small: a rank that dies at start cannot block its
-launcher), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+private file every rank reads, in the run directory and without the run token (spawn's pipe stays
+small: a rank that dies at start cannot block its launcher; the token travels through it), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
 a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
 
 Bounded, fast failure: a rank that exits without a report is known at once; from the first failure on,
 the survivors have ``timeout_s`` plus a grace to report (they stop within the timeout, refit.py); a
-rank still silent once the others have gone quiet for ``QUIET_S`` is killed (a hung rank). Processes are killed before they are joined; none is left
+rank still silent once the others have gone quiet for ``QUIET_S`` (``runtime/bounds.py``) is killed (a hung rank). Processes are killed before they are joined; none is left
 behind. Ranks never outlive the launcher: each watches its parent (``PR_SET_PDEATHSIG`` and a
 polling thread) and exits within a second of its death; ``stop`` (an Event) ends a run early.
 """
@@ -43,7 +43,6 @@ from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.events import read_events
 from reshardctl.topology import side_of_global
-
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -244,9 +244,9 @@ def settle_slurm(run_dir: str | Path, live: dict) -> str | None:
         return None  # accounting has not recorded the end yet
     try:
         ctx = read_session_context(run_dir)
-    except InputError:
-        return None
-    summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+        summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+    except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # not a run this tool can collect: `reshardctl collect` says why
     summary["collected"] = True
     write_summary(run_dir, summary)
     state = (read_run(run_dir) or {}).get("state", "failed")
