@@ -27,7 +27,7 @@ SLURM_COMMANDS = ("sbatch", "scancel", "squeue", "sacct", "scontrol")
 
 
 def cli(tmp_path: Path, *argv: str, env: dict | None = None, limit_as: int | None = None,
-        cwd: Path | None = None) -> tuple[int, str, str]:
+        cwd: Path | None = None, timeout: float | None = None) -> tuple[int, str, str]:
     """Run ``python -m reshardctl ARGV`` with a private state directory; (exit code, stdout, stderr)."""
     e = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state"), **(env or {})}
 
@@ -36,10 +36,10 @@ def cli(tmp_path: Path, *argv: str, env: dict | None = None, limit_as: int | Non
 
     try:
         p = subprocess.run([sys.executable, "-m", "reshardctl", *argv], capture_output=True, text=True, env=e,
-                           timeout=HANG_S, stdin=subprocess.DEVNULL, cwd=cwd or tmp_path,
+                           timeout=timeout or HANG_S, stdin=subprocess.DEVNULL, cwd=cwd or tmp_path,
                            preexec_fn=limit if limit_as else None)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"`reshardctl {' '.join(argv)}` hung (no exit within {HANG_S} s)")
+        pytest.fail(f"`reshardctl {' '.join(argv)}` hung (no exit within {timeout or HANG_S} s)")
     assert "Traceback" not in p.stdout + p.stderr, p.stderr[-3000:]
     return p.returncode, p.stdout, p.stderr
 
@@ -57,7 +57,7 @@ def bench_dir(tmp_path_factory) -> Path:
     """One real bench run (tp=2 -> tp=2, one timed refit per transport): summary.json, command.txt, events."""
     d = tmp_path_factory.mktemp("hostile-bench")
     code, _, err = cli(d, "bench", "--train", "tp=2", "--infer", "tp=2", "--iters", "1", "--warmup", "0",
-                       "--out", str(d / "bench"))
+                       "--out", str(d / "bench"), timeout=1800)  # a real run, not a hang probe
     assert code == 0, err
     return d / "bench"
 
@@ -445,3 +445,11 @@ def test_cancel_collect_status_report_bad_input_as_exit_2(tmp_path, run_copy):
     refused(tmp_path, "collect", str(run_copy), needles=("not a Slurm run directory (no slurm/jobs.json)",))
     _ledger(tmp_path).mkdir()
     refused(tmp_path, "status", "--site", "local", needles=("local.ledger.jsonl: cannot be read: is a directory",))
+
+
+def test_an_expert_map_fifo_is_refused_not_read(tmp_path):
+    from reshardctl.layout.expert_maps import load_expert_map_file
+
+    problems: list[str] = []
+    assert load_expert_map_file(str(_fifo(tmp_path / "map.json")), 4, 4, (1,), problems) is None
+    assert problems == [f"expert_map={tmp_path / 'map.json'}: not readable JSON (is a FIFO (named pipe), not a file)"]
