@@ -94,6 +94,8 @@ def show(
 
     if side not in ("train", "infer", "both"):
         raise InputError(f"--side {side!r}: expected train, infer or both")
+    if tensor is not None and not tensor.strip():
+        raise InputError("--tensor '': empty; give a glob such as '*q_proj*', or leave --tensor out for every tensor")
     m = _load_model(model, layers, mtp)
     prof = None
     if site:

@@ -21,11 +21,12 @@ An ``ExpertMap`` is per MoE layer (EPLB maps may differ per layer): ``holders(la
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from reshardctl.bounded_load import LoadError, load_file
 from reshardctl.layout.shard_rules import frac
+
+MAX_MAP_BYTES = 64 << 20  # an expert_map= file (EPLB physical -> logical ids)
 
 SP_ALL2ALL = frozenset({"allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency",
                         "mori_high_throughput", "mori_low_latency", "nixl_ep"})
@@ -105,14 +106,10 @@ def load_expert_map_file(path: str, num_experts: int, num_phys: int, moe_layers:
                          problems: list[str]) -> dict[int, tuple[int, ...]] | None:
     """A JSON physical->logical map: one list of ``E + R`` logical ids, or one such list per MoE layer
     (``{"<layer>": [...]}`` or a list of lists in MoE-layer order)."""
-    p = Path(path)
     try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        problems.append(f"expert_map={path}: no such file")
-        return None
-    except (OSError, ValueError) as e:
-        problems.append(f"expert_map={path}: not readable JSON ({e})")
+        doc = load_file(path, "json", max_bytes=MAX_MAP_BYTES)  # a regular file, bounded (a FIFO never hangs)
+    except LoadError as e:
+        problems.append(f"expert_map={path}: no such file" if e.missing else f"expert_map={path}: not readable JSON ({e})")
         return None
     if isinstance(doc, dict):
         doc = doc.get("physical_to_logical", doc)
