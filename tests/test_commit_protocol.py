@@ -110,3 +110,18 @@ def test_the_reproduced_case_on_slurm(cluster, tmp_path, small_llama, monkeypatc
     steps = s["transports"]["reshard"]["committed_steps"]
     assert {g: steps.get(str(g)) for g in (4, 5, 6)} == {4: 2, 5: 2, 6: 2}, steps
     assert s["transports"]["reshard"]["committed_steps_agree"]
+
+
+def test_drill_specs_for_the_commit_windows():
+    from reshardctl.errors import InputError
+    from reshardctl.runtime.drills import PHASES, parse_faults
+
+    f, g = parse_faults("hang:rank=1:phase=commit:step=2:seconds=4;kill:rank=7:phase=swapped:step=2:after=1.5")
+    assert (g.kind, g.phase, g.after) == ("kill", "swapped", 1.5) and "1.5 s later" in g.describe()
+    assert {"vote", "commit", "swapped", "ack", "done", "repair"} <= set(PHASES)
+    with pytest.raises(InputError, match="after= is for kill and exit"):
+        parse_faults("hang:rank=1:after=2")
+    with pytest.raises(InputError, match="after=-1 must be between"):
+        parse_faults("kill:rank=1:after=-1")
+    with pytest.raises(InputError, match="phase 'acked' is not one of"):
+        parse_faults("kill:rank=1:phase=acked")
