@@ -18,6 +18,7 @@ from reshardctl.launch.local import run_local
 
 from conftest import SMALL_LLAMA
 from test_runtime_faults import assert_previous_weights, drill_time, opts
+from test_slurm_cluster import _summary, cluster  # noqa: F401 - the cluster fixture
 
 TIMEOUT = 4.0
 INFER = (4, 5, 6, 7)
@@ -57,14 +58,16 @@ WINDOWS = [
     ("exit:rank=6:phase=commit:step=2", {6}, 2),   # after the vote, before 6's swap: all OK is a fact
     ("kill:rank=5:phase=swapped:step=2", {5}, 2),  # after 5's own swap, before the acknowledgement
     ("kill:rank=4:phase=ack:step=2", {4}, 2),      # during the acknowledgement: 5, 6, 7 repair, all know
-    ("hang:rank=6:phase=ack:step=2", {6}, 2),      # 4, 5 acknowledged, 7 never hears: repairs alone
+    ("kill:rank=6:phase=ack:step=2", {6}, 2),      # 4, 5 acknowledged, 7 never hears: was a split (issue 22)
+    ("hang:rank=6:phase=ack:step=2", {6}, 2),      # the same with 6 silent: 7 repairs alone
     ("kill:rank=6:phase=done:step=2", {6}, 2),     # after the acknowledgement
     # during the repair: 4 dies in the acknowledgement, then 5 in the repair that follows
     ("kill:rank=4:phase=ack:step=2;kill:rank=5:phase=repair:step=2", {4, 5}, 2),
 ]
 
 
-@pytest.mark.parametrize("faults,gone,step", WINDOWS, ids=[w[0].split(":step")[0].replace(":", "-") for w in WINDOWS])
+@pytest.mark.parametrize("faults,gone,step", WINDOWS, ids=lambda w: w.replace(":step=2", "").replace(":rank=", "-r").replace(":phase=", "-").replace(";", "+")
+                         if isinstance(w, str) else None)
 def test_every_window_leaves_the_survivors_on_one_step(tmp_path, plan, faults, gone, step):
     err = run_drill(tmp_path, plan, faults)
     survivors_agree(tmp_path, plan, err, gone, step)
@@ -88,3 +91,37 @@ def test_a_split_is_never_a_success():
     text = split_text(summary)
     assert text.startswith("SPLIT") and "step 2 on rank(s) 4, 5" in text and "step 1 on rank(s) 6" in text
     assert split_text({"transports": {"reshard": {"committed_steps": {"4": 2, "5": 2}}}}) is None
+
+
+def test_the_reproduced_case_on_slurm(cluster, tmp_path, small_llama, monkeypatch, capsys):
+    """The same two faults through the Slurm launcher (8 tasks): exit 1, the root cause rank 7, and the
+    surviving inference ranks' reports on one step (step 2: every rank had the vote's result)."""
+    from reshardctl.cli import main
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    out = tmp_path / "slurm-drill"
+    code = main(["run", "--site", "slurm-local", "--model", small_llama, "--train", "tp=2,pp=2", "--infer",
+                 "tp=2,dp=2", "--iters", "2", "--timeout-s", "6", "--out", str(out),
+                 "--inject", "hang:rank=1:phase=commit:step=2:seconds=4",
+                 "--inject", "kill:rank=7:phase=swapped:step=2:after=1.5"])
+    assert code == 1
+    s = _summary(out)
+    assert s["root_cause"]["rank"] == 7 and "SPLIT" not in capsys.readouterr().err
+    steps = s["transports"]["reshard"]["committed_steps"]
+    assert {g: steps.get(str(g)) for g in (4, 5, 6)} == {4: 2, 5: 2, 6: 2}, steps
+    assert s["transports"]["reshard"]["committed_steps_agree"]
+
+
+def test_drill_specs_for_the_commit_windows():
+    from reshardctl.errors import InputError
+    from reshardctl.runtime.drills import PHASES, parse_faults
+
+    f, g = parse_faults("hang:rank=1:phase=commit:step=2:seconds=4;kill:rank=7:phase=swapped:step=2:after=1.5")
+    assert (g.kind, g.phase, g.after) == ("kill", "swapped", 1.5) and "1.5 s later" in g.describe()
+    assert {"vote", "commit", "swapped", "ack", "done", "repair"} <= set(PHASES)
+    with pytest.raises(InputError, match="after= is for kill and exit"):
+        parse_faults("hang:rank=1:after=2")
+    with pytest.raises(InputError, match="after=-1 must be between"):
+        parse_faults("kill:rank=1:after=-1")
+    with pytest.raises(InputError, match="phase 'acked' is not one of"):
+        parse_faults("kill:rank=1:phase=acked")

@@ -88,8 +88,8 @@ def _fail(groups: Groups, env: RankEnv, phase: str, step: int, exc: BaseExceptio
 def common_start(groups: Groups, st: State, train_world: int, step: int, not_ready: str | None,
                  events: EventLog) -> None:
     """Readiness vote and agreement on the committed step, in one control-plane all-reduce. A rank ahead
-    of the others (its commit acknowledgement completed where another's did not) rolls back to the
-    previous weights it still holds."""
+    of the others rolls back to the previous weights it still holds (a safety net: under one failure the
+    commit and its repair leave nobody ahead, docs/commit-protocol.md)."""
     env = groups.env
     ready, steps = _commit.gather_steps(groups, 0 if not_ready else 1, st.committed_step)
     missing = [r for r, x in enumerate(ready) if x == 0]
