@@ -28,7 +28,7 @@ from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_re
 from reshardctl.plan.serialize import save_plan
 from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, private_umask, started_by, write_command,
                                     write_json)
-from reshardctl.runs.failures import failure_summary
+from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
 
@@ -85,7 +85,8 @@ def commits_by_side(events_dir: Path) -> dict[str, int]:
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
                     run_dir: Path, command: str, timeout_s: float | None = None, retries: int = 0,
-                    on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None) -> dict:
+                    on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None,
+                    faults: str | None = None) -> dict:
     """Everything ``summary.json`` needs besides the ranks' reports (``session.json``)."""
     lb = lower_bound(next(iter(plans.values())), inp.links)
     needed = infer_needed_bytes(inp.model, inp.infer)
@@ -102,6 +103,7 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "timeout_s": inp.site.refit.timeout_s if timeout_s is None else timeout_s,
         "retries": retries,
         "on_failure": on_failure,
+        "faults": faults,  # the --inject drills, joined with ';' (summary.json lists each and whether it fired)
         "memory_estimate_bytes": memory_bytes,
         "cost_figures": inp.links.source,
         "transports": {t: _transport_context(p, inp, needed, lb.seconds) for t, p in plans.items()},
@@ -124,7 +126,8 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         t: summarize_transport(t, (reports or {}).get(t, []), **c) for t, c in ctx["transports"].items()
     }
     timeout = ctx.get("timeout_s")
-    fs = failure_summary(failures, run_dir, timeout) if (failures and run_dir is not None) else None
+    drills = drill_rows(ctx.get("faults"), run_dir)
+    fs = failure_summary(failures, drills, timeout) if (failures and run_dir is not None) else None
     if failures or interrupted:
         t = _failed_transport(reports, list(ctx["transports"]))
         if t is not None:
@@ -146,7 +149,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "root_cause": fs["root_cause"] if fs else None,
         "knock_on_failures": fs["knock_on_failures"] if fs else 0,
         "detection_s": fs["detection_s"] if fs else None,
-        "drills": fs["drills"] if fs else [],
+        "drills": drills,
         "timeout_s": timeout,
         "retries": ctx.get("retries", 0),
         "on_failure": ctx.get("on_failure", "abort"),
@@ -220,7 +223,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
              force: bool = False) -> Prepared:
     """Every check that can refuse the run (exit 2, nothing started), then the run directory."""
     from reshardctl.runtime.contract import RunOptions
-    from reshardctl.runtime.drills import check_ranks, parse_faults
+    from reshardctl.runtime.drills import check_drills, parse_faults
 
     if iterations < 1 or warmup < 0:
         raise InputError(f"--iters must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")
@@ -232,7 +235,9 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     check_out_dir(out, force)
     faults = ";".join(inject or []) or None
-    check_ranks(parse_faults(faults), inp.topology.world)
+    first_step = RunOptions.first_step  # the default the session keeps: one step per refit from there
+    check_drills(parse_faults(faults), world=inp.topology.world, train_world=inp.topology.train_world,
+                 first_step=first_step, last_step=first_step + len(transports) * (warmup + iterations) - 1)
     plans = plan_transports(inp, transports, launcher)
     fallback = None
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
@@ -269,7 +274,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     )
     ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
                           command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
-                          retries=retries, on_failure=on_failure, who=who, memory_bytes=memory)
+                          retries=retries, on_failure=on_failure, who=who, memory_bytes=memory, faults=faults)
     ctx["record"] = static_record(site, started=started, timeout_s=timeout,
                                   rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
     write_record(run_dir, ctx["record"])

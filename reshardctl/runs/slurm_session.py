@@ -100,7 +100,7 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
-    failures = slurm.failure_records(session, lost)
+    failures = slurm.failure_records(session, lost, run_dir)
     summary = build_summary(ctx, session, error=err, wall_s=wall_s, failures=failures, interrupted=w.interrupted,
                             run_dir=run_dir, extra={"slurm": slurm.slurm_record(run, w, run_dir)})
     if lost:
