@@ -88,7 +88,7 @@ def check_drills(faults: tuple[Fault, ...], *, world: int, train_world: int, fir
     for f in faults:
         spec = f.describe()
         if not 0 <= f.rank < world:
-            raise InputError(f"--inject {spec}: rank {f.rank} is outside the run's {world} ranks (0..{world - 1})")
+            raise InputError(f"--inject: rank {f.rank} is outside the run's {world} ranks (0..{world - 1}): {spec}")
         if f.kind == "corrupt" and f.rank < train_world:
             raise InputError(f"--inject {spec}: rank {f.rank} is a trainer rank (0..{train_world - 1}); trainer ranks "
                              f"only send, so a corrupt drill never fires there: give an inference rank "
