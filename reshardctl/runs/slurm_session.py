@@ -19,11 +19,12 @@ from reshardctl.runs.session import (
     SESSION_JSON,
     Prepared,
     SessionResult,
+    _preparing,
     build_summary,
     commits_by_side,
     count_commits,
+    record_outcome,
     session_context,
-    write_summary,
 )
 
 
@@ -61,7 +62,8 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
                             python=sys.executable)
     # the run's token travels in the private session file (never on a command line or in the script)
     options = replace(pre.options, token=secrets.token_hex(16))
-    slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
+    with _preparing(run_dir, pre.who, pre.started):  # a full disk: session.pkl named, nothing submitted
+        slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
     t0 = time.perf_counter()
     run = slurm.submit(request)
     mark_run(run_dir, "submitted", pre.who, pre.started)
@@ -89,7 +91,8 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     return SessionResult(run_dir, summary, err, plans, slurm=run)
 
 
-def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict, ReshardError | None]:
+def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float,
+                  collected: bool = False) -> tuple[dict, ReshardError | None]:
     """Read the ranks' reports, build and write ``summary.json``, mark the run; (summary, error)."""
     from reshardctl.launch import slurm
 
@@ -105,9 +108,10 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
                             run_dir=run_dir, extra={"slurm": slurm.slurm_record(run, w, run_dir)})
     if lost:
         summary["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
-    write_summary(run_dir, summary)
-    mark_run(run_dir, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
-             ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at)
+    if collected:
+        summary["collected"] = True
+    err = record_outcome(run_dir, summary, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
+                         ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at, err)
     return summary, err
 
 
@@ -140,7 +144,5 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
             raise LaunchError(f"{run_dir}: the run has not ended (Slurm job {states})",
                               hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
         w = slurm.Watch(slurm.final_states(run.ids, components=run.components()), None, time.time())
-    summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0)
-    summary["collected"] = True
-    write_summary(run_dir, summary)
+    summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0, collected=True)
     return SessionResult(run_dir, summary, err, {}, slurm=run)
