@@ -68,23 +68,37 @@ def dir_mode() -> int:
 
 
 @contextmanager
+def _naming(path: Path, tmp: Path | None = None) -> Iterator[None]:
+    """An ``OSError`` raised while writing ``path`` names ``path`` (a full disk's ``write`` names no file,
+    a failed temp file names only its temp name): ``[Errno 28] No space left on device: 'run/summary.json'``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename in (None, str(tmp)) or (tmp is None and exc.filename != str(path)):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
+
+
+@contextmanager
 def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
     """Yield an empty temp file next to ``path``; when the block succeeds, fsync it, chmod it to
     ``mode`` (default ``file_mode()``) and rename it over ``path``; when it fails, remove it."""
     path = through_link(path)
     _refuse_special(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with _naming(path):
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, file_mode() if mode is None else mode)
-        os.replace(tmp, path)
+        with _naming(path, tmp):
+            yield tmp
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, file_mode() if mode is None else mode)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -68,6 +68,11 @@ class Interrupted(ReshardError):
     exit_code = 130
 
 
+class RecordError(ReshardError):
+    """A run's record (``summary.json``, ``run.json``, its plan files) could not be written: a full or
+    read-only disk. Names the file and says what the ranks did (a refit may have committed). Exit code 1."""
+
+
 class TransferError(ReshardError):
     """A refit failed at run time (a rank died, a timeout, a backend error)."""
 

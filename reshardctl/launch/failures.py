@@ -7,7 +7,31 @@ come from the launcher (``RankLost``); the others from the ranks' own reports (`
 
 from __future__ import annotations
 
+import os
+
 from reshardctl.runtime.contract import RankReport
+
+
+def last_event(run_dir: str | os.PathLike | None, rank: int) -> dict:
+    """The rank's drill event if it has one, else its last event (where a rank without a report was)."""
+    if not run_dir:
+        return {}
+    from reshardctl.runtime.events import read_events
+
+    try:
+        ev = read_events(os.path.join(run_dir, "events", f"rank-{rank}.jsonl"))
+    except (OSError, ValueError):
+        return {}
+    drill = [e for e in ev if e.get("phase") == "drill"]
+    return drill[-1] if drill else (ev[-1] if ev else {})
+
+
+def where_lost(run_dir: str | os.PathLike | None, rank: int) -> dict:
+    """Where a rank that left no report was, from the last event it wrote: ``phase`` (a drill's own
+    phase), ``step``, ``round`` (or bucket) and ``drill``; all None when it wrote none."""
+    last = last_event(run_dir, rank)
+    return {"phase": last.get("at") or last.get("phase"), "step": last.get("step"),
+            "round": last.get("round", last.get("bucket")), "drill": last.get("drill")}
 
 
 def order_failures(lost: list[dict], reports: list[RankReport]) -> list[dict]:

@@ -36,12 +36,11 @@ import torch.multiprocessing as mp
 
 from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import LaunchError, TransferError, VerificationError
-from reshardctl.launch.failures import failure_text, order_failures
+from reshardctl.launch.failures import failure_text, order_failures, where_lost
 from reshardctl.runs.rundir import RANKS_PAYLOAD_PREFIX
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
 from reshardctl.runtime.env import RankEnv, make_rank_env
-from reshardctl.runtime.events import read_events
 from reshardctl.topology import side_of_global
 
 
@@ -148,26 +147,11 @@ def run_local(plan, options: RunOptions, *, deadline_s: float | None = None, hos
                              backend=backend, fallback=fallback)["plan"]
 
 
-def _last_event(run_dir: str | None, rank: int) -> dict:
-    """The rank's drill event if it has one, else its last event (where a rank without a report was)."""
-    if not run_dir:
-        return {}
-    try:
-        ev = read_events(os.path.join(run_dir, "events", f"rank-{rank}.jsonl"))
-    except (OSError, ValueError):
-        return {}
-    drill = [e for e in ev if e.get("phase") == "drill"]
-    return drill[-1] if drill else (ev[-1] if ev else {})
-
-
 def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | None) -> dict:
     side, side_rank = side_of_global(rank, world_t)
-    last = _last_event(run_dir, rank)
-    phase = last.get("at") or last.get("phase")
-    return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank, "phase": phase,
-            "step": last.get("step"), "round": last.get("round", last.get("bucket")), "peers": None,
-            "at": at, "knock_on": False, "error": "RankLost", "message": why,
-            "drill": last.get("drill")}
+    return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank,
+            **where_lost(run_dir, rank), "peers": None, "at": at, "knock_on": False, "error": "RankLost",
+            "message": why}
 
 
 def check_main_importable() -> None:

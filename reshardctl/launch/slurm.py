@@ -30,7 +30,7 @@ from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_a
 from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
 from reshardctl.errors import InputError, LaunchError, TransferError
 from reshardctl.launch import slurm_cli
-from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text
+from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text, where_lost
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
@@ -317,17 +317,18 @@ def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str,
     return session, lost
 
 
-def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, str]) -> list[dict]:
-    """Failure records, root cause first (``launch/failures.py``): ranks without a report, then the
-    failing transport's ranks that failed on their own, then the knock-on failures."""
+def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, str],
+                    run_dir: Path | None = None) -> list[dict]:
+    """Failure records, root cause first (``launch/failures.py``): ranks without a report (where they
+    were: the last event each wrote), then the failing transport's ranks that failed on their own, then
+    the knock-on failures."""
     world_t = next((r.global_rank - r.side_rank for rs in session.values() for r in rs if r.side == "infer"), None)
     recs = []
     for rank, why in sorted(lost.items()):
         side = None if world_t is None else ("train" if rank < world_t else "infer")
         recs.append({"rank": rank, "side": side, "side_rank": None if world_t is None else
-                     (rank if rank < world_t else rank - world_t), "host": None, "phase": None, "step": None,
-                     "round": None, "peers": None, "at": 0.0, "knock_on": False, "error": "RankLost",
-                     "message": why})
+                     (rank if rank < world_t else rank - world_t), "host": None, **where_lost(run_dir, rank),
+                     "peers": None, "at": 0.0, "knock_on": False, "error": "RankLost", "message": why})
     failing = next((rs for rs in session.values() if any(not r.ok for r in rs)), [])
     return order_failures(recs, failing) if (recs or failing) else []
 

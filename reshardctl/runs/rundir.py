@@ -7,7 +7,8 @@ runs/<UTC time>-<label>/
   plan.json          the plan report (predicted times, lower bound, bytes)
   events/rank-N.jsonl one JSON line per phase per rank (written by the ranks)
   run.json           who started it (user, uid, host, pid), when, and its state (running, finished,
-                     failed, interrupted)
+                     failed, interrupted); padded to 4 KiB so that a full disk cannot keep it from its
+                     final state (then with record_error and the outcome, ``mark_run``)
   summary.json       per transport: refit seconds (median/p90), bytes, GB/s, verified, failures
 ```
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
@@ -35,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reshardctl.atomic_write import write_json_atomic, write_text_atomic
+from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
 
 DEFAULT_BASE = "runs"
 RANKS_PAYLOAD_PREFIX = ".ranks-"  # the local launcher's plans file for its ranks (launch/local.py), 0600
@@ -175,10 +176,53 @@ def started_by() -> dict:
     return {"user": user, "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def mark_run(path: Path, state: str, who: dict, started: float) -> Path:
-    """``run.json``: who started the run, when, and where it stands."""
-    return write_json(path / "run.json", {"state": state, "started_by": who, "started_at": started,
-                                          "updated_at": time.time()})
+RUN_JSON_BYTES = 4096  # run.json is written padded to this size: its space is held from the start
+
+
+def _padded(rec: dict, size: int) -> bytes | None:
+    """``rec`` as JSON, padded with spaces (valid JSON whitespace) to ``size`` bytes; None if it is longer."""
+    text = json.dumps(rec, indent=2, default=str).encode()
+    return text + b" " * (size - len(text) - 1) + b"\n" if len(text) < size else None
+
+
+def _rewrite_in_place(path: Path, rec: dict) -> None:
+    """Overwrite the existing ``path`` within its own bytes (no new blocks: works on a full disk);
+    ``rec``'s ``result`` and then the tail of its ``record_error`` are dropped until it fits."""
+    size = path.stat().st_size
+    body = _padded(rec, size)
+    if body is None:
+        rec = {k: v for k, v in rec.items() if k != "result"}
+        body = _padded(rec, size)
+    if body is None and rec.get("record_error"):
+        body = _padded({**rec, "record_error": str(rec["record_error"])[:200]}, size)
+    if body is None:
+        raise OSError(28, "run.json's reserved space is too small for its final state", str(path))
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        os.pwrite(fd, body, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_run(path: Path, state: str, who: dict, started: float, **extra: Any) -> Path:
+    """``run.json``: who started the run, when, where it stands, and ``extra`` fields (``record_error``:
+    a file the disk refused; ``result``: the refit's outcome when ``summary.json`` could not be written).
+    Written whole (temp file + rename), padded to ``RUN_JSON_BYTES`` so that its space is held: when the
+    disk refuses the new file (full), the existing ``run.json`` is rewritten within its own bytes, so a
+    run always reaches a final state. ``OSError`` (naming run.json) only when both fail."""
+    rec = {"state": state, "started_by": who, "started_at": started, "updated_at": time.time(),
+           **{k: v for k, v in extra.items() if v is not None}}
+    target = path / "run.json"
+    body = _padded(rec, RUN_JSON_BYTES) or (json.dumps(rec, indent=2, default=str) + "\n").encode()
+    try:
+        with atomic_open(target, binary=True, mode=0o600) as fh:
+            fh.write(body)
+    except OSError:
+        if not target.is_file():
+            raise
+        _rewrite_in_place(target, rec)
+    return target
 
 
 def _alive(pid: int) -> bool:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.errors import InputError, ReshardError, TransferError
+from reshardctl.errors import InputError, RecordError, ReshardError, TransferError
 from reshardctl.plan.cost import lower_bound, predict
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
@@ -28,7 +30,7 @@ from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_re
 from reshardctl.plan.serialize import save_plan
 from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, private_umask, started_by, write_command,
                                     write_json)
-from reshardctl.runs.failures import failure_summary
+from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
 
@@ -85,7 +87,8 @@ def commits_by_side(events_dir: Path) -> dict[str, int]:
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
                     run_dir: Path, command: str, timeout_s: float | None = None, retries: int = 0,
-                    on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None) -> dict:
+                    on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None,
+                    faults: str | None = None) -> dict:
     """Everything ``summary.json`` needs besides the ranks' reports (``session.json``)."""
     lb = lower_bound(next(iter(plans.values())), inp.links)
     needed = infer_needed_bytes(inp.model, inp.infer)
@@ -102,6 +105,7 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "timeout_s": inp.site.refit.timeout_s if timeout_s is None else timeout_s,
         "retries": retries,
         "on_failure": on_failure,
+        "faults": faults,  # the --inject drills, joined with ';' (summary.json lists each and whether it fired)
         "memory_estimate_bytes": memory_bytes,
         "cost_figures": inp.links.source,
         "transports": {t: _transport_context(p, inp, needed, lb.seconds) for t, p in plans.items()},
@@ -124,7 +128,8 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         t: summarize_transport(t, (reports or {}).get(t, []), **c) for t, c in ctx["transports"].items()
     }
     timeout = ctx.get("timeout_s")
-    fs = failure_summary(failures, run_dir, timeout) if (failures and run_dir is not None) else None
+    drills = drill_rows(ctx.get("faults"), run_dir)
+    fs = failure_summary(failures, drills, timeout) if (failures and run_dir is not None) else None
     if failures or interrupted:
         t = _failed_transport(reports, list(ctx["transports"]))
         if t is not None:
@@ -146,7 +151,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "root_cause": fs["root_cause"] if fs else None,
         "knock_on_failures": fs["knock_on_failures"] if fs else 0,
         "detection_s": fs["detection_s"] if fs else None,
-        "drills": fs["drills"] if fs else [],
+        "drills": drills,
         "timeout_s": timeout,
         "retries": ctx.get("retries", 0),
         "on_failure": ctx.get("on_failure", "abort"),
@@ -155,16 +160,65 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
         "record": full_record(ctx.get("record"), reports),
+        # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)"
+        "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}),
     }
     summary.update(extra or {})
     return summary
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    """``record.json`` (with the ranks' hosts and backend), then ``summary.json``."""
+    """``summary.json`` (first: on a nearly full disk the figures matter most), then ``record.json`` (with
+    the ranks' hosts and backend; summary.json carries the same object)."""
+    write_json(run_dir / "summary.json", summary)
     if summary.get("record"):
         write_record(run_dir, summary["record"])
-    write_json(run_dir / "summary.json", summary)
+
+
+def _os_text(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)
+
+
+def _result(summary: dict) -> dict:
+    """The refit's outcome in a few hundred bytes, for ``run.json`` when ``summary.json`` cannot be written."""
+    return {"ok": summary.get("ok"), "error": (summary.get("error") or "")[:600] or None,
+            "transports": {t: {"verified": s.get("verified"), "iterations": s.get("iterations"),
+                               "refit_median_s": (s.get("refit_s") or {}).get("median"),
+                               "committed_steps_agree": s.get("committed_steps_agree")}
+                           for t, s in (summary.get("transports") or {}).items()}}
+
+
+def record_outcome(run_dir: Path, summary: dict, state: str, who: dict, started: float,
+                   err: ReshardError | None) -> ReshardError | None:
+    """Write ``summary.json`` and put ``run.json`` in its final ``state``, whatever the disk says: a write
+    the disk refuses (full, read-only) is named in ``run.json`` (``record_error``), which then carries the
+    refit's outcome itself (``result``; rewritten within its reserved bytes if need be, rundir.mark_run).
+    Returns the session's error: ``err``, or a ``RecordError`` (exit 1) naming the file and saying what
+    the ranks did."""
+    problem = None
+    try:
+        write_summary(run_dir, summary)
+    except OSError as exc:
+        problem = _os_text(exc)
+    extra = {"record_error": problem, "result": _result(summary)} if problem else {}
+    try:
+        mark_run(run_dir, state, who, started, **extra)
+    except OSError as exc:
+        problem = (f"{problem}; " if problem else "") + f"and {_os_text(exc)} (run.json keeps its previous state)"
+    refused = summary.get("record_errors") or []
+    incomplete = "; ".join(refused[:2]) + (f"; {len(refused) - 2} more event log(s) alike" if len(refused) > 2 else "")
+    if problem is None and not incomplete:
+        return err
+    outcome = ("the refit committed on every rank (verified), but" if err is None and summary.get("ok")
+               else f"the run failed ({err}), and")
+    if problem is None:
+        what = f"its record is incomplete: {incomplete}; summary.json says so (record_errors)"
+    else:
+        what = (f"its record could not be written: {problem}"
+                + (f" (and {incomplete})" if incomplete else "") + "; "
+                + ("run.json records the outcome and the file it could not write" if "run.json" not in problem
+                   else "the summary printed here is all there is"))
+    return RecordError(f"{outcome} {what}", hint=f"free space (or make it writable) under {run_dir} for the next run")
 
 
 def _failed_transport(reports, names) -> str | None:
@@ -203,6 +257,22 @@ class _Signals:
             signal.signal(sig, h)
 
 
+@contextmanager
+def _preparing(run_dir: Path, who: dict, started: float) -> Iterator[None]:
+    """The run directory's first files: a write the disk refuses (full, read-only) becomes a
+    ``RecordError`` naming the file (exit 1), with ``run.json`` marked ``failed`` where it exists."""
+    try:
+        yield
+    except OSError as exc:
+        text = _os_text(exc)
+        try:
+            mark_run(run_dir, "failed", who, started, record_error=text)
+        except OSError:
+            pass
+        raise RecordError(f"{text}: the run directory {run_dir} could not be prepared; nothing was started",
+                          hint="free space (or make it writable), or choose another --out") from None
+
+
 @dataclass
 class Prepared:
     plans: dict[str, Plan]
@@ -220,7 +290,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
              force: bool = False) -> Prepared:
     """Every check that can refuse the run (exit 2, nothing started), then the run directory."""
     from reshardctl.runtime.contract import RunOptions
-    from reshardctl.runtime.drills import check_ranks, parse_faults
+    from reshardctl.runtime.drills import check_drills, parse_faults
 
     if iterations < 1 or warmup < 0:
         raise InputError(f"--iters must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")
@@ -235,7 +305,9 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
 
     check_backend_env()  # the ranks would refuse it: refused here, before anything starts
     faults = ";".join(inject or []) or None
-    check_ranks(parse_faults(faults), inp.topology.world)
+    first_step = RunOptions.first_step  # the default the session keeps: one step per refit from there
+    check_drills(parse_faults(faults), world=inp.topology.world, train_world=inp.topology.train_world,
+                 first_step=first_step, last_step=first_step + len(transports) * (warmup + iterations) - 1)
     plans = plan_transports(inp, transports, launcher)
     fallback = None
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
@@ -255,30 +327,31 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     # absolute: every Slurm node must find it, and summary.json names it wherever it is read
     run_dir = new_run_dir(out, "bench" if baseline else transports[0], force=force).resolve()
     who, started = started_by(), time.time()
-    mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
-    write_command(run_dir, argv)
-    lb = lower_bound(next(iter(plans.values())), inp.links)
-    plan_rows = {}
-    for t, p in plans.items():
-        save_plan(p, run_dir / f"plan-{t}.npz")
-        (run_dir / f"plan-{t}.npz").chmod(0o600)
-        plan_rows[t] = transport_report(p, inp.links, lb)
-    write_json(run_dir / "plan.json", {"inputs": inputs_json(inp), "lower_bound_s": lb.seconds,
-                                       "lower_bound_reason": lb.reason, "transports": plan_rows})
-    site = inp.site
-    timeout = timeout_s if timeout_s is not None else site.refit.timeout_s
-    options = RunOptions(
-        run_dir=str(run_dir), iterations=iterations, timeout_s=timeout,
-        rendezvous_timeout_s=site.refit.rendezvous_timeout_s, checkpoint=checkpoint, full_check=full_check,
-        baseline=baseline, faults=faults, retries=retries, on_failure=on_failure,
-    )
-    ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
-                          command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
-                          retries=retries, on_failure=on_failure, who=who, memory_bytes=memory)
-    ctx["record"] = static_record(site, started=started, timeout_s=timeout,
-                                  rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
-    write_record(run_dir, ctx["record"])
-    write_json(run_dir / SESSION_JSON, ctx)
+    with _preparing(run_dir, who, started):  # a disk that refuses a file: named, run.json "failed"
+        mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
+        write_command(run_dir, argv)
+        lb = lower_bound(next(iter(plans.values())), inp.links)
+        plan_rows = {}
+        for t, p in plans.items():
+            save_plan(p, run_dir / f"plan-{t}.npz")
+            (run_dir / f"plan-{t}.npz").chmod(0o600)
+            plan_rows[t] = transport_report(p, inp.links, lb)
+        write_json(run_dir / "plan.json", {"inputs": inputs_json(inp), "lower_bound_s": lb.seconds,
+                                           "lower_bound_reason": lb.reason, "transports": plan_rows})
+        site = inp.site
+        timeout = timeout_s if timeout_s is not None else site.refit.timeout_s
+        options = RunOptions(
+            run_dir=str(run_dir), iterations=iterations, timeout_s=timeout,
+            rendezvous_timeout_s=site.refit.rendezvous_timeout_s, checkpoint=checkpoint, full_check=full_check,
+            baseline=baseline, faults=faults, retries=retries, on_failure=on_failure,
+        )
+        ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
+                              command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
+                              retries=retries, on_failure=on_failure, who=who, memory_bytes=memory, faults=faults)
+        ctx["record"] = static_record(site, started=started, timeout_s=timeout,
+                                      rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
+        write_record(run_dir, ctx["record"])
+        write_json(run_dir / SESSION_JSON, ctx)
     return Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
 
@@ -384,7 +457,6 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
         err = TransferError("interrupted")
     summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
                             run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
-    write_summary(run_dir, summary)
-    mark_run(run_dir, "interrupted" if interrupted else ("finished" if err is None else "failed"), pre.who,
-             pre.started)
+    err = record_outcome(run_dir, summary, "interrupted" if interrupted else ("finished" if err is None else "failed"),
+                         pre.who, pre.started, err)
     return SessionResult(run_dir, summary, err, plans)

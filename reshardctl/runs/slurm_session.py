@@ -23,11 +23,12 @@ from reshardctl.runs.session import (
     SESSION_JSON,
     Prepared,
     SessionResult,
+    _preparing,
     build_summary,
     commits_by_side,
     count_commits,
+    record_outcome,
     session_context,
-    write_summary,
 )
 
 
@@ -65,7 +66,8 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
                             python=sys.executable, timeout_s=pre.options.timeout_s, retries=pre.options.retries)
     # the run's token travels in the private session file (never on a command line or in the script)
     options = replace(pre.options, token=secrets.token_hex(16))
-    slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
+    with _preparing(run_dir, pre.who, pre.started):  # a full disk: session.pkl named, nothing submitted
+        slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
     t0 = time.perf_counter()
     run = slurm.submit(request)
     mark_run(run_dir, "submitted", pre.who, pre.started)
@@ -128,7 +130,8 @@ class _TermAsInterrupt:
             signal.signal(sig, h)
 
 
-def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict, ReshardError | None]:
+def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float,
+                  collected: bool = False) -> tuple[dict, ReshardError | None]:
     """Read the ranks' reports, build and write ``summary.json``, mark the run; (summary, error)."""
     from reshardctl.launch import slurm
 
@@ -139,14 +142,15 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float) -> tuple[dict
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
-    failures = slurm.failure_records(session, lost)
+    failures = slurm.failure_records(session, lost, run_dir)
     summary = build_summary(ctx, session, error=err, wall_s=wall_s, failures=failures, interrupted=w.interrupted,
                             run_dir=run_dir, extra={"slurm": slurm.slurm_record(run, w, run_dir)})
     if lost:
         summary["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
-    write_summary(run_dir, summary)
-    mark_run(run_dir, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
-             ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at)
+    if collected:
+        summary["collected"] = True
+    err = record_outcome(run_dir, summary, "interrupted" if w.interrupted else ("finished" if err is None else "failed"),
+                         ctx.get("started_by") or {}, ctx.get("started_at") or run.submitted_at, err)
     return summary, err
 
 
@@ -209,9 +213,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
             raise LaunchError(f"{run_dir}: the run has not ended (Slurm job {states})",
                               hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
         w = slurm.Watch(slurm.final_states(run.ids, components=run.components()), None, time.time())
-    summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0)
-    summary["collected"] = True
-    write_summary(run_dir, summary)
+    summary, err = _finish_slurm(ctx, run, w, run_dir, time.perf_counter() - t0, collected=True)
     return SessionResult(run_dir, summary, err, {}, slurm=run)
 
 
@@ -244,11 +246,9 @@ def settle_slurm(run_dir: str | Path, live: dict) -> str | None:
         return None  # accounting has not recorded the end yet
     try:
         ctx = read_session_context(run_dir)
-        summary, _err = _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0)
+        _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0, collected=True)
     except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # not a run this tool can collect: `reshardctl collect` says why
-    summary["collected"] = True
-    write_summary(run_dir, summary)
     state = (read_run(run_dir) or {}).get("state", "failed")
     settle(run_dir, state, "its jobs ended and no launcher collected them", was=rec.get("state"))
     return state

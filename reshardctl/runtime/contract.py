@@ -167,6 +167,7 @@ class RankReport:
     failure: Mapping | None = None
     committed_step: int | None = None  # the training step this rank's inference weights hold at the end
     attempts: tuple = ()  # one dict per attempt of a refit that failed at least once (retries)
+    events_error: str | None = None  # this rank's event log was refused by the disk: "<file>: <why> (<n> not written)"
 
     def raise_for_status(self) -> None:
         if not self.ok:

@@ -103,10 +103,22 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
     return tuple(parse_one(s) for s in (spec or "").split(";") if s.strip())
 
 
-def check_ranks(faults: tuple[Fault, ...], world: int) -> None:
-    bad = [f for f in faults if not 0 <= f.rank < world]
-    if bad:
-        raise InputError(f"--inject: rank {bad[0].rank} is outside the run's {world} ranks (0..{world - 1})")
+def check_drills(faults: tuple[Fault, ...], *, world: int, train_world: int, first_step: int,
+                 last_step: int) -> None:
+    """Refuse (``InputError``, exit 2, before any process starts) a drill that can never fire in this run:
+    a rank outside the world, ``corrupt`` on a trainer rank (bytes land only on inference ranks: trainers
+    send), a ``step`` outside the run's refits (``first_step``..``last_step``, warm-up included)."""
+    for f in faults:
+        spec = f.describe()
+        if not 0 <= f.rank < world:
+            raise InputError(f"--inject: rank {f.rank} is outside the run's {world} ranks (0..{world - 1}): {spec}")
+        if f.kind == "corrupt" and f.rank < train_world:
+            raise InputError(f"--inject {spec}: rank {f.rank} is a trainer rank (0..{train_world - 1}); trainer ranks "
+                             f"only send, so a corrupt drill never fires there: give an inference rank "
+                             f"({train_world}..{world - 1})")
+        if f.step is not None and not first_step <= f.step <= last_step:
+            raise InputError(f"--inject {spec}: step {f.step} is outside the run's refits, steps {first_step}.."
+                             f"{last_step} (warm-up included: transports x (warm-up + iterations) refits)")
 
 
 class Drills:

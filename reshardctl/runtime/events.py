@@ -6,6 +6,10 @@
 records ``phase``, ``rank``, ``side``, ``start`` (unix time), ``duration_s``, the given fields and, when
 the body raised, ``error_type`` and ``error`` (then re-raises). Spans measured by hand (an async
 transfer posted in one place and waited in another) go through ``record``.
+
+A log the disk refuses (full, read-only) never fails the refit it records: the first refused write is
+kept in ``error`` (the file and why, which the rank's report carries), the log stops there and counts
+the events it dropped (``dropped``).
 """
 
 from __future__ import annotations
@@ -23,15 +27,33 @@ class EventLog:
         self.rank, self.side, self.common = rank, side, common
         self.path = None if run_dir is None else Path(run_dir) / "events" / f"rank-{rank}.jsonl"
         self._fh = None
+        self.error: str | None = None  # the first write the disk refused: "<file>: <why>"
+        self.dropped = 0  # events not written after it
+
+    def _refused(self, exc: OSError) -> None:
+        self.error = f"{self.path}: {exc.strerror or exc}"
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                pass
 
     def _write(self, rec: dict[str, Any]) -> None:
         if self.path is None:
             return
-        if self._fh is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # private to the user
-            self._fh = open(fd, "a", buffering=1, encoding="utf-8")
-        self._fh.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
+        if self.error is not None:
+            self.dropped += 1
+            return
+        try:
+            if self._fh is None:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # private to the user
+                self._fh = open(fd, "a", buffering=1, encoding="utf-8")
+            self._fh.write(json.dumps(rec, default=str, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            self.dropped += 1
+            self._refused(exc)
 
     def record(self, phase: str, start: float, duration_s: float, error: BaseException | None = None,
                **fields: Any) -> None:
@@ -60,13 +82,24 @@ class EventLog:
 
     def flush(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except OSError as exc:
+                self._refused(exc)
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self._fh = None
+                self._refused(exc)
             self._fh = None
+
+    def problem(self) -> str | None:
+        """``<file>: <why> (<n> events not written)`` when the disk refused this log, else None."""
+        return None if self.error is None else f"{self.error} ({self.dropped} event(s) not written)"
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

@@ -291,7 +291,7 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
             staged_weight_bytes=st.staged.nbytes if st.staged is not None else 0,
             baseline=rec["baseline"], host=HOST, failure=record if err is not None else None,
             committed_step=st.committed_step if env.side == "infer" else None,
-            attempts=tuple(rec["attempts"]),
+            attempts=tuple(rec["attempts"]), events_error=events.problem(),
         )
     return out
 
