@@ -13,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.groups import Groups, rendezvous, settle
+from reshardctl.runtime.groups import Groups, init_groups, rendezvous, settle
 from reshardctl.runtime.run_store import RunKeys, scoped
 
 from runtime_plans import p2p_plan, rows_cols_case
@@ -104,6 +105,116 @@ def test_an_outsider_cannot_join_the_runs_groups_on_the_former_prefix(attacked):
     res = attacked["res"]
     assert not res["init_old_prefix"]["ok"], res["init_old_prefix"]
     assert attacked["error"] is None
+
+
+# ---- during group creation: torch's own records ---------------------------------------------------------
+SETUP_TIMEOUT_S = 10.0
+
+
+def _setup_rank(rank: int, world: int, port: int, go: str, out: str) -> None:
+    """A rank of a run that only builds its groups (``rendezvous``, ``init_groups``) and checks them with an
+    all-reduce; the last rank starts its group creation only once the outsider is done (``go``). Writes
+    ``rank-N.json``: ok and the sum, or the error, and when it ended; rank 0 (the store) waits for all."""
+    import os
+
+    import torch
+
+    env = make_rank_env(rank, world // 2, world - world // 2, "127.0.0.1", port)
+    store = rendezvous(env, 30, token=TOKEN)
+    if rank == world - 1:
+        end = time.monotonic() + 60
+        while not Path(go).exists() and time.monotonic() < end:
+            time.sleep(0.05)
+    res: dict = {"rank": rank}
+    try:
+        groups = init_groups(env, [], store, SETUP_TIMEOUT_S)
+        x = torch.ones(1)
+        dist.all_reduce(x, group=groups.ctrl)
+        res.update(ok=True, sum=x.item())
+    except Exception as exc:  # noqa: BLE001 - asserted by the tests
+        res.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    res["end"] = time.time()
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(res))
+    if rank == 0:  # the store lives in this process: keep it until every rank wrote its result
+        end = time.monotonic() + SETUP_TIMEOUT_S + 30
+        while len(list(Path(out).glob("rank-*.json"))) < world and time.monotonic() < end:
+            time.sleep(0.1)
+    os._exit(0)
+
+
+def attack_setup(tmp_path: Path, mode: str, world: int = 4) -> dict:
+    """4 ranks build their groups while an outsider (``store_attacker.py join|overwrite``: the port, not
+    the token) acts on the run's store; every rank's result, the outsider's, and when it let the last
+    rank go."""
+    import multiprocessing as mp
+
+    port = free_port()
+    go, stop, out = tmp_path / "go", tmp_path / "stop", tmp_path / "outsider.json"
+    outsider = subprocess.Popen([sys.executable, str(Path(__file__).parent / "store_attacker.py"), mode, str(port),
+                                 str(world), str(go), str(stop), str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=_setup_rank, args=(r, world, port, str(go), str(tmp_path))) for r in range(world)]
+    killed = []
+    try:
+        for p in ranks:
+            p.start()
+        end = time.monotonic() + 120
+        while not go.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        # as the launchers do: a rank that reported a failure gives the others timeout + 5 s, then they go
+        end, cut = time.monotonic() + 2 * SETUP_TIMEOUT_S + 30, None
+        while any(p.is_alive() for p in ranks) and time.monotonic() < (cut or end):
+            if cut is None and any(not json.loads(f.read_text())["ok"] for f in tmp_path.glob("rank-*.json")):
+                cut = time.monotonic() + SETUP_TIMEOUT_S + 5
+            time.sleep(0.1)
+        killed = [r for r, p in enumerate(ranks) if p.is_alive()]
+        stop.touch()
+        log = outsider.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+        if outsider.poll() is None:
+            outsider.kill()
+    assert out.exists(), log
+    results = {}
+    for r in range(world):
+        f = tmp_path / f"rank-{r}.json"
+        assert f.exists() or r in killed, f"rank {r} wrote no result"
+        results[r] = json.loads(f.read_text()) if f.exists() else {"ok": False, "error": "killed (as by the launcher)"}
+    return {"outsider": json.loads(out.read_text()), "ranks": results, "go": go.stat().st_mtime, "world": world}
+
+
+def test_an_outsider_cannot_join_the_group_creation_as_the_missing_rank(tmp_path):
+    """The outsider lists the keys, finds the run's namespace and attempt, and calls ``init_process_group``
+    there as the rank that has not arrived yet: it finds nothing to join (torch's records are sealed under
+    opaque names), and the run's own ranks build their groups and agree."""
+    got = attack_setup(tmp_path, "join")
+    outsider, world = got["outsider"], got["world"]
+    assert outsider["keys"], outsider  # it did see the run's namespace
+    assert not outsider["join"]["ok"], outsider["join"]  # before the fix: "joined" (a stand-in for rank 3)
+    assert outsider["connections"] == 0
+    for r, res in got["ranks"].items():
+        assert res["ok"] and res["sum"] == world, (r, res)
+        assert res["end"] - got["go"] < SETUP_TIMEOUT_S + 5, (r, res)
+
+
+def test_an_overwritten_address_record_is_refused_not_connected_to(tmp_path):
+    """The outsider rewrites every record it lists in the run's namespace (gloo's address records among
+    them) to point at its own socket, then the last rank builds its groups: no rank connects to the
+    outsider; the last rank, which reads the rewritten records, fails with the wrong-seal error within
+    the timeout; the others, waiting for it inside torch, fail or are ended as the launchers end them
+    (timeout + 5 s after a rank's failure report)."""
+    got = attack_setup(tmp_path, "overwrite")
+    outsider, ranks, world = got["outsider"], got["ranks"], got["world"]
+    assert len(outsider["overwritten"]) >= world - 1, outsider  # every present rank's record rewritten
+    assert outsider["connections"] == 0, outsider  # before the fix: the last rank connected to it
+    late = ranks[world - 1]
+    assert not late["ok"] and "wrong seal" in late["error"], late  # the root cause, named
+    assert late["end"] - got["go"] < SETUP_TIMEOUT_S + 5, late
+    for r, res in ranks.items():  # no group was built with the outsider in it
+        assert not res["ok"], (r, res)
 
 
 # ---- in-process: seals ----------------------------------------------------------------------------------
