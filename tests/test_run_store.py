@@ -24,8 +24,9 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.groups import Groups, init_groups, rendezvous, settle
-from reshardctl.runtime.run_store import RunKeys, scoped
+from reshardctl.runtime import nccl_watchdog as nw
+from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, settle, shutdown
+from reshardctl.runtime.run_store import RunKeys, SealError, for_torch, scoped
 
 from runtime_plans import p2p_plan, rows_cols_case
 from store_attacker import other_address
@@ -264,3 +265,48 @@ def test_the_local_launcher_port_is_not_reused_by_a_store_on_every_interface():
     rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)
     with socket.socket() as s:
         s.bind((other, port))  # raises EADDRINUSE when the store listens on 0.0.0.0 / ::
+
+
+def test_torchs_records_are_stored_sealed_under_opaque_names(run_store):
+    """What torch's groups see (``for_torch``): values round-trip; the raw store holds neither the name nor
+    the value in the clear; a value an outsider writes, or a genuine one copied under another name, is
+    refused on read with the wrong-seal error; ``compare_set`` keeps torch's semantics."""
+    env, store, raw = run_store
+    t = for_torch(store)
+    assert for_torch(store) is t  # one per run store, kept alive on it (torch holds only the C++ side)
+    t.set("attempt-0//0//cpu//0/1", b"\x02\x00gloo-address-of-rank-1")
+    assert t.get("attempt-0//0//cpu//0/1") == b"\x02\x00gloo-address-of-rank-1"
+    listed = [k for k in raw.list_keys() if k.startswith("run-")]
+    assert listed and not any("attempt" in k or "cpu" in k for k in listed), listed
+    assert not any(b"gloo-address" == raw.get(k)[:12] for k in listed)
+    opaque = RunKeys.from_token(TOKEN).prefix + "/" + t.name("attempt-0//0//cpu//0/1")
+    assert raw.check([opaque])
+    raw.set(opaque, b"\x00" * 32 + b"\x02\x00an-outsider's-address")
+    with pytest.raises(SealError, match="wrong seal"):
+        t.get("attempt-0//0//cpu//0/1")
+    t.set("attempt-0//0//cpu//0/2", b"rank 2")
+    raw.set(opaque, raw.get(RunKeys.from_token(TOKEN).prefix + "/" + t.name("attempt-0//0//cpu//0/2")))
+    with pytest.raises(SealError):  # rank 2's genuine record replayed as rank 1's
+        t.get("attempt-0//0//cpu//0/1")
+    assert t.compare_set("cas", "", "first") == b"first"
+    assert t.compare_set("cas", "other", "second") == b"first"
+    assert t.compare_set("cas", "first", "second") == b"second"
+    assert t.multi_get(["cas", "attempt-0//0//cpu//0/2"]) == [b"second", b"rank 2"]
+    assert t.add("counter", 2) == 2 and t.add("counter", 0) == 2
+    assert t.check(["cas"]) and not t.check(["never-set"])
+    assert t.delete_key("cas") and not t.check(["cas"])
+
+
+def test_rebuild_clears_torchs_dump_key_in_the_sealed_store():
+    """torch's NCCL watchdog writes ``exception_dump`` into the store under all prefixes, here the sealed
+    store: ``rebuild`` deletes it there (nccl_watchdog.clear_dump_signal) before the next attempt. A real
+    one-rank gloo world."""
+    env = make_rank_env(0, 1, 0, "127.0.0.1", free_port())
+    store = rendezvous(env, 10, token=TOKEN)
+    g = init_groups(env, [], store, 10.0)
+    try:
+        for_torch(store).set(nw.DUMP_KEY, b"\x03\x00\x00\x00")
+        g2 = rebuild(g, [], store, 10.0)
+        assert g2.attempt == 1 and not for_torch(store).check([nw.DUMP_KEY])
+    finally:
+        shutdown()
