@@ -13,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,8 +24,9 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runtime.events import read_events
-from reshardctl.runtime.groups import Groups, rendezvous, settle
-from reshardctl.runtime.run_store import RunKeys, scoped
+from reshardctl.runtime import nccl_watchdog as nw
+from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, settle, shutdown
+from reshardctl.runtime.run_store import RunKeys, SealError, for_torch, scoped
 
 from runtime_plans import p2p_plan, rows_cols_case
 from store_attacker import other_address
@@ -106,6 +108,119 @@ def test_an_outsider_cannot_join_the_runs_groups_on_the_former_prefix(attacked):
     assert attacked["error"] is None
 
 
+# ---- during group creation: torch's own records ---------------------------------------------------------
+SETUP_TIMEOUT_S = 10.0
+
+
+def _setup_rank(rank: int, world: int, port: int, go: str, out: str) -> None:
+    """A rank of a run that only builds its groups (``rendezvous``, ``init_groups``) and checks them with an
+    all-reduce; the last rank starts its group creation only once the outsider is done (``go``). Writes
+    ``rank-N.json``: ok and the sum, or the error, and when it ended; rank 0 (the store) waits for all."""
+    import os
+
+    import torch
+
+    env = make_rank_env(rank, world // 2, world - world // 2, "127.0.0.1", port)
+    store = rendezvous(env, 30, token=TOKEN)
+    if rank == world - 1:
+        end = time.monotonic() + 60
+        while not Path(go).exists() and time.monotonic() < end:
+            time.sleep(0.05)
+    res: dict = {"rank": rank}
+    try:
+        groups = init_groups(env, [], store, SETUP_TIMEOUT_S)
+        x = torch.ones(1)
+        dist.all_reduce(x, group=groups.ctrl)
+        res.update(ok=True, sum=x.item())
+    except Exception as exc:  # noqa: BLE001 - asserted by the tests
+        res.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    res["end"] = time.time()
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(res))
+    if rank == 0:  # the store lives in this process: keep it until every rank wrote its result
+        end = time.monotonic() + SETUP_TIMEOUT_S + 30
+        while len(list(Path(out).glob("rank-*.json"))) < world and time.monotonic() < end:
+            time.sleep(0.1)
+    os._exit(0)
+
+
+def attack_setup(tmp_path: Path, mode: str, world: int = 4) -> dict:
+    """4 ranks build their groups while an outsider (``store_attacker.py join|overwrite``: the port, not
+    the token) acts on the run's store; every rank's result, the outsider's, and when it let the last
+    rank go."""
+    import multiprocessing as mp
+
+    port = free_port()
+    go, stop, out = tmp_path / "go", tmp_path / "stop", tmp_path / "outsider.json"
+    outsider = subprocess.Popen([sys.executable, str(Path(__file__).parent / "store_attacker.py"), mode, str(port),
+                                 str(world), str(go), str(stop), str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=_setup_rank, args=(r, world, port, str(go), str(tmp_path))) for r in range(world)]
+    killed = []
+    try:
+        for p in ranks:
+            p.start()
+        end = time.monotonic() + 120
+        while not go.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        # as the launchers do: a rank that reported a failure gives the others timeout + 5 s, then they go
+        end, cut = time.monotonic() + 2 * SETUP_TIMEOUT_S + 30, None
+        while any(p.is_alive() for p in ranks) and time.monotonic() < (cut or end):
+            if cut is None and any(not json.loads(f.read_text())["ok"] for f in tmp_path.glob("rank-*.json")):
+                cut = time.monotonic() + SETUP_TIMEOUT_S + 5
+            time.sleep(0.1)
+        killed = [r for r, p in enumerate(ranks) if p.is_alive()]
+        stop.touch()
+        log = outsider.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+        if outsider.poll() is None:
+            outsider.kill()
+    assert out.exists(), log
+    results = {}
+    for r in range(world):
+        f = tmp_path / f"rank-{r}.json"
+        if f.exists():
+            results[r] = json.loads(f.read_text())
+        else:  # ended by the rule above, or gone without a result (a launcher reports it lost)
+            why = "killed (as by the launcher)" if r in killed else f"exited {ranks[r].exitcode} without a result"
+            results[r] = {"ok": False, "error": why}
+    return {"outsider": json.loads(out.read_text()), "ranks": results, "go": go.stat().st_mtime, "world": world}
+
+
+def test_an_outsider_cannot_join_the_group_creation_as_the_missing_rank(tmp_path):
+    """The outsider lists the keys, finds the run's namespace and attempt, and calls ``init_process_group``
+    there as the rank that has not arrived yet: it finds nothing to join (torch's records are sealed under
+    opaque names), and the run's own ranks build their groups and agree."""
+    got = attack_setup(tmp_path, "join")
+    outsider, world = got["outsider"], got["world"]
+    assert outsider["keys"], outsider  # it did see the run's namespace
+    assert not outsider["join"]["ok"], outsider["join"]  # before the fix: "joined" (a stand-in for rank 3)
+    assert outsider["connections"] == 0
+    for r, res in got["ranks"].items():
+        assert res["ok"] and res["sum"] == world, (r, res)
+        assert res["end"] - got["go"] < SETUP_TIMEOUT_S + 5, (r, res)
+
+
+def test_an_overwritten_address_record_is_refused_not_connected_to(tmp_path):
+    """The outsider rewrites every record it lists in the run's namespace (gloo's address records among
+    them) to point at its own socket, then the last rank builds its groups: no rank connects to the
+    outsider; the last rank, which reads the rewritten records, fails with the wrong-seal error within
+    the timeout; the others, waiting for it inside torch, fail or are ended as the launchers end them
+    (timeout + 5 s after a rank's failure report)."""
+    got = attack_setup(tmp_path, "overwrite")
+    outsider, ranks, world = got["outsider"], got["ranks"], got["world"]
+    assert len(outsider["overwritten"]) >= world - 1, outsider  # every present rank's record rewritten
+    assert outsider["connections"] == 0, outsider  # before the fix: the last rank connected to it
+    late = ranks[world - 1]
+    assert not late["ok"] and "wrong seal" in late["error"], late  # the root cause, named
+    assert late["end"] - got["go"] < SETUP_TIMEOUT_S + 5, late
+    for r, res in ranks.items():  # no group was built with the outsider in it
+        assert not res["ok"], (r, res)
+
+
 # ---- in-process: seals ----------------------------------------------------------------------------------
 @pytest.fixture
 def run_store():
@@ -148,8 +263,51 @@ def test_rank_0_listens_on_the_rendezvous_address_only():
     if other is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
     port = free_port()
-    store = rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)  # kept: it hosts the server
-    socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    with pytest.raises(ConnectionRefusedError):  # torch alone listens on every interface
-        socket.create_connection((other, port), timeout=5)
-    del store
+    rendezvous(make_rank_env(0, 1, 1, "127.0.0.1", port), 10, token=TOKEN)
+    with socket.socket() as s:
+        s.bind((other, port))  # raises EADDRINUSE when the store listens on 0.0.0.0 / ::
+
+
+def test_torchs_records_are_stored_sealed_under_opaque_names(run_store):
+    """What torch's groups see (``for_torch``): values round-trip; the raw store holds neither the name nor
+    the value in the clear; a value an outsider writes, or a genuine one copied under another name, is
+    refused on read with the wrong-seal error; ``compare_set`` keeps torch's semantics."""
+    env, store, raw = run_store
+    t = for_torch(store)
+    assert for_torch(store) is t  # one per run store, kept alive on it (torch holds only the C++ side)
+    t.set("attempt-0//0//cpu//0/1", b"\x02\x00gloo-address-of-rank-1")
+    assert t.get("attempt-0//0//cpu//0/1") == b"\x02\x00gloo-address-of-rank-1"
+    listed = [k for k in raw.list_keys() if k.startswith("run-")]
+    assert listed and not any("attempt" in k or "cpu" in k for k in listed), listed
+    assert not any(b"gloo-address" == raw.get(k)[:12] for k in listed)
+    opaque = RunKeys.from_token(TOKEN).prefix + "/" + t.name("attempt-0//0//cpu//0/1")
+    assert raw.check([opaque])
+    raw.set(opaque, b"\x00" * 32 + b"\x02\x00an-outsider's-address")
+    with pytest.raises(SealError, match="wrong seal"):
+        t.get("attempt-0//0//cpu//0/1")
+    t.set("attempt-0//0//cpu//0/2", b"rank 2")
+    raw.set(opaque, raw.get(RunKeys.from_token(TOKEN).prefix + "/" + t.name("attempt-0//0//cpu//0/2")))
+    with pytest.raises(SealError):  # rank 2's genuine record replayed as rank 1's
+        t.get("attempt-0//0//cpu//0/1")
+    assert t.compare_set("cas", "", "first") == b"first"
+    assert t.compare_set("cas", "other", "second") == b"first"
+    assert t.compare_set("cas", "first", "second") == b"second"
+    assert t.multi_get(["cas", "attempt-0//0//cpu//0/2"]) == [b"second", b"rank 2"]
+    assert t.add("counter", 2) == 2 and t.add("counter", 0) == 2
+    assert t.check(["cas"]) and not t.check(["never-set"])
+    assert t.delete_key("cas") and not t.check(["cas"])
+
+
+def test_rebuild_clears_torchs_dump_key_in_the_sealed_store():
+    """torch's NCCL watchdog writes ``exception_dump`` into the store under all prefixes, here the sealed
+    store: ``rebuild`` deletes it there (nccl_watchdog.clear_dump_signal) before the next attempt. A real
+    one-rank gloo world."""
+    env = make_rank_env(0, 1, 0, "127.0.0.1", free_port())
+    store = rendezvous(env, 10, token=TOKEN)
+    g = init_groups(env, [], store, 10.0)
+    try:
+        for_torch(store).set(nw.DUMP_KEY, b"\x03\x00\x00\x00")
+        g2 = rebuild(g, [], store, 10.0)
+        assert g2.attempt == 1 and not for_torch(store).check([nw.DUMP_KEY])
+    finally:
+        shutdown()

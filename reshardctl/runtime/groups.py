@@ -49,7 +49,7 @@ from reshardctl.plan.schedule import BroadcastBucket, P2PRound
 from reshardctl.runtime import nccl_watchdog
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.run_store import (
-    CHECK_KEY, RunKeys, RunStore, answers, challenge, listen_fd, read_sealed, scoped, seal, unseal,
+    CHECK_KEY, RunKeys, RunStore, answers, challenge, for_torch, listen_fd, read_sealed, scoped, seal, unseal,
 )
 
 TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
@@ -170,15 +170,16 @@ def init_groups(env: RankEnv, plan, store, timeout_s: float, attempt: int = 0) -
     device = _device(env)
     timeout = timedelta(seconds=timeout_s)
     notes: list[str] = []
+    sealed = dist.PrefixStore(f"attempt-{attempt}/", for_torch(store))  # torch's records sealed (run_store.py)
     try:
         if env.backend == "nccl":  # the default group is ours: its errors abort it, not the process
             notes = nccl_watchdog.apply_own_rank_settings()  # before it exists: torch reads them then
             with nccl_error_handling(keep_users=True):
-                dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+                dist.init_process_group(env.backend, store=sealed,
                                         rank=env.global_rank, world_size=env.world_size, timeout=timeout,
                                         device_id=device)
         else:
-            dist.init_process_group(env.backend, store=dist.PrefixStore(f"attempt-{attempt}/", store),
+            dist.init_process_group(env.backend, store=sealed,
                                     rank=env.global_rank, world_size=env.world_size, timeout=timeout)
     except RuntimeError as exc:
         raise TransferError(f"rank {env.global_rank}: process group init ({env.backend}) failed: {exc}") from exc
@@ -643,7 +644,7 @@ def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
     (NCCL: aborted first, never finalized), torch's ``exception_dump`` key of the failed attempt deleted
     from the root store (nccl_watchdog.py), then the new groups."""
     release(groups)
-    nccl_watchdog.clear_dump_signal(store)
+    nccl_watchdog.clear_dump_signal(for_torch(store))  # torch's root store: the sealed one
     return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
 
 

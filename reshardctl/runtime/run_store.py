@@ -60,6 +60,7 @@ class RunStore(dist.PrefixStore):
 
     keys: RunKeys | None
     scope: str
+    sealed: "SealedStore | None" = None  # torch's view of this store (``for_torch``)
 
     @classmethod
     def make(cls, prefix: str, inner, keys: RunKeys | None, scope: str = "") -> "RunStore":
@@ -74,6 +75,97 @@ def scoped(store, prefix: str):
     if keys is None:
         return dist.PrefixStore(prefix, store)
     return RunStore.make(prefix, store, keys, getattr(store, "scope", "") + prefix)
+
+
+class SealError(RuntimeError):
+    """A value torch read through the run's store carries a wrong seal (a ``RuntimeError``, as torch's own
+    store errors are: ``init_groups`` reports it as the group set-up's failure)."""
+
+
+class SealedStore(dist.Store):
+    """The store torch's process groups get on reshardctl's own ranks (``init_process_group``, and so every
+    ``new_group``): every key name is replaced by an HMAC of it (``name``: the listing shows opaque names,
+    not the attempt, group, device or rank a record belongs to), every value stored as a 32-byte HMAC over
+    the full key name and the value, then the value. ``get`` (and ``multi_get``, ``compare_set``) raise
+    ``SealError`` for a value whose seal is wrong: a process without the token wrote it (a forged gloo
+    address, NCCL unique id). Counters (``add``) cannot be sealed; torch adds only in its opt-in
+    store-based barrier (``TORCH_DIST_INIT_BARRIER=1``): an outsider's add there can end a barrier early
+    or never, not stand in for a rank (docs/runs.md, "The run's store"). Sealing is deterministic, so
+    ``compare_set`` compares sealed values exactly as torch expects. ``inner``: the run's namespace."""
+
+    def __init__(self, inner, keys: RunKeys) -> None:
+        super().__init__()
+        self.inner = inner
+        self._names = hmac.new(keys.seal_key, b"torch/names", hashlib.sha256).digest()
+        self._values = hmac.new(keys.seal_key, b"torch/values", hashlib.sha256).digest()
+
+    def name(self, key: str) -> str:
+        return "t-" + hmac.new(self._names, key.encode(), hashlib.sha256).hexdigest()[:40]
+
+    def _seal(self, key: str, value: bytes | str) -> bytes:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        return hmac.new(self._values, key.encode() + b"\0" + data, hashlib.sha256).digest() + data
+
+    def _open(self, key: str, raw: bytes) -> bytes:
+        mac, data = raw[:32], raw[32:]
+        if len(raw) < 32 or not hmac.compare_digest(mac, self._seal(key, data)[:32]):
+            raise SealError(f"the run's store holds a record with a wrong seal under {key!r}: written without "
+                            f"the run's token (another process on the store's port), refused")
+        return data
+
+    def set(self, key, value) -> None:
+        self.inner.set(self.name(key), self._seal(key, value))
+
+    def get(self, key) -> bytes:
+        return self._open(key, self.inner.get(self.name(key)))
+
+    def multi_set(self, keys, values) -> None:
+        self.inner.multi_set([self.name(k) for k in keys], [self._seal(k, v) for k, v in zip(keys, values)])
+
+    def multi_get(self, keys) -> list[bytes]:
+        return [self._open(k, raw) for k, raw in zip(keys, self.inner.multi_get([self.name(k) for k in keys]))]
+
+    def compare_set(self, key, expected, desired) -> bytes:
+        old = self._seal(key, expected) if len(expected) else b""
+        return self._open(key, self.inner.compare_set(self.name(key), old, self._seal(key, desired)))
+
+    def add(self, key, value: int) -> int:
+        return self.inner.add(self.name(key), value)
+
+    def check(self, keys) -> bool:
+        return self.inner.check([self.name(k) for k in keys])
+
+    def wait(self, keys, timeout=None) -> None:
+        names = [self.name(k) for k in keys]
+        if timeout is None:
+            self.inner.wait(names)
+        else:
+            self.inner.wait(names, timeout)
+
+    def delete_key(self, key) -> bool:
+        return self.inner.delete_key(self.name(key))
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout) -> None:
+        self.inner.set_timeout(timeout)
+
+    def has_extended_api(self) -> bool:  # no append: a sealed value cannot grow in pieces
+        return False
+
+
+def for_torch(store):
+    """The store to hand torch's process groups: ``SealedStore`` over a store with run keys (the run's
+    namespace from ``rendezvous``), the store itself otherwise (the API: the framework's store). One per
+    run store, kept on it: torch holds only the C++ side of a Python store, whose methods are gone once
+    the Python object is collected ("Not implemented" from torch's trampoline)."""
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return store
+    if getattr(store, "sealed", None) is None:
+        store.sealed = SealedStore(store, keys)
+    return store.sealed
 
 
 def _mac(keys: RunKeys, name: str, value: str) -> str:
