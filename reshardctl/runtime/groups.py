@@ -8,7 +8,9 @@
   token gives another (a stale rank, another run on the same port) is refused there (``LaunchError``).
   The records ranks act on, the failure record and the settle marks, are sealed (an HMAC over name and
   value, ``run_store.seal``); one with a wrong seal, written without the token, is ignored: it neither
-  stops the run nor counts as a settled rank (docs/runs.md, "The run's store").
+  stops the run nor counts as a settled rank (docs/runs.md, "The run's store"). torch's own records
+  (the groups' set-up: gloo addresses, NCCL ids) go through ``run_store.for_torch``: opaque names,
+  sealed values, a wrong seal refused (the group creation fails, naming it).
 * The data plane: the default group (gloo on CPU tensors, or NCCL on ``RankEnv.device`` (device.py's choice) with
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: a timed-out or failed communicator is aborted, the process is
   not killed, so the rank still reports and votes), plus one sub-group per distinct broadcast group of

@@ -16,6 +16,15 @@
   the run). The HMAC covers the record's full name (attempt included), so a genuine record cannot be
   replayed under another name. A store without keys (the API, on the RL framework's store) holds plain
   records.
+* torch's records: the store torch's process groups get (``for_torch``: ``init_groups`` passes it to
+  ``init_process_group``, and every ``new_group`` lies under it) is a ``SealedStore``: key names
+  replaced by their HMAC (a listing shows opaque names), values sealed over their full name; a wrong
+  seal is refused on read (``SealError``: the group creation fails, naming it), so an outsider can
+  neither stand in for a rank (a forged gloo address, NCCL unique id) nor join the run's groups (its
+  ``init_process_group`` waits on names no rank writes). Counters (``add``: only torch's opt-in
+  store-based barrier) cannot be sealed: an outsider's add there is a denial of service, not a stand-in.
+  What remains open: a ``TCPStore`` has no access control, so a process that can connect can delete or
+  overwrite keys and make group creation or settling fail or time out (the run reports it).
 """
 
 from __future__ import annotations
