@@ -79,6 +79,14 @@ def _naming(path: Path, tmp: Path | None = None) -> Iterator[None]:
         raise
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
     """Yield an empty temp file next to ``path``; when the block succeeds, fsync it, chmod it to
@@ -92,11 +100,7 @@ def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator
     try:
         with _naming(path, tmp):
             yield tmp
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
             os.chmod(tmp, file_mode() if mode is None else mode)
             os.replace(tmp, path)
     except BaseException:
@@ -152,11 +156,7 @@ class StagedWrites:
             if is_dir:
                 os.chmod(tmp, dir_mode() if mode is None else mode)
             else:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync(tmp)
                 os.chmod(tmp, file_mode() if mode is None else mode)
         for tmp, target, is_dir, _ in self._entries:
             (os.rename if is_dir else os.replace)(tmp, target)
