@@ -71,5 +71,8 @@ def test_a_peer_that_never_posts_ends_pre_connect_everywhere_within_the_timeout(
         assert f["step"] == 1 and f["phase"] in ("connect", "start"), f
         assert f["at"] - t0 < TIMEOUT + MARGIN, f
     own = [f for f in survivors if not f["knock_on"]]
-    assert own and all("pre-connect not complete within" in f["message"] for f in own), own
+    # the pre-connect's own deadline or gloo's timeout under it, whichever fires first: both bounded
+    assert own and all("pre-connect" in f["message"] and ("not complete within" in f["message"]
+                                                          or "Timed out" in f["message"]) for f in own), \
+        [(f["rank"], f["phase"], f["message"]) for f in own]
     assert all(f["phase"] == "connect" for f in own)
