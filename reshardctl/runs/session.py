@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.errors import InputError, RecordError, ReshardError, TransferError
+from reshardctl.errors import InputError, Interrupted, RecordError, ReshardError, TransferError
 from reshardctl.plan.cost import lower_bound, predict
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
@@ -241,15 +241,22 @@ def _set_up_done(events_dir: Path) -> int:
 
 class _Signals:
     """SIGTERM/SIGINT/SIGHUP set ``stop`` (the launcher then kills the ranks and the session writes an
-    interrupted summary); restored on exit. Only in the main thread (signals cannot be set elsewhere)."""
+    interrupted summary; ``signame``: the first one's name); restored on exit. Only in the main thread
+    (signals cannot be set elsewhere)."""
 
     def __init__(self, stop: threading.Event):
         self.stop, self.old = stop, {}
+        self.signame: str | None = None
+
+    def _stop(self, signum, _frame) -> None:
+        if self.signame is None:
+            self.signame = signal.Signals(signum).name
+        self.stop.set()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self.old[sig] = signal.signal(sig, lambda *_: self.stop.set())
+                self.old[sig] = signal.signal(sig, self._stop)
         return self
 
     def __exit__(self, *exc):
@@ -424,7 +431,7 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
     t0 = time.perf_counter()
     th = threading.Thread(target=target, name="reshardctl-session", daemon=True)
     world = inp.topology.world
-    with _Signals(stop):
+    with _Signals(stop) as signals:
         th.start()
         total = len(plans) * (warmup + pre.options.iterations) * world
         while th.is_alive():
@@ -453,8 +460,10 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
             err = exc
         else:
             err = TransferError(f"local session failed: {type(exc).__name__}: {exc}")
-    if interrupted and err is None:
-        err = TransferError("interrupted")
+    if interrupted:  # exit 130, as on Slurm (docs/runbook-faults.md, "Signals to reshardctl")
+        by = f" by {signals.signame}" if signals.signame else ""
+        err = Interrupted(f"interrupted{by}: stopped the {world} rank process(es); run directory {run_dir} "
+                          f"(summary.json says so)")
     summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
                             run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
     err = record_outcome(run_dir, summary, "interrupted" if interrupted else ("finished" if err is None else "failed"),
