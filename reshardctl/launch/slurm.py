@@ -33,13 +33,13 @@ from reshardctl.launch import slurm_cli
 from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text, where_lost
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
+from reshardctl.runtime.events import MAX_EVENTS_BYTES  # events/rank-N.jsonl: one bound for every reader
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
 SACCT_LAG_S = 15.0
 MAX_JOBS_BYTES = 1 << 20  # slurm/jobs.json
 MAX_REPORT_BYTES = 64 << 20  # reports/rank-N.json
-MAX_EVENTS_BYTES = 256 << 20  # events/rank-N.jsonl
 TAIL_BYTES = 64 << 10  # the end of a log that failure messages quote  # accounting rows complete up to a few seconds after a job left the queue
 
 

@@ -235,28 +235,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+MAX_RUN_JSON_BYTES = 1 << 20  # run.json as any reader takes it (written padded to RUN_JSON_BYTES)
+
+
 def run_state(path: str | os.PathLike) -> str:
     """``finished``, ``failed``, ``interrupted`` or ``running`` (a live launcher on this host);
     ``unknown`` for a directory without ``run.json``. A ``running`` mark whose launcher is gone (killed
-    before it could write its summary) reads as ``interrupted``."""
-    try:
-        rec = json.loads((Path(path) / "run.json").read_text())
-    except (OSError, ValueError):
+    before it could write its summary) reads as ``interrupted``. ``InputError`` as ``read_run``."""
+    rec = read_run(path)
+    if rec is None:
         return "unknown"
     state = rec.get("state", "unknown")
-    who = rec.get("started_by", {})
-    if state == "running" and who.get("host") == socket.gethostname() and not _alive(int(who.get("pid", 0))):
+    if state == "running" and launcher_alive(rec) is False:
         return "interrupted"
     return state
 
 
 def read_run(path: str | os.PathLike) -> dict | None:
-    """``run.json`` as written by ``mark_run``, or None when it is missing or unreadable."""
+    """``run.json`` as written by ``mark_run``, or None when it is missing. Read through ``bounded_load``:
+    a FIFO, a device or a symlink to one, a file over ``MAX_RUN_JSON_BYTES``, and anything but a JSON
+    object (with ``started_by`` an object) are an ``InputError`` naming the file (never a hang)."""
+    from reshardctl.bounded_load import LoadError, loads_json, read_text
+    from reshardctl.errors import InputError
+
+    target = Path(path) / "run.json"
     try:
-        rec = json.loads((Path(path) / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
+        rec = loads_json(read_text(target, MAX_RUN_JSON_BYTES))
+    except LoadError as exc:
+        if exc.missing:
+            return None
+        raise InputError(f"{target}: cannot be read: {exc}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("started_by", {}), dict):
+        raise InputError(f"{target}: expected a JSON object with `started_by` an object, as reshardctl writes it")
+    return rec
 
 
 def launcher_alive(rec: dict) -> bool | None:

@@ -33,6 +33,7 @@ from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, privat
 from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
+from reshardctl.runtime.events import event_texts, unreadable_logs
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
 LAUNCHERS = ("local", "slurm")
@@ -74,11 +75,7 @@ def count_commits(events_dir: Path) -> int:
 def commits_by_side(events_dir: Path) -> dict[str, int]:
     """Commit events written so far, per side (``{"train": n, "infer": m}``): a run's live progress."""
     out = {"train": 0, "infer": 0}
-    for f in events_dir.glob("rank-*.jsonl"):
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
+    for text in event_texts(events_dir):  # bounded, regular files only (summary.json names a skipped one)
         n = text.count('"phase":"commit"')
         if n:
             out["infer" if '"side":"infer"' in text else "train"] += n
@@ -160,8 +157,10 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
         "record": full_record(ctx.get("record"), reports),
-        # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)"
-        "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}),
+        # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)";
+        # event logs the readers skipped (a FIFO, a device, over the size bound): "<file>: <why> (skipped)"
+        "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}
+                                | set(unreadable_logs(run_dir / "events") if run_dir is not None else ())),
     }
     summary.update(extra or {})
     return summary
@@ -230,13 +229,7 @@ def _failed_transport(reports, names) -> str | None:
 
 def _set_up_done(events_dir: Path) -> int:
     """Ranks whose weights are materialised (set-up progress)."""
-    n = 0
-    for f in events_dir.glob("rank-*.jsonl"):
-        try:
-            n += '"phase":"materialise"' in f.read_text()
-        except OSError:
-            pass
-    return n
+    return sum('"phase":"materialise"' in text for text in event_texts(events_dir))
 
 
 class _Signals:

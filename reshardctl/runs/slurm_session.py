@@ -192,6 +192,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
     run_dir = Path(run_dir)
     if job is not None:
         check_job_id(job, "--job")  # before anything is read or run
+    read_run(run_dir)  # a FIFO or device as run.json: refused (InputError naming it) before anything runs
     if job is None and not (run_dir / slurm.JOBS_FILE).exists():
         settled = settle_local(run_dir)
         if settled is not None:
