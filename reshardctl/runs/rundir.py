@@ -14,7 +14,7 @@ runs/<UTC time>-<label>/
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
 summary that says what failed. The directory belongs to the user who runs reshardctl: an existing
 ``--out`` owned by another user, or writable by group or others, is refused (``check_out_dir``: such a
-user could replace the files the ranks load); the directory is 0700, every subdirectory 0700 and every
+user could replace the files the ranks load), and so is such a default base ``runs/``; the directory is 0700, every subdirectory 0700 and every
 file 0600, on both launchers (the session runs under ``private_umask()``, so the ranks, ``sbatch`` and
 the jobs Slurm starts create their files private too). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
@@ -126,7 +126,8 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
     """``out`` if given (created; an existing non-empty directory is refused unless ``force``, which
     empties it first), else ``runs/<UTC time>-<label>[-k]``; private to the user (0700). An existing one
     must be the user's own (``check_dir_owner``); it is checked again once made (a directory someone
-    else created in between is refused)."""
+    else created in between is refused). So must ``runs/`` itself: another user who owns it, or may
+    write it, could rename the new run directory away and put one of theirs in its place."""
     if out is not None:
         check_out_dir(out, force)
         path = Path(out)
@@ -144,6 +145,7 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(DEFAULT_BASE)
     base.mkdir(parents=True, exist_ok=True)
+    check_dir_owner(base, "the default base directory (no --out)")
     for k in range(1000):
         path = base / (f"{stamp}-{label}" + (f"-{k}" if k else ""))
         try:
