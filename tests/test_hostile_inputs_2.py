@@ -453,3 +453,87 @@ def test_an_expert_map_fifo_is_refused_not_read(tmp_path):
     problems: list[str] = []
     assert load_expert_map_file(str(_fifo(tmp_path / "map.json")), 4, 4, (1,), problems) is None
     assert problems == [f"expert_map={tmp_path / 'map.json'}: not readable JSON (is a FIFO (named pipe), not a file)"]
+
+
+# ------------------------------------------------- run.json and events files read by jobs/collect ----
+def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str = "999999") -> None:
+    """Make ``run`` look like a Slurm run of this tool: in the run index, with ``slurm/jobs.json``."""
+    _jobs_json(run, job)
+    d = tmp_path / "state" / "reshardctl"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "slurm-runs.jsonl").write_text(json.dumps({"run_dir": str(run), "site": "local", "mode": "hetjob",
+                                                    "job_ids": {"het": job}, "submitted_at": 0.0}) + "\n")
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_copy, target):
+    """``run.json`` is read by `jobs` (settling a run) and `collect`: a FIFO hung both (before the
+    bounded read), /dev/zero was read without bound. Now `collect` refuses it (exit 2, the file named)
+    and `jobs` lists the run with a note naming it; `status` and `report` do not read it."""
+    _unsettled_slurm_run(tmp_path, run_copy)
+    f = run_copy / "run.json"
+    f.unlink()
+    kind = "is a FIFO (named pipe), not a file" if target == "fifo" else "is a character device, not a file"
+    os.mkfifo(f) if target == "fifo" else f.symlink_to("/dev/zero")
+    refused(tmp_path, "collect", str(run_copy), needles=(f"{f}: cannot be read: {kind}",))
+    for argv in (("jobs",), ("jobs", "--all")):
+        code, out, err = cli(tmp_path, *argv)
+        assert code == 0, err
+        assert f"note: {run_copy} not settled: {f}: cannot be read: {kind}" in err.replace("\n", ""), err
+    assert str(run_copy) in out  # --all still lists the run
+    for argv in (("status", "--site", "local"), ("report", str(run_copy), "--out", str(tmp_path / "rep"))):
+        code, _, err = cli(tmp_path, *argv)
+        assert code == 0, err
+    assert stat.S_ISFIFO(os.lstat(f).st_mode) or os.path.islink(f)  # nothing replaced it
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_a_fifo_or_zero_events_file_is_skipped_with_a_note_by_collect(tmp_path, run_copy, target):
+    """`collect` (building summary.json: drills, where lost ranks stopped) read every events file plainly:
+    a FIFO hung it. Now the file is skipped and named in summary.json's ``record_errors`` and in the
+    error (exit 1: the record is incomplete); `report` refuses it (exit 2)."""
+    _unsettled_slurm_run(tmp_path, run_copy)
+    f = run_copy / "events" / "rank-0.jsonl"
+    f.unlink()
+    kind = "is a FIFO (named pipe), not a file" if target == "fifo" else "is a character device, not a file"
+    os.mkfifo(f) if target == "fifo" else f.symlink_to("/dev/zero")
+    code, _, err = cli(tmp_path, "collect", str(run_copy))
+    assert code == 1, err
+    assert f"{f}: {kind} (skipped)" in err.replace("\n", ""), err
+    summary = json.loads((run_copy / "summary.json").read_text())
+    assert f"{f}: {kind} (skipped)" in summary["record_errors"]
+    assert summary["knock_on_failures"] == 3  # the other ranks' events were still read
+    refused(tmp_path, "report", str(run_copy), needles=(f"rank-0.jsonl: cannot be read: {kind}",))
+    code, _, err = cli(tmp_path, "jobs", "--all")
+    assert code == 0, err
+
+
+def test_live_progress_reads_skip_a_fifo_or_zero_events_file(tmp_path, run_copy):
+    """The launcher's progress reads (``commits_by_side``, ``_set_up_done``) and ``read_events`` on a
+    FIFO and a symlink to /dev/zero among real event logs, in a child process (a hang is a timeout):
+    skipped or refused, the real logs counted."""
+    events = run_copy / "events"
+    os.mkfifo(events / "rank-98.jsonl")
+    (events / "rank-99.jsonl").symlink_to("/dev/zero")
+    code = ("import sys; from pathlib import Path\n"
+            "from reshardctl.runs.session import commits_by_side, _set_up_done\n"
+            "from reshardctl.runtime.events import read_events, unreadable_logs\n"
+            "from reshardctl.bounded_load import LoadError\n"
+            "d = Path(sys.argv[1])\n"
+            "print(commits_by_side(d), _set_up_done(d), len(read_events(d / 'rank-0.jsonl')) > 0)\n"
+            "for n in ('rank-98.jsonl', 'rank-99.jsonl'):\n"
+            "    try: read_events(d / n)\n"
+            "    except LoadError as e: print(n, e)\n"
+            "print(unreadable_logs(d))\n")
+    try:
+        p = subprocess.run([sys.executable, "-c", code, str(events)], capture_output=True, text=True, timeout=HANG_S,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a progress read hung on a FIFO events file")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "{'train': 6, 'infer': 6} 4 True", lines  # 2+2 ranks, 3 transports x 1 refit
+    assert lines[1] == "rank-98.jsonl is a FIFO (named pipe), not a file"
+    assert lines[2] == "rank-99.jsonl is a character device, not a file"
+    assert "rank-98.jsonl: is a FIFO (named pipe), not a file (skipped)" in lines[3]
+    assert "rank-99.jsonl: is a character device, not a file (skipped)" in lines[3]

@@ -113,7 +113,8 @@ def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, sma
     proc, ranks = _start_run(tmp_path, small_llama, out)
     proc.send_signal(sig)
     _, err = proc.communicate()
-    assert proc.returncode == 1, err
+    assert proc.returncode == 130, err  # as an interrupted Slurm run (the CLI's Interrupted code)
+    assert f"interrupted by {sig.name}: stopped the 4 rank process(es)" in err.decode(), err
     assert _wait_gone(ranks) == []
     s = json.loads((out / "summary.json").read_text())
     assert s["interrupted"] is True and s["ok"] is False

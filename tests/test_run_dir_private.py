@@ -8,6 +8,7 @@ that is not its user's alone, and loads nothing. The tests chown to uid 65534 (n
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -179,6 +180,83 @@ def test_a_rank_refuses_a_symlinked_or_special_session_file(tmp_path):
     os.mkfifo(fifo, 0o600)
     proc = _worker(fifo)
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and not marker.exists()
+
+
+def _calibration_spec(tmp_path: Path) -> Path:
+    d = tmp_path / "cal"
+    d.mkdir(mode=0o700)
+    spec = d / "calibrate.json"
+    spec.write_text(json.dumps({"per_node": 1, "reps": 1, "run_dir": str(tmp_path / "elsewhere"), "cpu_only": True}))
+    spec.chmod(0o600)
+    return spec
+
+
+def _calibration_worker(spec: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESHARDCTL_RANK", "SLURM_"))}
+    env.update(PYTHONPATH=str(REPO), RESHARDCTL_FORCE_CPU="1")
+    return subprocess.run([sys.executable, "-m", "reshardctl.calibrate.worker", "--spec", str(spec)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("change,expect", [
+    (None, None),  # the control: a private spec is read (the worker goes on to its rank environment)
+    ("chown-file", f"the calibration spec {{f}} is owned by uid {OTHER_UID}"),
+    ("chmod-file-0666", "the calibration spec {f} is writable by group or others (mode 0666)"),
+    ("chmod-dir-0777", "the directory {d} of the calibration spec {f} is writable by group or others (mode 0777)"),
+    ("fifo", "the calibration spec {f} is not a regular file"),
+])
+def test_a_calibration_rank_refuses_a_spec_not_its_users_alone(tmp_path, change, expect):
+    """A calibration rank's spec says where the rank writes (``run_dir``): read only when it is the
+    user's alone, as a refit rank's session file (a real worker process)."""
+    if change == "chown-file" and os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    spec = _calibration_spec(tmp_path)
+    if change == "chown-file":
+        os.chown(spec, OTHER_UID, -1)
+    elif change == "chmod-file-0666":
+        spec.chmod(0o666)
+    elif change == "chmod-dir-0777":
+        spec.parent.chmod(0o777)
+    elif change == "fifo":
+        spec.unlink()
+        os.mkfifo(spec, 0o600)
+    proc = _calibration_worker(spec)
+    assert proc.returncode == 2, proc.stderr
+    if expect is None:
+        assert "refused" not in proc.stderr and "cannot read the spec" not in proc.stderr, proc.stderr
+    else:
+        assert expect.format(d=spec.parent, f=spec) in proc.stderr and "refused, nothing loaded" in proc.stderr
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("change", ["chmod-0777", "chmod-0770", "chown"])
+def test_the_default_runs_base_of_another_user_or_shared_is_refused(tmp_path, small_llama, capsys, monkeypatch,
+                                                                    change):
+    """Without --out, runs go to ./runs/<time>-<label>: a runs/ that another user owns or may write is
+    refused as --out is (they could rename the new run directory away and put theirs in its place)."""
+    if change == "chown" and os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "runs"
+    base.mkdir(mode=0o700)
+    if change == "chown":
+        os.chown(base, OTHER_UID, -1)
+    else:
+        base.chmod(int(change.split("-")[1], 8))
+    code = main(["run", "--model", small_llama, *LAYOUT, "--iters", "1"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err
+    why = f"owned by uid {OTHER_UID}" if change == "chown" else f"writable by group or others (mode {change[-4:]})"
+    assert f"the default base directory (no --out) runs: it is {why}" in err, err
+    assert list(base.iterdir()) == []  # nothing written, nothing started
+
+
+def test_the_default_runs_base_is_created_private(tmp_path, small_llama, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--model", small_llama, *LAYOUT, "--iters", "1", "--warmup", "0"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "runs").stat().st_mode & 0o777 == 0o700
+    (run,) = (tmp_path / "runs").iterdir()
+    assert _not_private(run) == {}
 
 
 # ---- a real Slurm run: every file Slurm, the job script and the ranks create is private ----------

@@ -326,3 +326,51 @@ def test_an_outsider_with_the_port_cannot_stop_a_slurm_run(cluster, tmp_path, mo
     assert res["forged_at"] < min(last)  # forged while every rank still had a refit to commit
     s = _summary(out)
     assert s["ok"] and s["transports"]["reshard"]["verified"] and s["transports"]["reshard"]["committed_steps_agree"]
+
+
+@pytest.mark.parametrize("mode, refused", [("hetjob", "jobs.json"), ("two-jobs", "train.jobid")])
+def test_job_ids_survive_a_jobs_json_the_disk_refuses(cluster, tmp_path, model, mode, refused):
+    """`slurm/jobs.json` (two-jobs: `slurm/train.jobid`) refused after sbatch succeeded (issue 22): before, the job ran on untracked with
+    `run.json` "submitting" and the ids only in Slurm. A stand-in `sbatch` first on PATH runs the real
+    sbatch, then makes `slurm/` immutable (chattr +i, root): the write that follows fails as on a
+    read-only disk. Now the job is cancelled, the error names the file and the job id, run.json is final."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("making slurm/ immutable after the submission needs root and chattr")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+        pytest.skip(f"chattr +i is not permitted on {tmp_path}'s filesystem")
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f'out=$("{shutil.which("sbatch")}" "$@") || exit $?\n'
+        'for last; do :; done\n'
+        f'chattr +i "$(dirname "$last")" && echo "$out" >> "{log}"\n'
+        'echo "$out"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    out = tmp_path / "refused"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    try:
+        p = subprocess.run([sys.executable, "-m", "reshardctl", "run", "--site", "slurm-local", "--model", model,
+                            *LAYOUT, "--iters", "1", "--out", str(out), "--slurm-mode", mode], capture_output=True,
+                           text=True, env=env,
+                           timeout=600, stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["chattr", "-i", str(out / "slurm")], capture_output=True)
+    job = log.read_text().split()[0].split(";")[0]  # the id the real sbatch printed
+    err = " ".join(p.stderr.split())
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert log.read_text().count("\n") == 1  # two-jobs: the inference job was never submitted
+    assert f"{out / 'slurm' / refused}: Operation not permitted" in err, err
+    assert f"the job ids of the submitted run could not be recorded; cancelled Slurm job(s) {job}" in err, err
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "failed" and job in run["error"]
+    _wait_for(lambda: job not in subprocess.run(["squeue", "-h", "-o", "%i", "-j", job], capture_output=True,
+                                                text=True).stdout, 60, "the job to leave the queue")
+    st = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=State"], capture_output=True,
+                        text=True).stdout
+    assert "COMPLETED" not in st and "RUNNING" not in st, st

@@ -4,14 +4,14 @@
 
 The rank, the world and the rendezvous come from the environment (``runtime/env.py``: the two sides of a
 het job are the two stand-in nodes of ``microbench.py``); the spec gives the ranks per node and the
-repetitions. Each rank writes ``results/rank-<N>.json`` (rank 0's holds the measurements); exit 0 on
+repetitions. The spec is read only when it is this user's alone (``runtime/trusted_file.py``: owned by the
+user, in a directory of the user's, writable by nobody else; exit 2 otherwise, nothing measured). Each rank writes ``results/rank-<N>.json`` (rank 0's holds the measurements); exit 0 on
 success.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -23,8 +23,12 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.atomic_write import write_json_atomic
+from reshardctl.bounded_load import loads_json
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.env import read_rank_env
+from reshardctl.runtime.trusted_file import read_trusted
+
+MAX_SPEC_BYTES = 1 << 20  # calibrate.json
 
 
 def _versions(backend: str) -> dict:
@@ -41,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="calibrate.json written by the launcher")
     a = ap.parse_args(argv)
     try:
-        spec = json.loads(Path(a.spec).read_text())
+        # the launcher's own file, checked as a rank's session file is (runtime/trusted_file.py): owned by
+        # this user, in a directory of this user's, writable by nobody else; a regular file, bounded
+        spec = loads_json(read_trusted(a.spec, "calibration spec", max_bytes=MAX_SPEC_BYTES))
+        if not isinstance(spec, dict):
+            raise ValueError("expected a JSON object")
         per_node, reps, run_dir = int(spec["per_node"]), int(spec["reps"]), Path(spec["run_dir"])
         env = read_rank_env(per_node, per_node, force_cpu=bool(spec.get("cpu_only")))
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"reshardctl calibrate worker: cannot read the spec {a.spec}: {exc}", file=sys.stderr)
         return 2
     except ReshardError as exc:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.errors import InputError
 
 
 def jobs_cmd(
@@ -25,7 +26,10 @@ def jobs_cmd(
     ids = [j for r in runs for j in r["job_ids"].values()]
     live = slurm.job_states(ids) if ids else {}
     for r in runs:  # a run whose jobs ended but whose launcher never wrote how: collected now
-        settle_slurm(r["run_dir"], live)
+        try:
+            settle_slurm(r["run_dir"], live)
+        except InputError as exc:  # its run.json is no file reshardctl wrote (a FIFO, a device): skipped
+            output.err_console().print(f"note: {r['run_dir']} not settled: {exc}", markup=False, highlight=False)
     ended = [j for j in ids if j not in live]
     acct = slurm.final_states(ended, wait_s=0.0) if (ended and all_runs) else {}
     rows = []

@@ -28,18 +28,18 @@ from typing import Callable, Mapping
 
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
 from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
-from reshardctl.errors import InputError, LaunchError, TransferError
+from reshardctl.errors import InputError, LaunchError, RecordError, TransferError
 from reshardctl.launch import slurm_cli
 from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text, where_lost
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
+from reshardctl.runtime.events import MAX_EVENTS_BYTES  # events/rank-N.jsonl: one bound for every reader
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
 SACCT_LAG_S = 15.0
 MAX_JOBS_BYTES = 1 << 20  # slurm/jobs.json
 MAX_REPORT_BYTES = 64 << 20  # reports/rank-N.json
-MAX_EVENTS_BYTES = 256 << 20  # events/rank-N.jsonl
 TAIL_BYTES = 64 << 10  # the end of a log that failure messages quote  # accounting rows complete up to a few seconds after a job left the queue
 
 
@@ -129,24 +129,45 @@ def write_scripts(request: SlurmRequest) -> list[Path]:
 
 def submit(request: SlurmRequest) -> SlurmRun:
     """Write the scripts and submit them; ``slurm/jobs.json`` records the ids. Two-jobs: the trainer
-    job first; when the inference job cannot be submitted, the trainer job is cancelled."""
-    scripts = write_scripts(request)
+    job first; when the inference job cannot be submitted, the trainer job is cancelled. A file the
+    disk refuses once a job is submitted (``jobs.json``, a ``<role>.jobid``: full, read-only) would lose
+    its id: the submitted jobs are cancelled, and the ``RecordError`` names the file and the job ids
+    (with the ``scancel`` to run by hand should the cancel itself fail)."""
     world = request.train_world + request.infer_world
-    run = SlurmRun(request.run_dir, request.mode, {}, time.time(), [str(p) for p in scripts], world)
-    if request.mode == "hetjob":
-        run.job_ids["het"] = slurm_cli.sbatch(request.submit_argv("hetjob.sbatch"))
-    else:
-        slurm_dir = Path(request.run_dir) / "slurm"
-        for role in ("train", "infer"):
-            try:
-                job = slurm_cli.sbatch(request.submit_argv(f"{role}.sbatch"))
-            except LaunchError:
-                slurm_cli.scancel(run.ids)
-                raise
-            run.job_ids[role] = job
-            write_text_atomic(slurm_dir / f"{role}.jobid", job + "\n", mode=0o600)
-    run.save()
+    run = SlurmRun(request.run_dir, request.mode, {}, time.time(), [], world)
+    try:
+        run.scripts = [str(p) for p in write_scripts(request)]
+        if request.mode == "hetjob":
+            run.job_ids["het"] = slurm_cli.sbatch(request.submit_argv("hetjob.sbatch"))
+        else:
+            slurm_dir = Path(request.run_dir) / "slurm"
+            for role in ("train", "infer"):
+                run.job_ids[role] = slurm_cli.sbatch(request.submit_argv(f"{role}.sbatch"))
+                write_text_atomic(slurm_dir / f"{role}.jobid", run.job_ids[role] + "\n", mode=0o600)
+        run.save()
+    except LaunchError:
+        slurm_cli.scancel(run.ids)  # the trainer job of a two-jobs run whose inference job was refused
+        raise
+    except OSError as exc:
+        raise _unrecorded(run, exc) from None
     return run
+
+
+def _unrecorded(run: SlurmRun, exc: OSError) -> RecordError:
+    """The error of a submission whose record the disk refused: the jobs cancelled (their ids named)."""
+    what = f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)
+    if not run.ids:
+        return RecordError(f"{what}: the Slurm scripts could not be written; nothing was submitted",
+                           hint="free space (or make it writable), or choose another --out")
+    ids = ", ".join(run.ids)
+    try:
+        slurm_cli.scancel(run.ids)
+        done = f"cancelled Slurm job(s) {ids}, which nothing would have tracked"
+    except LaunchError as cancel:
+        done = (f"and cancelling Slurm job(s) {ids} failed too ({cancel}): cancel them by hand with "
+                f"`scancel {' '.join(run.ids)}`")
+    return RecordError(f"{what}: the job ids of the submitted run could not be recorded; {done}",
+                       hint=f"free space (or make it writable) under {run.run_dir}, then run it again")
 
 
 @dataclass

@@ -19,10 +19,10 @@ from reshardctl.bounded_load import LoadError, read_text
 from reshardctl.errors import InputError
 from reshardctl.layout.layout_file import MAX_WORLD
 from reshardctl.runbook.run_record import load_run
+from reshardctl.runtime.events import MAX_EVENTS_BYTES
 
 TRANSFER_PHASES = ("round/transfer", "bucket/gather", "bucket/broadcast")
 # phases of one refit, in the order the timeline's legend shows them
-MAX_EVENTS_BYTES = 256 << 20  # one rank's events/rank-N.jsonl
 REFIT_PHASES = ("materialise", "round/pack", "round/transfer", "round/unpack", "bucket/gather", "bucket/broadcast",
                 "bucket/unpack", "verify", "verify/full", "commit")
 

@@ -14,7 +14,7 @@ runs/<UTC time>-<label>/
 Files are written atomically (temp file + rename); a run that fails still leaves its events and a
 summary that says what failed. The directory belongs to the user who runs reshardctl: an existing
 ``--out`` owned by another user, or writable by group or others, is refused (``check_out_dir``: such a
-user could replace the files the ranks load); the directory is 0700, every subdirectory 0700 and every
+user could replace the files the ranks load), and so is such a default base ``runs/``; the directory is 0700, every subdirectory 0700 and every
 file 0600, on both launchers (the session runs under ``private_umask()``, so the ranks, ``sbatch`` and
 the jobs Slurm starts create their files private too). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
@@ -126,7 +126,8 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
     """``out`` if given (created; an existing non-empty directory is refused unless ``force``, which
     empties it first), else ``runs/<UTC time>-<label>[-k]``; private to the user (0700). An existing one
     must be the user's own (``check_dir_owner``); it is checked again once made (a directory someone
-    else created in between is refused)."""
+    else created in between is refused). So must ``runs/`` itself: another user who owns it, or may
+    write it, could rename the new run directory away and put one of theirs in its place."""
     if out is not None:
         check_out_dir(out, force)
         path = Path(out)
@@ -144,6 +145,7 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(DEFAULT_BASE)
     base.mkdir(parents=True, exist_ok=True)
+    check_dir_owner(base, "the default base directory (no --out)")
     for k in range(1000):
         path = base / (f"{stamp}-{label}" + (f"-{k}" if k else ""))
         try:
@@ -235,28 +237,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+MAX_RUN_JSON_BYTES = 1 << 20  # run.json as any reader takes it (written padded to RUN_JSON_BYTES)
+
+
 def run_state(path: str | os.PathLike) -> str:
     """``finished``, ``failed``, ``interrupted`` or ``running`` (a live launcher on this host);
     ``unknown`` for a directory without ``run.json``. A ``running`` mark whose launcher is gone (killed
-    before it could write its summary) reads as ``interrupted``."""
-    try:
-        rec = json.loads((Path(path) / "run.json").read_text())
-    except (OSError, ValueError):
+    before it could write its summary) reads as ``interrupted``. ``InputError`` as ``read_run``."""
+    rec = read_run(path)
+    if rec is None:
         return "unknown"
     state = rec.get("state", "unknown")
-    who = rec.get("started_by", {})
-    if state == "running" and who.get("host") == socket.gethostname() and not _alive(int(who.get("pid", 0))):
+    if state == "running" and launcher_alive(rec) is False:
         return "interrupted"
     return state
 
 
 def read_run(path: str | os.PathLike) -> dict | None:
-    """``run.json`` as written by ``mark_run``, or None when it is missing or unreadable."""
+    """``run.json`` as written by ``mark_run``, or None when it is missing. Read through ``bounded_load``:
+    a FIFO, a device or a symlink to one, a file over ``MAX_RUN_JSON_BYTES``, and anything but a JSON
+    object (with ``started_by`` an object) are an ``InputError`` naming the file (never a hang)."""
+    from reshardctl.bounded_load import LoadError, loads_json, read_text
+    from reshardctl.errors import InputError
+
+    target = Path(path) / "run.json"
     try:
-        rec = json.loads((Path(path) / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
+        rec = loads_json(read_text(target, MAX_RUN_JSON_BYTES))
+    except LoadError as exc:
+        if exc.missing:
+            return None
+        raise InputError(f"{target}: cannot be read: {exc}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("started_by", {}), dict):
+        raise InputError(f"{target}: expected a JSON object with `started_by` an object, as reshardctl writes it")
+    return rec
 
 
 def launcher_alive(rec: dict) -> bool | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.errors import InputError, RecordError, ReshardError, TransferError
+from reshardctl.errors import InputError, Interrupted, RecordError, ReshardError, TransferError
 from reshardctl.plan.cost import lower_bound, predict
 from reshardctl.plan.inputs import Inputs
 from reshardctl.plan.model import Plan
@@ -33,6 +33,7 @@ from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, privat
 from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
 from reshardctl.runs.summary import speedups, summarize_transport
+from reshardctl.runtime.events import event_texts, unreadable_logs
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
 LAUNCHERS = ("local", "slurm")
@@ -74,11 +75,7 @@ def count_commits(events_dir: Path) -> int:
 def commits_by_side(events_dir: Path) -> dict[str, int]:
     """Commit events written so far, per side (``{"train": n, "infer": m}``): a run's live progress."""
     out = {"train": 0, "infer": 0}
-    for f in events_dir.glob("rank-*.jsonl"):
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
+    for text in event_texts(events_dir):  # bounded, regular files only (summary.json names a skipped one)
         n = text.count('"phase":"commit"')
         if n:
             out["infer" if '"side":"infer"' in text else "train"] += n
@@ -160,8 +157,10 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
         "record": full_record(ctx.get("record"), reports),
-        # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)"
-        "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}),
+        # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)";
+        # event logs the readers skipped (a FIFO, a device, over the size bound): "<file>: <why> (skipped)"
+        "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}
+                                | set(unreadable_logs(run_dir / "events") if run_dir is not None else ())),
     }
     summary.update(extra or {})
     return summary
@@ -230,26 +229,27 @@ def _failed_transport(reports, names) -> str | None:
 
 def _set_up_done(events_dir: Path) -> int:
     """Ranks whose weights are materialised (set-up progress)."""
-    n = 0
-    for f in events_dir.glob("rank-*.jsonl"):
-        try:
-            n += '"phase":"materialise"' in f.read_text()
-        except OSError:
-            pass
-    return n
+    return sum('"phase":"materialise"' in text for text in event_texts(events_dir))
 
 
 class _Signals:
     """SIGTERM/SIGINT/SIGHUP set ``stop`` (the launcher then kills the ranks and the session writes an
-    interrupted summary); restored on exit. Only in the main thread (signals cannot be set elsewhere)."""
+    interrupted summary; ``signame``: the first one's name); restored on exit. Only in the main thread
+    (signals cannot be set elsewhere)."""
 
     def __init__(self, stop: threading.Event):
         self.stop, self.old = stop, {}
+        self.signame: str | None = None
+
+    def _stop(self, signum, _frame) -> None:
+        if self.signame is None:
+            self.signame = signal.Signals(signum).name
+        self.stop.set()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self.old[sig] = signal.signal(sig, lambda *_: self.stop.set())
+                self.old[sig] = signal.signal(sig, self._stop)
         return self
 
     def __exit__(self, *exc):
@@ -424,7 +424,7 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
     t0 = time.perf_counter()
     th = threading.Thread(target=target, name="reshardctl-session", daemon=True)
     world = inp.topology.world
-    with _Signals(stop):
+    with _Signals(stop) as signals:
         th.start()
         total = len(plans) * (warmup + pre.options.iterations) * world
         while th.is_alive():
@@ -453,8 +453,10 @@ def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> Se
             err = exc
         else:
             err = TransferError(f"local session failed: {type(exc).__name__}: {exc}")
-    if interrupted and err is None:
-        err = TransferError("interrupted")
+    if interrupted:  # exit 130, as on Slurm (docs/runbook-faults.md, "Signals to reshardctl")
+        by = f" by {signals.signame}" if signals.signame else ""
+        err = Interrupted(f"interrupted{by}: stopped the {world} rank process(es); run directory {run_dir} "
+                          f"(summary.json says so)")
     summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
                             run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
     err = record_outcome(run_dir, summary, "interrupted" if interrupted else ("finished" if err is None else "failed"),

@@ -69,7 +69,14 @@ def run_slurm(inp: Inputs, pre: Prepared, warmup: int, *, slurm_mode, detach: bo
     with _preparing(run_dir, pre.who, pre.started):  # a full disk: session.pkl named, nothing submitted
         slurm.write_session(run_dir, plans, options, warmup, fallback=pre.fallback)
     t0 = time.perf_counter()
-    run = slurm.submit(request)
+    try:
+        run = slurm.submit(request)
+    except ReshardError as exc:  # refused by Slurm, or its ids not recorded (the jobs cancelled): run.json final
+        try:
+            mark_run(run_dir, "failed", pre.who, pre.started, error=str(exc)[:2000])
+        except OSError:
+            pass  # the error raised names the file the disk refused
+        raise
     mark_run(run_dir, "submitted", pre.who, pre.started)
     record_run({"run_dir": str(run_dir), "site": inp.site.name, "mode": run.mode, "job_ids": run.job_ids,
                 "submitted_at": run.submitted_at, "detached": detach})
@@ -192,6 +199,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
     run_dir = Path(run_dir)
     if job is not None:
         check_job_id(job, "--job")  # before anything is read or run
+    read_run(run_dir)  # a FIFO or device as run.json: refused (InputError naming it) before anything runs
     if job is None and not (run_dir / slurm.JOBS_FILE).exists():
         settled = settle_local(run_dir)
         if settled is not None:

@@ -102,5 +102,48 @@ class EventLog:
         return None if self.error is None else f"{self.error} ({self.dropped} event(s) not written)"
 
 
-def read_events(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+MAX_EVENTS_BYTES = 256 << 20  # one rank's events/rank-N.jsonl, as any reader takes it
+
+
+def read_events(path: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> list[dict[str, Any]]:
+    """The events of one log, read through ``bounded_load`` (a regular file of at most ``max_bytes``; a
+    FIFO, a device or a symlink to one is refused without reading it, never a hang). ``LoadError`` (a
+    ``ValueError``) for such a file, for a line that is not bounded JSON, and for a missing file."""
+    from reshardctl.bounded_load import loads_json, read_text
+
+    return [loads_json(line) for line in read_text(path, max_bytes).splitlines() if line.strip()]
+
+
+def event_texts(events_dir: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> Iterator[str]:
+    """The text of each ``rank-*.jsonl`` under ``events_dir`` that is a readable regular file of at most
+    ``max_bytes``; the others are skipped (``unreadable_logs`` names them for the summary)."""
+    from reshardctl.bounded_load import LoadError, read_text
+
+    for f in sorted(Path(events_dir).glob("rank-*.jsonl")):
+        try:
+            yield read_text(f, max_bytes)
+        except LoadError:
+            continue
+
+
+def unreadable_logs(events_dir: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> list[str]:
+    """``<file>: <why> (skipped)`` for each ``rank-*.jsonl`` under ``events_dir`` that readers skip: not a
+    regular file (checked on an opened descriptor, non-blocking: never a hang) or over ``max_bytes``."""
+    from reshardctl.bounded_load import LoadError, open_regular, read_fd
+
+    out = []
+    for f in sorted(Path(events_dir).glob("rank-*.jsonl")):
+        try:
+            fd = open_regular(f)
+        except LoadError as exc:
+            if not exc.missing:
+                out.append(f"{f}: {exc} (skipped)")
+            continue
+        try:
+            if os.fstat(fd).st_size > max_bytes:
+                read_fd(fd, max_bytes)  # raises, with the sizes
+        except LoadError as exc:
+            out.append(f"{f}: {exc} (skipped)")
+        finally:
+            os.close(fd)
+    return out

@@ -1,4 +1,5 @@
-"""Read a file a rank unpickles (a session file, a plan file): only when this rank's user owns it and its
+"""Read a file a rank loads from a run directory (a session file, a plan file it unpickles; a calibration
+rank's spec, which says where it writes): only when this rank's user owns it and its
 directory, and nobody else can write either.
 
 A pickle runs code when it is loaded, so a session file another user could write or replace is that
@@ -47,10 +48,10 @@ def _check(st: os.stat_result, what: str) -> None:
                                  f"another user could have replaced it)")
 
 
-def read_trusted(path: str | os.PathLike, kind: str = "session file") -> bytes:
+def read_trusted(path: str | os.PathLike, kind: str = "session file", max_bytes: int | None = None) -> bytes:
     """The bytes of ``path`` when it is a regular file owned by this process's user, not writable by
     group or others, in a directory that is the same; else ``UntrustedFileError`` naming the path.
-    ``OSError`` when it cannot be opened or read."""
+    ``OSError`` when it cannot be opened or read; ``max_bytes``: at most that many (``LoadError`` past it)."""
     path = os.path.abspath(os.fspath(path))
     parent, name = os.path.split(path)
     dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -64,6 +65,10 @@ def read_trusted(path: str | os.PathLike, kind: str = "session file") -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise UntrustedFileError(f"the {kind} {path} is not a regular file: refused, nothing loaded")
         _check(st, f"the {kind} {path}")
+        if max_bytes is not None:
+            from reshardctl.bounded_load import read_fd
+
+            return read_fd(fh.fileno(), max_bytes)
         return fh.read()
 
 
