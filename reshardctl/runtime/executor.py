@@ -20,10 +20,15 @@ staging block, the receiver's arena after landing, or its staging block after th
 into place and read back (so the copy is covered too); one ``segment_checksums`` pass per buffer.
 Local copies (a bucket root's own pieces, bucket -> staged weights) are compared byte for byte.
 
-On CUDA (docs/gpu.md): packing, unpacking and checksums run on a side stream that first waits on the
-current (producer) stream; posts wait on the side stream, unpacking waits on the transfer; and the
-executor never has operations outstanding on two NCCL communicators at once (a broadcast on a
-bucket's sub-communicator is not overlapped with point-to-point on the world one).
+On CUDA (docs/gpu.md, "Stream discipline"): packing, unpacking and checksums run on a side stream that
+first waits on the current (producer) stream; posts wait on the side stream, unpacking waits on the
+transfer (``work.wait()``, then a stream wait), staging blocks are reused after their release event
+(buffer_pool.py): the steps are ordered on the device and the host never blocks per step. It blocks once
+per refit, on an event after the last unpack (``_drain``), while a ``DeadlineWatch`` thread
+(deadline_watch.py) holds every step's deadline and the store's failure check and aborts the
+communicators past the one or at the other. The executor never has operations on two NCCL
+communicators in flight at once (a broadcast on a bucket's sub-communicator is ordered after the
+point-to-point on the world one, on the device).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.checksum_exchange import ChecksumExchange
 from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
-from reshardctl.runtime.groups import Abandoned, Groups, wait_works
+from reshardctl.runtime.deadline_watch import DeadlineWatch
+from reshardctl.runtime.groups import Abandoned, Groups, abort_data_plane, raise_outcome, wait_works
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.piece_copy import (PieceViews, Pieces, bucket_pieces, copy_checked, copy_pieces,
                                            message_pieces)
@@ -128,6 +134,7 @@ class Executor:
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.timings = PhaseTimings(self.device) if self.cuda else None  # device time of GPU phases
+        self._watch: DeadlineWatch | None = None  # CUDA: the refit's transfers, watched by a helper thread
         self.sums = ChecksumExchange(self.rank, groups, self.program.out_messages, self.program.in_messages)
         self._places: dict[tuple[int, int], int | None] = {}
         self._copies: dict[tuple[int, int], tuple | None] = {}  # staged messages copied by chunk index
@@ -157,8 +164,22 @@ class Executor:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def _settle(self) -> None:
+        """The host waits for what the side stream enqueued so far: one event, recorded now (blocking:
+        the host sleeps, no spin), not the whole device."""
         if self.stream is not None:
-            self.stream.synchronize()
+            done = torch.cuda.Event(blocking=True)
+            done.record(self.stream)
+            done.synchronize()
+
+    def _released(self):
+        """CUDA: an event after the side stream's last use of a step's blocks (its unpack and checksums,
+        which the side stream enqueued after the step's transfer); the pool makes the next user's stream
+        wait on it, so a block is reused stream-ordered, without the host."""
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
 
     # ---- messages ----------------------------------------------------------------------------------
     def _place(self, m: Message, local) -> int | None:
@@ -281,9 +302,9 @@ class Executor:
             self.sums.settle(blk)
 
     def _release(self, p: _Pending) -> None:
-        self._settle()
+        ev = self._released()
         for b in p.blocks:
-            self.pool.release(b)
+            self.pool.release(b, ev)
         p.blocks.clear()
 
     def _post(self, ops: list, what: str) -> list:
@@ -296,6 +317,9 @@ class Executor:
 
     def _wait(self, p: _Pending) -> None:
         what = f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers}"
+        if self._watch is not None:
+            self._order_after(p, what)
+            return
         try:
             wait_works(p.works, self.groups, self.groups.timeout.total_seconds(), what)
         except Abandoned as exc:
@@ -306,6 +330,48 @@ class Executor:
             err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
             raise err from exc
         self._after_wait()
+
+    def _order_after(self, p: _Pending, what: str) -> None:
+        """CUDA: the step's consumers ordered after its transfer on the device (``work.wait()``: the
+        current stream waits for NCCL's; then the side stream for the current), the host not blocked;
+        the refit's ``DeadlineWatch`` holds the step's deadline (``_drain``)."""
+        try:
+            for w in p.works:
+                w.wait()
+        except RuntimeError as exc:  # a communicator already failed or aborted
+            err = TransferError(f"{what} failed: {exc}")
+            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise err from exc
+        self._watch.watch(p.works, p)
+        self._after_wait()
+
+    def _drain(self) -> None:
+        """CUDA, end of a refit's steps: the host's one wait for the transfers (an event after the side
+        stream's last unpack), released early by the watch's abort past a step's deadline or at another
+        rank's failure, which is then raised naming that step."""
+        error: BaseException | None = None
+        try:
+            self._settle()
+        except RuntimeError as exc:
+            error = exc
+        self._watch.stop()
+        self._raise_watched()
+        if error is not None:
+            raise TransferError(f"rank {self.rank}: refit {self.step_no}: {error}") from error
+
+    def _raise_watched(self) -> None:
+        """The refit's watch aborted: its reason raised, naming the step (``Abandoned`` or a timeout)."""
+        o = self._watch.outcome
+        if o is not None:
+            p = o.label
+            what = f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers}" if p is not None else \
+                f"rank {self.rank}: refit {self.step_no}"
+            try:
+                raise_outcome(o, what, self.groups.timeout.total_seconds())
+            except TransferError as exc:
+                if p is not None:
+                    exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+                raise
 
     def _mark_posted(self, p: _Pending, phase: str, **fields) -> None:
         p.posted_unix, p.posted_at = time.time(), time.perf_counter()
@@ -337,8 +403,28 @@ class Executor:
         stats = ExecStats()
         pending: deque[_Pending] = deque()
         depth = 1 if self.overlap else 0
-        if self.stream is not None:  # the producer's writes (the trainer's weights) before any pack
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if self.stream is None:
+            self._steps(stats, pending, depth)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the producer's writes first
+            self._watch = DeadlineWatch(self.groups.timeout.total_seconds(),
+                                        abort=lambda g=self.groups: abort_data_plane(g),
+                                        failure=self.groups.failure).start()
+            try:
+                try:
+                    self._steps(stats, pending, depth)
+                except (RuntimeError, TransferError):  # a post on a communicator the watch aborted
+                    self._watch.stop()
+                    self._raise_watched()
+                    raise
+                self._drain()
+            finally:
+                self._watch.stop()
+                self._watch = None
+        stats.steps = len(self.program.steps)
+        return stats
+
+    def _steps(self, stats: ExecStats, pending: deque, depth: int) -> None:
         for s in self.program.steps:
             if must_drain(s, [x.kind for x in pending], is_infer=self.is_infer, one_communicator=self.cuda):
                 while pending:
@@ -348,8 +434,6 @@ class Executor:
                 self._finish(pending.popleft(), stats)
         while pending:
             self._finish(pending.popleft(), stats)
-        stats.steps = len(self.program.steps)
-        return stats
 
     def exchange_checksums(self) -> None:
         with self._side():

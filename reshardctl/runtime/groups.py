@@ -18,9 +18,10 @@
 * The control plane: one gloo group over every rank, with the run's timeout: the common start, the
   checksum exchange, the vote and the decision (refit.py); its all-reduces are binomial trees of
   point-to-point messages (``tree_all_reduce``: ``2 ceil(log2 n)`` steps, where gloo's ring takes
-  ``2 (n - 1)``). Every wait is bounded (``wait_works``): gloo
-  raises on a dead or silent peer within the timeout, NCCL works are polled against a CPU-side deadline,
-  and a rank stops waiting as soon as another rank published a failure of the attempt in the store.
+  ``2 (n - 1)``). Every wait is bounded (``wait_works``): gloo raises on a dead or silent peer within
+  the timeout; on NCCL the host blocks in an event while a helper thread holds the deadline
+  (``deadline_watch.py``) and aborts past it; and a rank stops waiting as soon as another rank
+  published a failure of the attempt in the store.
 * Attempts: ``rebuild`` tears every group down and builds fresh ones under a new store prefix
   (``attempt-<k>``), after every rank settled (``settle``), so nothing left posted by a failed attempt
   can match the next one's messages. On CUDA every failed refit leaves through ``abort_after_failure``
@@ -49,6 +50,7 @@ import torch.distributed as dist
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound
 from reshardctl.runtime import nccl_watchdog
+from reshardctl.runtime.deadline_watch import DeadlineWatch
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.run_store import (
     CHECK_KEY, RunKeys, RunStore, answers, challenge, for_torch, listen_fd, read_sealed, scoped, seal, unseal,
@@ -423,37 +425,49 @@ def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, w
         raise SubtreeLost(f"result complete here, not forwarded to {'; '.join(lost)}")
 
 
-def wait_works(works, groups: "Groups | None", timeout_s: float, what: str) -> None:
+def wait_works(works, groups: "Groups | None", timeout_s: float, what: str, *, device: bool | None = None) -> None:
     """Wait for posted ops, bounded: complete (or raise: a dead peer, a backend timeout) within
     ``timeout_s``, and stop at once when another rank published a failure of this attempt
-    (``Abandoned``). gloo works are waited in a helper thread (their ``wait`` blocks, bounded by the
-    group timeout) while this thread watches the store; NCCL works, whose ``wait`` only orders the
-    stream, are polled (``is_completed``) against the same CPU-side deadline, past which the NCCL
-    communicators are aborted (the process lives on to report)."""
+    (``Abandoned``). gloo works (``device`` False, or a CPU data plane) are waited in a helper thread
+    (their ``wait`` blocks, bounded by the group timeout) while this thread watches the store
+    (``run_bounded``). NCCL works (``device``, default: the data plane is CUDA): ``work.wait()`` orders
+    the current stream after the transfer, then this thread blocks in one ``Event.synchronize()`` on
+    that stream while a ``DeadlineWatch`` thread holds the deadline and the store's failure check and
+    aborts reshardctl's communicators past the one or at the other (the abort ends the kernels and so
+    releases the blocked thread; the process lives on to report)."""
     works = list(works)
     if not works:
         return
-    if groups is None or groups.device.type != "cuda":
+    if device is None:
+        device = groups is not None and groups.device.type == "cuda"
+    if not device:
         run_bounded(lambda: wait_all(works), groups, timeout_s, what)
         return
-    end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
-    nap, next_check = 1e-4, time.monotonic() + 0.05
-    while True:
-        if all(w.is_completed() for w in works):
+    watch = DeadlineWatch(timeout_s, abort=lambda: abort_data_plane(groups), failure=groups.failure)
+    watch.watch(works, what)
+    error: BaseException | None = None
+    with watch:
+        try:
             for w in works:
-                w.wait()
-            return
-        time.sleep(nap)
-        nap = min(nap * 2, 0.005)
-        now = time.monotonic()
-        if groups.store is not None and now >= next_check:
-            next_check = now + 0.1
-            rec = groups.failure()
-            if rec is not None:
-                raise Abandoned(f"{what}: stopped waiting: {rec}")
-        if now > end:
-            abort_data_plane(groups)
-            raise TransferError(f"{what}: not complete within {timeout_s:g} s")
+                w.wait()  # NCCL: the current stream waits for the transfer; the host does not
+            done = torch.cuda.Event(blocking=True)  # blocking: the host sleeps in the wait, no spin
+            done.record(torch.cuda.current_stream(groups.device))
+            done.synchronize()
+        except RuntimeError as exc:  # an aborted or failed communicator
+            error = exc
+    raise_outcome(watch.outcome, what, timeout_s)
+    if error is not None:
+        raise error
+
+
+def raise_outcome(outcome, what: str, timeout_s: float) -> None:
+    """A ``DeadlineWatch`` that aborted as an exception: ``Abandoned`` (another rank's failure) or
+    ``TransferError`` (past the deadline); nothing when it did not abort."""
+    if outcome is None:
+        return
+    if outcome.kind == "failure":
+        raise Abandoned(f"{what}: stopped waiting: {outcome.record}")
+    raise TransferError(f"{what}: not complete within {timeout_s:g} s")
 
 
 def wait_all(works) -> None:
