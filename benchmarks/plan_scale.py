@@ -40,7 +40,8 @@ CHILD = r"""
 import json, resource, sys, time
 from reshardctl.layout.build import build_layout
 from reshardctl.models import load_model
-from reshardctl.plan.cost import Links, lower_bound, predict
+from reshardctl.plan.cost import Links, predict
+from reshardctl.plan.lower_bound import lower_bound
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.stats import p2p_stats
 from reshardctl.site import load_profile

@@ -19,8 +19,8 @@ import json
 import os
 import tempfile
 
-from reshardctl.plan.inputs import prepare
-from reshardctl.plan.model import TRANSPORTS
+from reshardctl.request.resolve import prepare
+from reshardctl.plan.refit_plan import TRANSPORTS
 from reshardctl.runs.session import run_refit_session
 
 CASES = [

@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 ap = argparse.ArgumentParser()
 ap.add_argument("--base", required=True, help="the base tree's reshardctl/runtime/span_copy.py")
 args = ap.parse_args()
-from reshardctl.plan.inputs import prepare
+from reshardctl.request.resolve import prepare
 from reshardctl.runs.session import plan_transports
 from reshardctl.runtime.program import compile_program
 from reshardctl.runtime.local_weights import LocalWeights

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
@@ -49,7 +49,7 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
                infer_style: str = "vllm", train_layout: str | None = None, infer_layout: str | None = None,
                bucket_mb: float | None = None, relay: str = "auto") -> Plan:
     """Build a plan from the same inputs as ``reshardctl plan`` (validated the same way)."""
-    from reshardctl.plan.inputs import prepare
+    from reshardctl.request.resolve import prepare
     from reshardctl.plan.planner import build_plan
 
     inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,

@@ -30,7 +30,7 @@ TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
 
 
 def planner_plan(model: str, train: str, infer: str, transport: str, bucket_mb: int | None):
-    from reshardctl.plan.inputs import prepare
+    from reshardctl.request.resolve import prepare
     from reshardctl.plan.planner import build_plan
 
     inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.routing import TransferTable
 from reshardctl.plan.stats import (
     K, MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats,

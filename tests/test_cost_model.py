@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from plan_fixtures import SplitLayout, toy_model
 from reshardctl.errors import ProfileError
-from reshardctl.plan.cost import TERMS, Links, _round_terms, lower_bound, predict
+from reshardctl.plan.cost import TERMS, Links, _round_terms, predict
+from reshardctl.plan.lower_bound import lower_bound
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.stats import K, MSGS, NIC_RECV, NIC_SEND, NVL_SEND, PACK_SEND, p2p_stats
 from reshardctl.topology import Topology

@@ -187,7 +187,7 @@ def test_gpu_memory_is_checked_per_rank():
 _FROM_STDIN = """
 import sys
 from reshardctl.launch import local
-from reshardctl.plan.inputs import prepare
+from reshardctl.request.resolve import prepare
 from reshardctl.runs.session import run_refit_session
 if sys.argv[1] == "unchecked":  # as before the check: the ranks are spawned and die re-importing '<stdin>'
     local.check_main_importable = lambda: None

@@ -92,7 +92,7 @@ def test_dtensor_style_matches_vllm_for_plain_tp():
 
 def test_allocation_message():
     """The one allocation rule (plan, run, layout show --site): nodes each side needs vs the site's nodes."""
-    from reshardctl.plan.inputs import topology_or_problems
+    from reshardctl.request.resolve import topology_or_problems
     from reshardctl.site import load_profile
 
     m = tiny_qwen3_moe()

@@ -12,7 +12,7 @@ import pytest
 from reshardctl.cli import main
 from reshardctl.layout.build import build_layout
 from reshardctl.models import load_model
-from reshardctl.plan.serialize import load_plan
+from reshardctl.plan_files.serialize import load_plan
 from reshardctl.site import load_profile
 from reshardctl.topology import Topology
 
@@ -94,7 +94,7 @@ def test_bad_bucket_mb(capsys, value, needle):
 def test_relay_auto_rule():
     """Concrete outcomes, not the formula again: on for dgx-h100 and gb200-nvl72, off for local
     (cpu_only) and for a GPU site whose NVLink is less than twice its per-GPU NIC bandwidth."""
-    from reshardctl.plan.inputs import resolve_relay
+    from reshardctl.request.resolve import resolve_relay
     from reshardctl.site import parse_profile
 
     assert resolve_relay("auto", load_profile("dgx-h100"))[0] is True    # 450 GB/s >= 2 x 50 GB/s

@@ -15,9 +15,9 @@ from plan_fixtures import SplitLayout, toy_model
 from reshardctl.errors import PlanError
 from reshardctl.layout.build import build_layout
 from reshardctl.models import load_model
-from reshardctl.plan.model import TRANSPORTS
+from reshardctl.plan.refit_plan import TRANSPORTS
 from reshardctl.plan.planner import build_plan, fingerprint
-from reshardctl.plan.serialize import FORMAT, load_plan, read_meta, save_plan
+from reshardctl.plan_files.serialize import FORMAT, load_plan, read_meta, save_plan
 from reshardctl.topology import Topology
 
 

@@ -311,7 +311,7 @@ def test_fingerprint_sees_placements_not_only_describe(tmp_path):
     import json
 
     from reshardctl.layout.layout_file import load_layout_file
-    from reshardctl.plan.serialize import load_plan, save_plan
+    from reshardctl.plan_files.serialize import load_plan, save_plan
 
     m = toy_model([(8, 4)])
     path = tmp_path / "infer.json"
@@ -337,7 +337,8 @@ def test_lower_bound_counts_overlapping_holdings_once():
     """Regression: two inference ranks of one domain hold [0, 6k) and [2k, 8k) of an 8k-element bf16
     tensor. The domain needs 16k bytes of distinct bytes, not 24k (the sum over replica classes); with
     one NIC per node the old bound (24k / nic) was above the broadcast plan (16k / nic)."""
-    from reshardctl.plan.cost import Links, lower_bound, predict
+    from reshardctl.plan.cost import Links, predict
+    from reshardctl.plan.lower_bound import lower_bound
 
     n = 8 << 16
     m = toy_model([(n,)])

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from plan_checker import check_plan, naive_cross_domain_bytes
 from plan_fixtures import SplitLayout, toy_model
-from reshardctl.plan.cost import Links, lower_bound, predict
-from reshardctl.plan.model import HYBRID_RESHARD_ROLES
+from reshardctl.plan.cost import Links, predict
+from reshardctl.plan.lower_bound import lower_bound
+from reshardctl.plan.refit_plan import HYBRID_RESHARD_ROLES
 from reshardctl.plan.planner import build_plan
 from reshardctl.plan.stats import p2p_stats
 from reshardctl.topology import Topology

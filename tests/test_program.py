@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 
-from reshardctl.plan.model import TRANSPORTS
+from reshardctl.plan.refit_plan import TRANSPORTS
 from reshardctl.plan.planner import build_plan
 from reshardctl.runtime.executor import arena_place
 from reshardctl.runtime.local_weights import LocalWeights

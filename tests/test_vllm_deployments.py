@@ -228,7 +228,7 @@ def test_engines_and_in_engine_expert_holders(name, spec, mode):
 
 
 def test_nemo_rl_layouts_accepted_by_plan_inputs():
-    from reshardctl.plan.inputs import prepare
+    from reshardctl.request.resolve import prepare
 
     for model, train, infer in (("deepseek-v3", "pp=16,ep=16,first=3,last=2", "tp=32,dp=8,ep=32"),
                                 ("qwen3-235b-a22b", "tp=4,pp=8,ep=16,first=11,last=11", "tp=8,dp=16,ep=8")):

@@ -90,7 +90,7 @@ def show(
                              "both sides need must fit in the site's nodes; builds both sides)."),
 ) -> None:
     """Print, per HF tensor, which ranks hold which boxes (or, with --rank, that rank's parameters)."""
-    from reshardctl.plan.inputs import layout_or_problems, topology_or_problems
+    from reshardctl.request.resolve import layout_or_problems, topology_or_problems
 
     if side not in ("train", "infer", "both"):
         raise InputError(f"--side {side!r}: expected train, infer or both")
@@ -181,7 +181,7 @@ def export(
 
     from reshardctl.atomic_write import output_problem
     from reshardctl.layout.layout_file import export_layout_file
-    from reshardctl.plan.inputs import layout_file_problems, layout_or_problems, topology_or_problems
+    from reshardctl.request.resolve import layout_file_problems, layout_or_problems, topology_or_problems
 
     problems: list[str] = []
     if side not in ("train", "infer"):

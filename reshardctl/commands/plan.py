@@ -1,7 +1,7 @@
 """`reshardctl plan`: plan a refit for a site, a model and two layouts; compare the transports.
 
 Everything is validated before any planning (every layout problem listed at once, exit code 2), and
-nothing is written unless the whole run succeeds (see reshardctl/plan/export.py).
+nothing is written unless the whole run succeeds (see reshardctl/plan_files/export.py).
 Reference: docs/plan-format.md.
 """
 
@@ -19,9 +19,9 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.plan.export import write_outputs
-from reshardctl.plan.inputs import prepare
-from reshardctl.plan.report import plan_report
+from reshardctl.plan_files.export import write_outputs
+from reshardctl.request.resolve import prepare
+from reshardctl.plan_report import plan_report
 
 
 def _b(n: float) -> str:

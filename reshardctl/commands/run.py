@@ -16,8 +16,8 @@ from rich.table import Table
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, TransferError
-from reshardctl.plan.inputs import prepare
-from reshardctl.plan.model import TRANSPORTS
+from reshardctl.request.resolve import prepare
+from reshardctl.plan.refit_plan import TRANSPORTS
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")

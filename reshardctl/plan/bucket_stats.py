@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Cost model v2: predicted refit seconds per transport, broken down by term (docs/cost-model.md).
 
 Pure: the figures come in a ``Links`` built from the site profile's datasheet figures, or from a
-calibration file read by the input layer (``plan/inputs.py``). No fitted constants.
+calibration file read by the input layer (``request/resolve.py``). No fitted constants.
 
 A step (a p2p round, or a bucket's gather / broadcast / unpack) costs, per term:
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reshardctl.plan.bucket_stats import BucketStats, bucket_stats
-from reshardctl.plan.lower_bound import LowerBound, lower_bound  # noqa: F401  (re-exported)
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.stats import (
     MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, p2p_stats,
 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.pairs import owners_overlap
 
 

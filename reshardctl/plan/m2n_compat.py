@@ -158,7 +158,7 @@ def fan_units(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: 
     """One routed instance (no relays) per group of tensors with the same placements, standing for
     every tensor of the group: the planner rotates source replicas from instance to instance, which
     changes which replica feeds a destination, not how many distinct ranks do."""
-    from reshardctl.plan.model import Unit
+    from reshardctl.plan.refit_plan import Unit
     from reshardctl.plan.reshard import route_requests, routing_requests
 
     requests = routing_requests(model, train, infer, topology, rotate_replicas=False)

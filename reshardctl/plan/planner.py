@@ -11,7 +11,7 @@ from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.broadcast import build_buckets
-from reshardctl.plan.model import HYBRID_RESHARD_ROLES, TRANSPORTS, Plan
+from reshardctl.plan.refit_plan import HYBRID_RESHARD_ROLES, TRANSPORTS, Plan
 from reshardctl.plan.reshard import build_units, schedule_rounds
 from reshardctl.topology import Topology
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec, TensorSpec
-from reshardctl.plan.model import Unit
+from reshardctl.plan.refit_plan import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.topology import infer_rank_of, is_trainer
 
 # rows of a traffic matrix [K, world]: bytes per link and direction, messages (the executor's, wire.py:

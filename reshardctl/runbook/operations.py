@@ -46,7 +46,7 @@ class RollbackResult:
 
 
 def _prepare(site: str, args: dict[str, Any], transport: str):
-    from reshardctl.plan.inputs import prepare
+    from reshardctl.request.resolve import prepare
 
     full = {"model": "tiny-llama", "layers": None, "train": None, "infer": None, "train_style": "megatron",
             "infer_style": "vllm", "train_layout": None, "infer_layout": None, "bucket_mb": None, "relay": "auto"}

@@ -6,7 +6,7 @@ The only place the runbook starts ranks, through ``runs.session.run_refit_sessio
 
 from __future__ import annotations
 
-from reshardctl.plan.inputs import Inputs
+from reshardctl.request.resolve import Inputs
 from reshardctl.runs.session import SessionResult, run_refit_session
 
 TRANSPORT = "gather_broadcast"

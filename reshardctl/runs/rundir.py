@@ -3,7 +3,7 @@
 ```
 runs/<UTC time>-<label>/
   command.txt        the command line that produced it
-  plan-<t>.npz       the plan of each transport (reshardctl/plan/serialize.py)
+  plan-<t>.npz       the plan of each transport (reshardctl/plan_files/serialize.py)
   plan.json          the plan report (predicted times, lower bound, bytes)
   events/rank-N.jsonl one JSON line per phase per rank (written by the ranks)
   run.json           who started it (user, uid, host, pid), when, and its state (running, finished,

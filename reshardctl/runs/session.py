@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Callable
 
 from reshardctl.errors import InputError, Interrupted, RecordError, ReshardError, TransferError
-from reshardctl.plan.cost import lower_bound, predict
-from reshardctl.plan.inputs import Inputs
-from reshardctl.plan.model import Plan
+from reshardctl.plan.cost import predict
+from reshardctl.plan.lower_bound import lower_bound
+from reshardctl.request.resolve import Inputs
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.planner import build_plan
-from reshardctl.plan.report import infer_needed_bytes, inputs_json, transport_report
-from reshardctl.plan.serialize import save_plan
+from reshardctl.plan_report import infer_needed_bytes, inputs_json, transport_report
+from reshardctl.plan_files.serialize import save_plan
 from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, private_umask, started_by, write_command,
                                     write_json)
 from reshardctl.runs.failures import drill_rows, failure_summary
@@ -313,7 +314,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
         fallback = plans.get("gather_broadcast") or plan_transports(inp, ["gather_broadcast"], launcher)["gather_broadcast"]
     if checkpoint is not None:
-        from reshardctl.runtime.checkpoint_check import check_checkpoint
+        from reshardctl.runs.checkpoint_check import check_checkpoint
 
         check_checkpoint(inp.model, checkpoint)
     memory = None

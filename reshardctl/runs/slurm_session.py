@@ -16,8 +16,8 @@ from typing import Callable
 from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError
 from reshardctl.launch.slurm_cli import check_job_id
-from reshardctl.plan.inputs import Inputs
-from reshardctl.plan.model import Plan
+from reshardctl.request.resolve import Inputs
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.runs.rundir import launcher_alive, mark_run, read_run, settle, settle_local
 from reshardctl.runs.session import (
     SESSION_JSON,

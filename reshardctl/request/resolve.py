@@ -16,7 +16,7 @@ from pathlib import Path
 
 from reshardctl.atomic_write import output_problem
 from reshardctl.errors import InputError, LayoutError
-from reshardctl.plan.model import TRANSPORTS
+from reshardctl.plan.refit_plan import TRANSPORTS
 from reshardctl.site.spec import bucket_mb_problem
 
 TRANSPORT_CHOICES = TRANSPORTS + ("all",)

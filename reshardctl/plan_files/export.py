@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reshardctl.atomic_write import StagedWrites
 from reshardctl.errors import OutputError
-from reshardctl.plan.model import Plan
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.topology import infer_rank_of, side_of_global
 
 
@@ -64,7 +64,7 @@ def _write_files(d: Path, plans: dict[str, Plan], result: dict, file_for,
     """Write every output file for directory ``d`` to ``file_for(final path)``; return (written, final name).
     ``extra``: more files by relative name (``slurm/hetjob.sbatch``), text or bytes. Private to the user:
     files 0600, subdirectories 0700 (``session.pkl`` holds the run token and is unpickled by the ranks)."""
-    from reshardctl.plan.serialize import save_plan
+    from reshardctl.plan_files.serialize import save_plan
 
     done = []
     for t, p in plans.items():

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from reshardctl.plan.inputs import Inputs
-from reshardctl.plan.model import Plan
+from reshardctl.request.resolve import Inputs
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.topology import side_of_global
 
 LINK_CLASSES = ("intra_node", "intra_domain", "cross_domain")
@@ -67,7 +67,7 @@ def infer_needed_bytes(model, infer) -> int:
 
 def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
     """Plan every requested transport (+ candidates); return the plans and the ``--json`` object."""
-    from reshardctl.plan.cost import lower_bound
+    from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
 
@@ -105,7 +105,8 @@ def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | No
     """Rank the candidate inference layouts. ``current``: the plan of ``transport`` for the current layout,
     its report row and its lower bound, already computed (the current candidate reuses them); a candidate
     repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row."""
-    from reshardctl.plan.cost import lower_bound, predict
+    from reshardctl.plan.cost import predict
+    from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.planner import build_plan
 
     rows = []

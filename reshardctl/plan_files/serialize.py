@@ -35,7 +35,7 @@ from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
-from reshardctl.plan.model import Plan, Unit
+from reshardctl.plan.refit_plan import Plan, Unit
 from reshardctl.plan.rounds import Entry, Round
 from reshardctl.plan.routing import TransferTable
 from reshardctl.plan.schedule import BroadcastBucket, PeerRegions, Region
