@@ -140,27 +140,28 @@ def test_a_killed_rank_is_in_the_summary_and_printed_first(tmp_path, small, caps
 def test_a_failed_run_says_its_root_cause_once_on_stderr(tmp_path, small):
     """Through the real CLI (a process of its own, real stdout and stderr) with a real drill: the root
     cause once, on stderr; the other ranks summarised in one line, none of their messages repeated; stdout
-    holds the results (table, run directory, detection time) and no error."""
+    holds the results (table, run directory, detection time) and no error. Four ranks (tp=2 -> tp=2): three
+    knock-on failures show the summary as well as seven did, for half the rank processes."""
     import subprocess
     import sys
 
     out = tmp_path / "kill"
-    p = subprocess.run([sys.executable, "-m", "reshardctl", "run", "--model", small, "--train", "tp=2,dp=2",
-                        "--infer", "tp=2,dp=2", "--iters", "1", "--timeout-s", "10", "--out", str(out),
-                        "--inject", "kill:rank=5:phase=transfer"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "reshardctl", "run", "--model", small, "--train", "tp=2",
+                        "--infer", "tp=2", "--iters", "1", "--timeout-s", "10", "--out", str(out),
+                        "--inject", "kill:rank=3:phase=transfer"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stderr
     both = p.stdout + p.stderr
     assert both.count("root cause") == 1 and p.stderr.count("killed by signal 9") == 1
-    assert "root cause: rank 5 (infer 1" in p.stderr and "RankLost" in p.stderr
-    assert "7 other ranks stopped because of it: " in p.stderr
+    assert "root cause: rank 3 (infer 1" in p.stderr and "RankLost" in p.stderr
+    assert "3 other ranks stopped because of it: " in p.stderr
     s = json.loads((out / "summary.json").read_text())
-    assert s["knock_on_failures"] == 7 and s["error"] in p.stderr  # summary.json says what stderr says
+    assert s["knock_on_failures"] == 3 and s["error"] in p.stderr  # summary.json says what stderr says
     # no knock-on message (each one repeats the root cause) on either stream
     for f in s["transports"]["reshard"]["failures"][1:]:
         assert f["message"] not in both
     for word in ("root cause", "RankLost", "TransferError", "Abandoned", "failed:", "signal 9"):
         assert word not in p.stdout, word
-    assert f"run directory: {out}" in p.stdout and "detection: all 7 other ranks stopped within" in p.stdout
+    assert f"run directory: {out}" in p.stdout and "detection: all 3 other ranks stopped within" in p.stdout
     assert "Traceback" not in both and len(p.stderr.splitlines()) <= 4
 
 
