@@ -456,6 +456,31 @@ def test_an_expert_map_fifo_is_refused_not_read(tmp_path):
 
 
 # ------------------------------------------------- run.json and events files read by jobs/collect ----
+@pytest.fixture(scope="module")
+def ended_job(tmp_path_factory) -> str:
+    """The id of a real het job (two components) that ended, COMPLETED in the test cluster's accounting:
+    `collect` finds its final record at once. An id accounting never knew made every `collect` below
+    wait out the accounting lag (launch/slurm.py ``SACCT_LAG_S``, 15 s) first; without a cluster that is
+    still what happens (the id below), slower but the same checks."""
+    import shutil
+    import time
+
+    if shutil.which("sbatch") is None:
+        return "999999"
+    script = tmp_path_factory.mktemp("ended-job") / "het.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --output=/dev/null\n#SBATCH --ntasks=1\n#SBATCH hetjob\n"
+                      "#SBATCH --ntasks=1\ntrue\n")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.strip().split(";")[0]
+    for _ in range(600):  # a hang guard (5 min), not a time limit: it ends within seconds
+        rows = subprocess.run(["sacct", "-n", "-P", "-X", "--format=JobID,State", f"--jobs={job}"],
+                              capture_output=True, text=True, timeout=60).stdout.split()
+        if sum(r.startswith(f"{job}+") and r.endswith("|COMPLETED") for r in rows) == 2:
+            return job
+        time.sleep(0.5)
+    pytest.fail(f"the test cluster's accounting never recorded job {job} as COMPLETED")
+
+
 def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str = "999999") -> None:
     """Make ``run`` look like a Slurm run of this tool: in the run index, with ``slurm/jobs.json``."""
     _jobs_json(run, job)
@@ -466,11 +491,11 @@ def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str = "999999") -> None
 
 
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
-def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_copy, target):
+def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_copy, ended_job, target):
     """``run.json`` is read by `jobs` (settling a run) and `collect`: a FIFO hung both (before the
     bounded read), /dev/zero was read without bound. Now `collect` refuses it (exit 2, the file named)
     and `jobs` lists the run with a note naming it; `status` and `report` do not read it."""
-    _unsettled_slurm_run(tmp_path, run_copy)
+    _unsettled_slurm_run(tmp_path, run_copy, ended_job)
     f = run_copy / "run.json"
     f.unlink()
     kind = "is a FIFO (named pipe), not a file" if target == "fifo" else "is a character device, not a file"
@@ -488,11 +513,11 @@ def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_co
 
 
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
-def test_a_fifo_or_zero_events_file_is_skipped_with_a_note_by_collect(tmp_path, run_copy, target):
+def test_a_fifo_or_zero_events_file_is_skipped_with_a_note_by_collect(tmp_path, run_copy, ended_job, target):
     """`collect` (building summary.json: drills, where lost ranks stopped) read every events file plainly:
     a FIFO hung it. Now the file is skipped and named in summary.json's ``record_errors`` and in the
     error (exit 1: the record is incomplete); `report` refuses it (exit 2)."""
-    _unsettled_slurm_run(tmp_path, run_copy)
+    _unsettled_slurm_run(tmp_path, run_copy, ended_job)
     f = run_copy / "events" / "rank-0.jsonl"
     f.unlink()
     kind = "is a FIFO (named pipe), not a file" if target == "fifo" else "is a character device, not a file"
