@@ -2,7 +2,7 @@
 (not the profile's timeout), a lost rank costs no extra timeout, SIGTERM/SIGHUP to `reshardctl run`
 cancel the job like Ctrl-C, and a run whose launcher was killed outright is settled by `reshardctl jobs`.
 
-The shipped `slurm-local` profile says `refit.timeout_s: 120`; the runs here say `--timeout-s 10` (or 20):
+The shipped `slurm-local` profile says `refit.timeout_s: 120`; the runs here say `--timeout-s 6` (or 30):
 the bounds asserted are the run's. The job's end is accounting's (`sacct`, whole seconds).
 """
 
@@ -23,7 +23,7 @@ from reshardctl.cli import main
 
 from test_slurm_cluster import LAYOUT, _private_state, _summary, _wait_for, cluster, model  # noqa: F401 - fixtures
 
-TIMEOUT = 10
+TIMEOUT = 6  # as the Slurm commit drill (test_commit_protocol.py): a hang or a stop costs this, so keep it short
 SITE = "slurm-local"  # refit.timeout_s: 120 (the old srun --wait: 180 s)
 
 
