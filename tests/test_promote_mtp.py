@@ -72,11 +72,11 @@ def test_a_run_without_or_with_a_bad_request_is_bad_input(tmp_path, mtp_bench, c
 
 
 def test_rollback_verify_assumes_no_model(tmp_path, capsys):
-    """Layout flags without --model and no promotion to take the rest from: bad input, nothing runs
-    (the runbook used to validate tiny-llama silently)."""
+    """Layout flags without --model: bad input, nothing runs (the runbook used to validate tiny-llama
+    silently)."""
     state = tmp_path / "state"
     site = site_profile(tmp_path, "s", budget_s=60, state_dir=state)
     capsys.readouterr()
     assert main(["rollback", "--site", site, "--verify", "--train", "tp=1", "--infer", "tp=1"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "the command line names no --model" in err and ledger_lines(state) == []
+    assert "the layout flags name no --model (no model is assumed)" in err and ledger_lines(state) == []

@@ -120,22 +120,22 @@ def promote(site: str, run_dir: str, transport: str, *, expected: Mapping[str, A
 
 def rollback_inputs(profile: SiteProfile, entries: list[Entry], given: Mapping[str, Any] | None
                     ) -> tuple[RefitRequest, str]:
-    """The validation refit's request and where its inputs come from: the last promoted run's inputs (from
-    the ledger), with the flags ``given`` on the command line over them; without a promotion that records
-    its inputs, the command line's alone, which must name the model."""
-    given = dict(given or {})
+    """The validation refit's request and where its inputs come from: the flags ``given`` on the command
+    line (which must name the model: none is assumed; the other options keep their defaults), else the
+    last promoted run's inputs recorded in the ledger."""
+    if given:
+        if "model" not in given:
+            raise InputError(f"rollback --verify on site {profile.name}: the layout flags name no --model "
+                             "(no model is assumed)", hint="add --model M (a preset or a path)")
+        return RefitRequest(**given), "the command line"
     last = ledger.last(entries, "promote", ("promoted", "forced"))
-    base, origin = {}, "the command line"
-    if last is not None and isinstance(last.details.get("inputs"), dict):
-        # a ledger of older code records no mtp: a run without MTP layers
-        base = {k: v for k, v in last.details["inputs"].items() if v is not None}
-        origin = f"the last promoted run ({last.run_dir}, {last.time})"
-        origin = "the command line over " + origin if given else origin
-    if "model" in {**base, **given}:
-        return RefitRequest(**{**base, **given}), origin
-    where = (f"no promotion in the ledger {ledger.ledger_path(profile)} records its inputs"
-             + (", and the command line names no --model" if given else ""))
-    raise InputError(f"rollback --verify on site {profile.name}: no layouts to validate with ({where})",
+    inputs = last.details.get("inputs") if last is not None else None
+    if isinstance(inputs, dict) and inputs.get("model") is not None:
+        # the options not recorded (None, or mtp in a ledger of older code) keep their defaults
+        return (RefitRequest(**{k: v for k, v in inputs.items() if v is not None}),
+                f"the last promoted run ({last.run_dir}, {last.time})")
+    raise InputError(f"rollback --verify on site {profile.name}: no layouts to validate with (no promotion in the "
+                     f"ledger {ledger.ledger_path(profile)} records its inputs)",
                      hint="give them: --model M --train SPEC --infer SPEC (or --train-layout/--infer-layout)")
 
 
