@@ -93,3 +93,11 @@ def test_the_defaults_are_the_command_lines():
 
     for name, (_, option) in REQUEST_OPTIONS.items():
         assert option.default == getattr(RefitRequest(), name), name
+
+
+def test_every_field_has_a_json_kind():
+    """A field added to the dataclasses without a kind would be left out of to_json / from_json."""
+    from dataclasses import fields
+
+    assert set(PLAN_KINDS) | {"run"} == {f.name for f in fields(RefitRequest)}
+    assert set(RUN_KINDS) == {f.name for f in fields(RunSettings)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from reshardctl.errors import InputError
@@ -122,8 +122,6 @@ PLAN_KINDS: dict[str, str] = {
 }
 PLAN_INPUTS = ("model", "layers", "mtp", "train", "infer", "train_style", "infer_style", "train_layout",
                "infer_layout", "bucket_mb", "relay")
-assert set(PLAN_KINDS) | {"run"} == {f.name for f in fields(RefitRequest)}
-assert set(RUN_KINDS) == {f.name for f in fields(RunSettings)}
 
 
 def _show(value: Any) -> str:
