@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 
+from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.plan.refit_plan import TRANSPORTS
 from reshardctl.runs.session import run_refit_session
@@ -59,9 +60,7 @@ def main() -> None:
     for label, model, train, infer in CASES:
         # the machine's load moves within minutes (it is shared): calibrate right before each case
         cal = None if args.no_calibrate else calibrate()
-        inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",
-                      infer_style="vllm", train_layout=None, infer_layout=None, transport="all",
-                      bucket_mb=args.bucket_mb, relay="auto")
+        inp = prepare(RefitRequest(model=model, train=train, infer=infer, bucket_mb=args.bucket_mb))
         with tempfile.TemporaryDirectory() as d:
             res = run_refit_session(inp, list(TRANSPORTS), iterations=args.iters, warmup=1, baseline=True, out=d)
         if not res.ok:

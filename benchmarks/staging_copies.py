@@ -19,6 +19,7 @@ torch.set_num_threads(1)
 ap = argparse.ArgumentParser()
 ap.add_argument("--base", required=True, help="the base tree's reshardctl/runtime/span_copy.py")
 args = ap.parse_args()
+from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runs.session import plan_transports
 from reshardctl.runtime.program import compile_program
@@ -28,8 +29,7 @@ from reshardctl.runtime import span_copy
 spec = importlib.util.spec_from_file_location("old_span_copy", args.base)
 old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
 for model, train, infer in (("tiny-qwen3-moe", "ep=4", "tp=4"), ("tiny-llama", "tp=2,pp=2", "tp=2,dp=2")):
-    inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",
-                  infer_style="vllm", train_layout=None, infer_layout=None, transport="all", bucket_mb=None, relay="auto")
+    inp = prepare(RefitRequest(model=model, train=train, infer=infer))
     plan = plan_transports(inp, ["reshard"])["reshard"]
     for rank in range(plan.train_world + plan.infer_world):
         prog = compile_program(plan, rank)

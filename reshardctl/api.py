@@ -29,6 +29,8 @@ import torch.distributed as dist
 from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
 from reshardctl.plan.refit_plan import Plan
+from reshardctl.request.request import RefitRequest
+from reshardctl.request.resolve import prepare
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.env import RankEnv
@@ -47,14 +49,15 @@ _instances = [0]  # Refitters created in this process (the same count on every r
 def plan_refit(*, model, train: str | None = None, infer: str | None = None, site: str = "local",
                transport: str = "reshard", layers: int | None = None, train_style: str = "megatron",
                infer_style: str = "vllm", train_layout: str | None = None, infer_layout: str | None = None,
-               bucket_mb: float | None = None, relay: str = "auto") -> Plan:
-    """Build a plan from the same inputs as ``reshardctl plan`` (validated the same way)."""
-    from reshardctl.request.resolve import prepare
+               bucket_mb: float | None = None, relay: str = "auto", mtp: bool = False) -> Plan:
+    """Build a plan from the same inputs as ``reshardctl plan`` (the same ``RefitRequest``, validated the
+    same way)."""
     from reshardctl.plan.planner import build_plan
 
-    inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
-                  infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
-                  transport=transport, bucket_mb=bucket_mb, relay=relay)
+    request = RefitRequest(site=site, model=model, layers=layers, mtp=mtp, train=train, infer=infer,
+                           train_style=train_style, infer_style=infer_style, train_layout=train_layout,
+                           infer_layout=infer_layout, transport=transport, bucket_mb=bucket_mb, relay=relay)
+    inp = prepare(request)
     return build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
 

@@ -30,12 +30,11 @@ TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
 
 
 def planner_plan(model: str, train: str, infer: str, transport: str, bucket_mb: int | None):
+    from reshardctl.request.request import RefitRequest
     from reshardctl.request.resolve import prepare
     from reshardctl.plan.planner import build_plan
 
-    inp = prepare(site="local", model=model, layers=None, train=train, infer=infer, train_style="megatron",
-                  infer_style="vllm", train_layout=None, infer_layout=None, transport=transport,
-                  bucket_mb=bucket_mb, relay="auto")
+    inp = prepare(RefitRequest(model=model, train=train, infer=infer, transport=transport, bucket_mb=bucket_mb))
     return build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                       bucket_bytes=inp.bucket_bytes, relay=inp.relay)
 

@@ -54,7 +54,7 @@ def refused(tmp_path: Path, *argv: str, needles: tuple[str, ...], **kw) -> str:
 
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory) -> Path:
-    """One real bench run (tp=2 -> tp=2, one timed refit per transport): summary.json, command.txt, events."""
+    """One real bench run (tp=2 -> tp=2, one timed refit per transport): summary.json, session.json, events."""
     d = tmp_path_factory.mktemp("hostile-bench")
     code, _, err = cli(d, "bench", "--train", "tp=2", "--infer", "tp=2", "--iters", "1", "--warmup", "0",
                        "--out", str(d / "bench"), timeout=1800)  # a real run, not a hang probe
@@ -85,8 +85,7 @@ def _fifo(path: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- hangs ----
-@pytest.mark.parametrize("what", ["ledger", "summary.json", "command.txt", "events", "session.json", "jobs.json",
-                                  "run index"])
+@pytest.mark.parametrize("what", ["ledger", "summary.json", "events", "session.json", "jobs.json", "run index"])
 def test_a_fifo_is_refused_not_read(tmp_path, run_copy, what):
     if what == "ledger":
         f = _fifo(_ledger(tmp_path))
@@ -94,9 +93,6 @@ def test_a_fifo_is_refused_not_read(tmp_path, run_copy, what):
     elif what == "summary.json":
         f = _fifo(run_copy / "summary.json")
         argvs = [("promote", "--site", "local", "--run", str(run_copy)), ("report", str(run_copy))]
-    elif what == "command.txt":
-        f = _fifo(run_copy / "command.txt")
-        argvs = [("promote", "--site", "local", "--run", str(run_copy))]
     elif what == "events":
         f = _fifo(run_copy / "events" / "rank-0.jsonl")
         argvs = [("report", str(run_copy))]

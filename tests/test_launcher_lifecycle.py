@@ -187,13 +187,12 @@ def test_gpu_memory_is_checked_per_rank():
 _FROM_STDIN = """
 import sys
 from reshardctl.launch import local
+from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runs.session import run_refit_session
 if sys.argv[1] == "unchecked":  # as before the check: the ranks are spawned and die re-importing '<stdin>'
     local.check_main_importable = lambda: None
-inp = prepare(site="local", model="tiny-qwen3-moe", layers=None, train="ep=4", infer="tp=4", train_style="megatron",
-              infer_style="vllm", train_layout=None, infer_layout=None, transport="reshard", bucket_mb=None,
-              relay="auto")
+inp = prepare(RefitRequest(model="tiny-qwen3-moe", train="ep=4", infer="tp=4", transport="reshard"))
 res = run_refit_session(inp, ["reshard"], iterations=1, warmup=0, out=None)
 print("RESULT:", res.ok, res.error)
 """

@@ -228,13 +228,12 @@ def test_engines_and_in_engine_expert_holders(name, spec, mode):
 
 
 def test_nemo_rl_layouts_accepted_by_plan_inputs():
+    from reshardctl.request.request import RefitRequest
     from reshardctl.request.resolve import prepare
 
     for model, train, infer in (("deepseek-v3", "pp=16,ep=16,first=3,last=2", "tp=32,dp=8,ep=32"),
                                 ("qwen3-235b-a22b", "tp=4,pp=8,ep=16,first=11,last=11", "tp=8,dp=16,ep=8")):
-        inp = prepare(site="dgx-h100", model=model, layers=None, train=train, infer=infer, train_style="megatron",
-                      infer_style="vllm", train_layout=None, infer_layout=None, transport="reshard",
-                      bucket_mb=None, relay="auto")
+        inp = prepare(RefitRequest(site="dgx-h100", model=model, train=train, infer=infer, transport="reshard"))
         assert inp.infer.dp_mode == "engines" and inp.infer.ep == inp.infer.tp
     with pytest.raises(LayoutError, match=r"vLLM ep=16 must be tp\(32\) = 32 .* or dp\(8\) x tp\(32\) = 256"):
         VllmLayout(load_model("deepseek-v3"), P("tp=32,dp=8,ep=16"))

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.request.request import RefitRequest
 
 LABELS = {
     "intra_node_bytes_per_s": ("p2p inside a node", "bw"), "intra_node_latency_s": ("latency inside a node", "s"),
@@ -45,8 +46,9 @@ def figures_table(figs: dict) -> Table:
     return t
 
 
+@opt.refit_options(("site",))
 def calibrate_cmd(
-    site: str = opt.SITE,
+    request: RefitRequest,
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Write the calibration to FILE (default: the per-user state directory)."),
     reps: int = typer.Option(5, "--reps", min=1, metavar="N", help="Timed repetitions per microbenchmark (the median is kept)."),
     launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help="local | slurm (default: the profile's launcher). Slurm measures two of the site's own nodes."),
@@ -61,7 +63,7 @@ def calibrate_cmd(
     from reshardctl.site import load_profile
     from reshardctl.site.measured import default_path
 
-    prof = load_profile(site)
+    prof = load_profile(request.site)
     launcher = launcher or prof.launcher
     if launcher not in ("local", "slurm"):
         raise InputError(f"--launcher {launcher!r}: expected local or slurm")

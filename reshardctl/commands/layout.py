@@ -11,6 +11,7 @@ import typer
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, LayoutError, OutputError
+from reshardctl.request.request import RefitRequest
 
 app = typer.Typer(help="Trainer / inference layouts: which rank holds which part of every tensor.",
                   cls=output.HelpGroup)
@@ -21,15 +22,19 @@ def fmt_box(box) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-def _load_model(name: str, layers: int | None, mtp: bool = False):
-    try:
-        from reshardctl.models import load_model
-    except ImportError as e:  # pragma: no cover - the catalog is part of the package
-        raise InputError(f"the model catalog is not available ({e})") from None
-    if mtp and layers is not None:
-        raise InputError(f"--mtp with --layers {layers}: the MTP layers follow the last decoder layer; "
+def _load_model(request: RefitRequest):
+    from reshardctl.models import load_model
+
+    if request.mtp and request.layers is not None:
+        raise InputError(f"--mtp with --layers {request.layers}: the MTP layers follow the last decoder layer; "
                          f"give one or the other")
-    return load_model(name, layers=layers, include_mtp=mtp)
+    return load_model(request.model, layers=request.layers, include_mtp=request.mtp)
+
+
+def _side_args(request: RefitRequest) -> dict[str, tuple]:
+    """Per side: (parallel string, style, layout file) of ``request``."""
+    r = request
+    return {"train": (r.train, r.train_style, r.train_layout), "infer": (r.infer, r.infer_style, r.infer_layout)}
 
 
 def _tensor_rows(layout, pattern: str | None) -> list[dict]:
@@ -71,16 +76,9 @@ def _ranks_str(rs: list[int]) -> str:
 
 
 @app.command("show")
+@opt.refit_options(opt.LAYOUT_FIELDS)
 def show(
-    model: str = opt.MODEL,
-    layers: Optional[int] = opt.LAYERS,
-    train: Optional[str] = opt.TRAIN,
-    infer: Optional[str] = opt.INFER,
-    train_style: str = opt.TRAIN_STYLE,
-    infer_style: str = opt.INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
-    infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    mtp: bool = opt.MTP,
+    request: RefitRequest,
     side: str = typer.Option("both", "--side", metavar="SIDE", help="train | infer | both"),
     rank: Optional[int] = typer.Option(None, "--rank", metavar="N",
                                        help="Show this rank's local (framework) parameters with segments."),
@@ -96,7 +94,7 @@ def show(
         raise InputError(f"--side {side!r}: expected train, infer or both")
     if tensor is not None and not tensor.strip():
         raise InputError("--tensor '': empty; give a glob such as '*q_proj*', or leave --tensor out for every tensor")
-    m = _load_model(model, layers, mtp)
+    m = _load_model(request)
     prof = None
     if site:
         from reshardctl.site import load_profile
@@ -104,7 +102,7 @@ def show(
         prof = load_profile(site)
     # the allocation rule involves both sides, so with --site both are built (and checked) as in `plan`
     sides = ["train", "infer"] if side == "both" or prof is not None else [side]
-    args = {"train": (train, train_style, train_layout), "infer": (infer, infer_style, infer_layout)}
+    args = _side_args(request)
     layouts, worlds, problems = {}, {}, []
     for s in sides:
         spec, style, lf = args[s]
@@ -120,7 +118,7 @@ def show(
         if not any(fnmatch.fnmatchcase(t.name, tensor) for t in first.model.tensors):
             raise InputError(f"--tensor {tensor!r}: no tensor of model {m.name} matches",
                              hint=f"e.g. {m.tensors[0].name!r}, or a glob like '*q_proj*' (`reshardctl model show "
-                                  f"{shlex.quote(model)} --tensors --filter GLOB` lists the names)")
+                                  f"{shlex.quote(request.model)} --tensors --filter GLOB` lists the names)")
     result = {"model": m.name, "tensors": len(m.tensors), "sides": {}}
     for s, lay in layouts.items():
         rules = getattr(lay, "framework_rules", None)
@@ -156,17 +154,10 @@ def show(
 
 
 @app.command("export")
+@opt.refit_options(opt.place(opt.LAYOUT_FIELDS, "side", after="layers"))
 def export(
-    model: str = opt.MODEL,
-    layers: Optional[int] = opt.LAYERS,
+    request: RefitRequest,
     side: str = typer.Option(..., "--side", metavar="SIDE", help="train | infer: which side's layout to write."),
-    train: Optional[str] = opt.TRAIN,
-    infer: Optional[str] = opt.INFER,
-    train_style: str = opt.TRAIN_STYLE,
-    infer_style: str = opt.INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
-    infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    mtp: bool = opt.MTP,
     site: Optional[str] = typer.Option(None, "--site", metavar="NAME|FILE", help="Site profile: check the allocation "
                                        "as `plan` does (the nodes both sides need must fit in the site's nodes; "
                                        "builds both sides) before writing."),
@@ -196,13 +187,13 @@ def export(
                 if not parent.is_dir():
                     problems.append(f"--out {out}: {parent} is a file, not a directory")
                 break
-    for lf, flag in ((train_layout, "--train-layout"), (infer_layout, "--infer-layout")):
+    for lf, flag in ((request.train_layout, "--train-layout"), (request.infer_layout, "--infer-layout")):
         if lf is not None:
             problems.extend(layout_file_problems(lf, flag))
     if problems:  # flag problems first, every one at once (as `plan` reports them)
         raise InputError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n"
                          + "\n".join(f"  - {p}" for p in problems))
-    m = _load_model(model, layers, mtp)
+    m = _load_model(request)
     prof = None
     if site:
         from reshardctl.site import load_profile
@@ -210,7 +201,7 @@ def export(
         prof = load_profile(site)
     # as in `layout show`: the allocation rule involves both sides, so with --site both are built
     sides = ["train", "infer"] if prof is not None else [side]
-    args = {"train": (train, train_style, train_layout), "infer": (infer, infer_style, infer_layout)}
+    args = _side_args(request)
     layouts, worlds = {}, {}
     for s in sides:
         spec, style, lf = args[s]

@@ -1,4 +1,10 @@
-"""Options shared by `plan`, `run`, `bench` and `layout` (one definition, one help text).
+"""The options of a refit request, declared once, and the options several commands share.
+
+``@refit_options(...)`` replaces a command's ``request`` parameter by the request's options (the typer
+command reads the function's ``__signature__``) and hands the command one ``RefitRequest`` built from
+them (``--transport`` and the run settings differ per command: each command sets them with
+``request.replace``). ``@refit_options(..., given=True)`` hands a mapping of the options given instead
+(``promote``/``rollback``: a flag left out is the run's own).
 
 Placeholders name what to give (``SPEC``, ``FILE``, ``N``); ``cli._placeholders`` fills in the rest and
 blanks them for flags. ``--layers`` has no typer range: ``0`` is refused by the model catalog with the
@@ -7,7 +13,13 @@ same message in every command.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any, Callable, Optional
+
 import typer
+
+from reshardctl.request.request import RefitRequest
 
 SITE = typer.Option("local", "--site", metavar="NAME|FILE", help="Site profile name or file.")
 MODEL = typer.Option("tiny-llama", "--model", "-m", metavar="MODEL",
@@ -27,3 +39,72 @@ BUCKET_MB = typer.Option(None, "--bucket-mb", metavar="MIB",
                          help="Bucket / round bound in MiB, up to 1048576 (default: the profile's refit.bucket_mb).")
 RELAY = typer.Option("auto", "--relay", metavar="MODE", help="Two-stage NVLink fan-out: auto | on | off.")
 JSON = typer.Option(False, "--json", help="Print only the JSON report on stdout (errors too, as JSON).")
+REQUEST: Any = None  # the default of a `request` parameter after defaulted ones (refit_options replaces it)
+
+# the request's options: field -> (type, option), in the order --help lists them
+REQUEST_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "site": (str, SITE), "model": (str, MODEL), "layers": (Optional[int], LAYERS), "train": (Optional[str], TRAIN),
+    "infer": (Optional[str], INFER), "train_style": (str, TRAIN_STYLE), "infer_style": (str, INFER_STYLE),
+    "train_layout": (Optional[str], TRAIN_LAYOUT), "infer_layout": (Optional[str], INFER_LAYOUT),
+    "mtp": (bool, MTP), "bucket_mb": (Optional[float], BUCKET_MB), "relay": (str, RELAY),
+}
+LAYOUT_FIELDS = ("model", "layers", "train", "infer", "train_style", "infer_style", "train_layout", "infer_layout",
+                 "mtp")
+PLAN_FIELDS = ("site", *LAYOUT_FIELDS, "bucket_mb", "relay")
+
+# promote / rollback: what is promoted or validated; None = not given (the run's own, or the last promotion's)
+RUNBOOK_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "model": (Optional[str], typer.Option(None, "--model", "-m", help="Model (preset or path).")),
+    "layers": (Optional[int], LAYERS),
+    "train": (Optional[str], typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=2,pp=2".')),
+    "infer": (Optional[str], typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=2,dp=2".')),
+    "train_style": (Optional[str], typer.Option(None, "--train-style", help="megatron | dtensor")),
+    "infer_style": (Optional[str], typer.Option(None, "--infer-style", help="vllm | dtensor")),
+    "train_layout": (Optional[str], TRAIN_LAYOUT), "infer_layout": (Optional[str], INFER_LAYOUT),
+}
+
+
+def place(fields: tuple[str, ...], *names: str, after: str) -> tuple[str, ...]:
+    """``fields`` with a command's own parameters ``names`` listed after ``after`` (their --help place)."""
+    i = fields.index(after) + 1
+    return (*fields[:i], *names, *fields[i:])
+
+
+def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, tuple[Any, Any]] | None = None,
+                  given: bool = False) -> Callable:
+    """Decorator: the command's ``request`` parameter becomes the options of ``fields`` (from ``options``,
+    default ``REQUEST_OPTIONS``), listed in --help where ``request`` stands. A name in ``fields`` that is not
+    a request option is one of the command's own parameters, listed there (its place in --help). The command
+    receives ``request=RefitRequest(...)`` (fields left out keep the request's defaults), or with ``given``
+    the mapping of the options given (not None)."""
+    table = options or REQUEST_OPTIONS
+
+    def wrap(command: Callable) -> Callable:
+        sig = inspect.signature(command, eval_str=True)
+        own = {n: p for n, p in sig.parameters.items() if n in fields}
+        params = [p for p in sig.parameters.values() if p.name not in own]
+        at = [p.name for p in params].index("request")
+        kind = params[at].kind
+        group = [own[f] if f in own else inspect.Parameter(f, kind, default=table[f][1], annotation=table[f][0])
+                 for f in fields]
+        new = params[:at] + group + params[at + 1:]
+        mine = [f for f in fields if f not in own]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            values = {f: kwargs.pop(f) for f in mine}
+            if given:
+                kwargs["request"] = {k: v for k, v in values.items() if v is not None}
+            else:
+                kwargs["request"] = RefitRequest(**values)
+            return command(**kwargs)
+
+        del run.__wrapped__  # typer and inspect read the signature below, not the command's own
+        run.__signature__ = sig.replace(parameters=new)
+        run.__annotations__ = {p.name: p.annotation for p in new if p.annotation is not inspect.Parameter.empty}
+        return run
+
+    return wrap
+
+
+__all__ = ["REQUEST_OPTIONS", "RUNBOOK_OPTIONS", "refit_options"]

@@ -20,6 +20,7 @@ from rich.table import Table
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.plan_files.export import write_outputs
+from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.plan_report import plan_report
 
@@ -131,20 +132,10 @@ def _few_collections() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- command --------------------------------
+@opt.refit_options(opt.place(opt.PLAN_FIELDS, "transport", after="mtp"))
 def plan_cmd(
-    site: str = opt.SITE,
-    model: str = opt.MODEL,
-    layers: Optional[int] = opt.LAYERS,
-    train: Optional[str] = opt.TRAIN,
-    infer: Optional[str] = opt.INFER,
-    train_style: str = opt.TRAIN_STYLE,
-    infer_style: str = opt.INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT,
-    infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    mtp: bool = opt.MTP,
+    request: RefitRequest,
     transport: str = typer.Option("all", "--transport", help="reshard | gather_broadcast | hybrid | all"),
-    bucket_mb: Optional[float] = opt.BUCKET_MB,
-    relay: str = opt.RELAY,
     as_json: bool = opt.JSON,
     out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR",
                                       help="Write plan-<transport>.npz, plan.json and the Slurm scripts into DIR (created with its parents)."),
@@ -159,10 +150,8 @@ def plan_cmd(
         raise OutputError("--json and --export-transfers - both write to stdout",
                           hint="give --export-transfers a file name, or leave out --json")
     with _few_collections():  # the plans allocate many small objects
-        inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
-                      infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, transport=transport,
-                      bucket_mb=bucket_mb, relay=relay, out=out, export=export, compare=list(compare_infer or []),
-                      mtp=mtp)
+        inp = prepare(request.replace(transport=transport), out=out, export=export,
+                      compare=list(compare_infer or []))
         plans, result = plan_report(inp)
     extra = None
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)

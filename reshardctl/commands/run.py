@@ -16,6 +16,7 @@ from rich.table import Table
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, TransferError
+from reshardctl.request.request import RefitRequest, RunSettings
 from reshardctl.request.resolve import prepare
 from reshardctl.plan.refit_plan import TRANSPORTS
 
@@ -47,19 +48,17 @@ def _b(n) -> str:
     return human_bytes(int(n))
 
 
-def _session(transports, *, site, model, layers, train, infer, train_style, infer_style, train_layout,
-             infer_layout, bucket_mb, relay, iters, warmup, baseline, out, checkpoint, full_check, as_json,
-             launcher=None, slurm_mode=None, dry_run=False, detach=False, mtp=False, inject=None, retries=0,
-             on_failure="abort", timeout_s=None, force=False):
+def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False, force=False):
+    """Run ``request`` (its ``run`` settings say what and how) and show its summary."""
     # imported here, not at module level: every command's module is imported at start (cli.py)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from reshardctl.runs.session import LAUNCHERS, run_refit_session
 
-    inp = prepare(site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
-                  infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout,
-                  transport=transports[0] if len(transports) == 1 else "all", bucket_mb=bucket_mb, relay=relay,
-                  mtp=mtp)
+    rs = request.run
+    transports, launcher, slurm_mode, baseline = list(rs.transports), rs.launcher, rs.slurm_mode, rs.baseline
+    timeout_s, retries = rs.timeout_s, rs.retries
+    inp = prepare(request.replace(transport=transports[0] if len(transports) == 1 else "all"))
     launcher = launcher or inp.site.launcher
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
@@ -102,10 +101,11 @@ def _session(transports, *, site, model, layers, train, infer, train_style, infe
                     TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True)
     task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
     try:
-        res = run_refit_session(inp, list(transports), iterations=iters, warmup=warmup, baseline=baseline, out=out, force=force,
-                          checkpoint=checkpoint, full_check=full_check, argv=output.argv(), inject=inject,
-                          retries=retries, on_failure=on_failure, timeout_s=timeout_s, progress=progress,
-                          launcher=launcher, slurm_mode=slurm_mode, detach=detach, on_slurm_state=on_slurm_state)
+        res = run_refit_session(inp, list(transports), iterations=rs.iterations, warmup=rs.warmup, baseline=baseline,
+                                out=out, force=force, checkpoint=rs.checkpoint, full_check=rs.full_check,
+                                argv=output.argv(), inject=list(rs.inject) or None, retries=retries,
+                                on_failure=rs.on_failure, timeout_s=timeout_s, progress=progress, launcher=launcher,
+                                slurm_mode=slurm_mode, detach=detach, on_slurm_state=on_slurm_state)
     finally:
         if announced:
             prog.stop()
@@ -311,15 +311,18 @@ def default_transports(transport: str, *, explicit: bool, drills: bool) -> list[
     return [transport, "reshard" if transport == "gather_broadcast" else "gather_broadcast"]
 
 
+RUN_HELP_ORDER = ("site", "model", "layers", "train", "infer", "train_style", "infer_style", "train_layout",
+                  "infer_layout", "transport", "bucket_mb", "relay", "iters", "warmup", "out", "force", "checkpoint",
+                  "full_check", "as_json", "mtp")
+BENCH_HELP_ORDER = RUN_HELP_ORDER[:9] + ("bucket_mb", "relay", "iters", "warmup", "out", "force", "as_json", "mtp")
+
+
+@opt.refit_options(RUN_HELP_ORDER)
 def run_cmd(
-    site: str = opt.SITE, model: str = opt.MODEL, layers: Optional[int] = opt.LAYERS,
-    train: Optional[str] = opt.TRAIN, infer: Optional[str] = opt.INFER,
-    train_style: str = opt.TRAIN_STYLE, infer_style: str = opt.INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
+    request: RefitRequest,
     transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and gather_broadcast beside it on the same processes or allocation, for comparison)."),
-    bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, checkpoint: Optional[str] = CHECKPOINT,
-    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON, mtp: bool = opt.MTP,
+    full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH, inject: Optional[list[str]] = INJECT,
     retries: int = RETRIES, on_failure: str = ON_FAILURE, timeout_s: Optional[float] = TIMEOUT,
@@ -329,28 +332,22 @@ def run_cmd(
     Without --transport it also runs gather-and-broadcast on the same processes (or Slurm allocation), to compare."""
     from reshardctl.site import load_profile
 
-    prof = load_profile(site)
+    prof = load_profile(request.site)
     t = transport or prof.refit.transport
     if t not in TRANSPORTS:
         raise InputError(f"--transport {t!r}: expected one of {', '.join(TRANSPORTS)}")
     transports = default_transports(t, explicit=transport is not None,
                                     drills=bool(inject) or retries > 0 or on_failure != "abort")
-    _session(transports, site=site, model=model, layers=layers, train=train, infer=infer, train_style=train_style,
-             infer_style=infer_style, train_layout=train_layout, infer_layout=infer_layout, bucket_mb=bucket_mb,
-             relay=relay, iters=iters, warmup=warmup, baseline=False, out=out, checkpoint=checkpoint,
-             full_check=full_check, as_json=as_json, launcher=launcher, slurm_mode=slurm_mode, dry_run=dry_run,
-             detach=detach, mtp=mtp, inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s,
-             force=force)
+    run = RunSettings(transports=tuple(transports), iterations=iters, warmup=warmup, timeout_s=timeout_s,
+                      retries=retries, on_failure=on_failure, launcher=launcher, slurm_mode=slurm_mode,
+                      checkpoint=checkpoint, full_check=full_check, inject=tuple(inject or ()))
+    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force)
 
 
+@opt.refit_options(BENCH_HELP_ORDER)
 def bench_cmd(
-    site: str = opt.SITE, model: str = opt.MODEL, layers: Optional[int] = opt.LAYERS,
-    train: Optional[str] = opt.TRAIN, infer: Optional[str] = opt.INFER,
-    train_style: str = opt.TRAIN_STYLE, infer_style: str = opt.INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
-    bucket_mb: Optional[float] = opt.BUCKET_MB, relay: str = opt.RELAY,
+    request: RefitRequest,
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, as_json: bool = opt.JSON,
-    mtp: bool = opt.MTP,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
     detach: bool = DETACH,
     transports: Optional[List[str]] = typer.Option(None, "--transport", metavar="NAME",
@@ -363,8 +360,6 @@ def bench_cmd(
         if bad:
             raise InputError(f"--transport {', '.join(map(repr, bad))}: expected one of {', '.join(TRANSPORTS)}")
         chosen = [t for t in TRANSPORTS if t in transports]  # the usual order, each once
-    _session(chosen, site=site, model=model, layers=layers, train=train, infer=infer,
-             train_style=train_style, infer_style=infer_style, train_layout=train_layout,
-             infer_layout=infer_layout, bucket_mb=bucket_mb, relay=relay, iters=iters, warmup=warmup,
-             baseline=True, out=out, checkpoint=None, full_check=False, as_json=as_json, launcher=launcher,
-             slurm_mode=slurm_mode, dry_run=dry_run, detach=detach, mtp=mtp, force=force)
+    run = RunSettings(transports=tuple(chosen), iterations=iters, warmup=warmup, baseline=True, launcher=launcher,
+                      slurm_mode=slurm_mode)
+    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force)

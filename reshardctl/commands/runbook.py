@@ -16,18 +16,8 @@ from reshardctl.errors import InputError, RefusedError
 
 SITE = typer.Option(..., "--site", help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl).")
 WRITE = typer.Option(None, "--write", help="Also write the matching framework settings (NeMo RL YAML) to FILE.")
-# what is promoted / validated; None = not given (promote: the last promotion's; rollback: the last promoted run's)
-MODEL = typer.Option(None, "--model", "-m", help="Model (preset or path).")
-TRAIN = typer.Option(None, "--train", help='Trainer parallelism, e.g. "tp=2,pp=2".')
-INFER = typer.Option(None, "--infer", help='Inference parallelism, e.g. "tp=2,dp=2".')
-TRAIN_STYLE = typer.Option(None, "--train-style", help="megatron | dtensor")
-INFER_STYLE = typer.Option(None, "--infer-style", help="vllm | dtensor")
-
-
-def _layout_args(model, layers, train, infer, train_style, infer_style, train_layout, infer_layout) -> dict | None:
-    args = {"model": model, "layers": layers, "train": train, "infer": infer, "train_style": train_style,
-            "infer_style": infer_style, "train_layout": train_layout, "infer_layout": infer_layout}
-    return args if any(v is not None for v in args.values()) else None
+# what is promoted / validated: the flags given (promote: over the run's own; rollback: over the last promoted run's)
+LAYOUT_FLAGS = opt.refit_options(tuple(opt.RUNBOOK_OPTIONS), options=opt.RUNBOOK_OPTIONS, given=True)
 
 
 def _settings(transport: str, site: str, origin: str, write: Optional[str], show: bool = True) -> None:
@@ -79,15 +69,14 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
     con.print(f"ledger: {st['ledger']} ({st['entries']} entries)", markup=False)
 
 
+@LAYOUT_FLAGS
 def promote_cmd(
     site: str = SITE,
     run: str = typer.Option(..., "--run", help="Run directory of a `reshardctl bench` run."),
     transport: str = typer.Option("reshard", "--transport", help="reshard | hybrid"),
     force: bool = typer.Option(False, "--force", help="Promote even when a condition fails (needs --reason; recorded)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded in the ledger)."),
-    model: Optional[str] = MODEL, layers: Optional[int] = opt.LAYERS, train: Optional[str] = TRAIN,
-    infer: Optional[str] = INFER, train_style: Optional[str] = TRAIN_STYLE, infer_style: Optional[str] = INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
+    request: dict = opt.REQUEST,
     write: Optional[str] = WRITE, as_json: bool = opt.JSON,
 ) -> None:
     """Make reshard (or hybrid) the site's refit transport, if the run proves it: verified, within budget,
@@ -100,9 +89,7 @@ def promote_cmd(
     if force and not (reason and reason.strip()):
         raise InputError("--force needs --reason TEXT: an override is recorded with its reason")
     operations.check_writable(write)
-    res = operations.promote(site, run, transport, force=force, reason=reason,
-                             expected_args=_layout_args(model, layers, train, infer, train_style, infer_style,
-                                                        train_layout, infer_layout))
+    res = operations.promote(site, run, transport, force=force, reason=reason, expected=request)
     d = res.decision
     origin = f"promoted {d.time} from {d.run_dir}"
     if as_json:  # stdout is the JSON object alone; the settings ride in it
@@ -130,15 +117,14 @@ def promote_cmd(
     _settings(transport, res.profile.name, origin, write, show=not as_json)
 
 
+@LAYOUT_FLAGS
 def rollback_cmd(
     site: str = SITE,
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded in the ledger)."),
     verify: bool = typer.Option(False, "--verify",
                                 help="First run a gather_broadcast validation refit; refuse (exit 1) unless verified."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; run and record nothing."),
-    model: Optional[str] = MODEL, layers: Optional[int] = opt.LAYERS, train: Optional[str] = TRAIN,
-    infer: Optional[str] = INFER, train_style: Optional[str] = TRAIN_STYLE, infer_style: Optional[str] = INFER_STYLE,
-    train_layout: Optional[str] = opt.TRAIN_LAYOUT, infer_layout: Optional[str] = opt.INFER_LAYOUT,
+    request: dict = opt.REQUEST,
     iters: int = typer.Option(3, "--iters", min=1, help="Timed refits of the validation run."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed refits first."),
     out: Optional[str] = typer.Option(None, "--out", help="Run directory of the validation run."),
@@ -149,8 +135,7 @@ def rollback_cmd(
     from reshardctl.runbook.gate import seconds
 
     operations.check_writable(write)
-    args = _layout_args(model, layers, train, infer, train_style, infer_style, train_layout, infer_layout)
-    if args is not None and not verify:
+    if request and not verify:
         raise InputError("--model/--train/--infer and the layout flags choose the validation refit's layouts: "
                          "give them with --verify")
 
@@ -158,7 +143,7 @@ def rollback_cmd(
         output.info(f"validation refit (gather_broadcast): {inp.model.name}: train {inp.train.describe()} -> infer "
                     f"{inp.infer.describe()} ({inp.topology.world} processes), layouts of {origin}")
 
-    res = operations.rollback(site, reason=reason, verify=verify, dry_run=dry_run, layout_args=args,
+    res = operations.rollback(site, reason=reason, verify=verify, dry_run=dry_run, given=request,
                               iterations=iters, warmup=warmup, out=out, argv=output.argv(), before_refit=announce)
     con = output.console()
     name = res.profile.name

@@ -17,6 +17,7 @@ from pathlib import Path
 from reshardctl.atomic_write import output_problem
 from reshardctl.errors import InputError, LayoutError
 from reshardctl.plan.refit_plan import TRANSPORTS
+from reshardctl.request.request import RefitRequest
 from reshardctl.site.spec import bucket_mb_problem
 
 TRANSPORT_CHOICES = TRANSPORTS + ("all",)
@@ -50,6 +51,7 @@ class Inputs:
     infer_style: str
     layers: int | None
     compare: list[Candidate] = field(default_factory=list)
+    request: RefitRequest | None = None  # what was resolved (session.json and summary.json hold it whole)
 
     @property
     def broadcast_span(self) -> str:
@@ -112,16 +114,17 @@ def topology_or_problems(site, train_world: int | None, infer_world: int | None,
     return None
 
 
-def prepare(
-    *, site: str, model: str, layers: int | None, train: str | None, infer: str | None, train_style: str,
-    infer_style: str, train_layout: str | None, infer_layout: str | None, transport: str,
-    bucket_mb: float | None, relay: str, out: str | None = None, export: str | None = None,
-    compare: list[str] | None = None, mtp: bool = False,
-) -> Inputs:
-    """Load and validate every input; raise one ``InputError`` listing every problem."""
+def prepare(request: RefitRequest, *, out: str | None = None, export: str | None = None,
+            compare: list[str] | None = None) -> Inputs:
+    """Load and validate every input of ``request``; raise one ``InputError`` listing every problem.
+    ``out``/``export``/``compare``: `plan`'s outputs and candidate inference layouts."""
     from reshardctl.models import load_model
     from reshardctl.site import load_profile
 
+    r = request
+    site, model, layers, train, infer = r.site, r.model, r.layers, r.train, r.infer
+    train_style, infer_style, train_layout, infer_layout = r.train_style, r.infer_style, r.train_layout, r.infer_layout
+    transport, bucket_mb, relay, mtp = r.transport, r.bucket_mb, r.relay, r.mtp
     problems: list[str] = []
     if transport not in TRANSPORT_CHOICES:
         problems.append(f"--transport {transport!r}: expected one of {', '.join(TRANSPORT_CHOICES)}")
@@ -162,7 +165,7 @@ def prepare(
         cur = infer_layout or infer or DEFAULT_SPEC["infer"]
         cands.insert(0, Candidate(str(cur), il, topo, current=True))
     return Inputs(prof, m, tl, il, topo, site_links(prof), int(mb * MIB), on, relay, why, transports, primary,
-                  train_style, infer_style, layers, cands)
+                  train_style, infer_style, layers, cands, request)
 
 
 def site_links(prof):

@@ -60,9 +60,10 @@ DETAIL_FIELDS: dict[str, tuple] = {
     "verify": (bool, type(None)), "verified": (bool, type(None)), "forced": (bool, type(None)),
     "inputs": (dict, type(None)),
 }
-# ``details.inputs``: the plan arguments of a run (runbook/run_record.py PLAN_ARGS) -> accepted JSON types
+# ``details.inputs``: the plan inputs of a run (request/request.py RefitRequest.plan_inputs; older ledgers
+# lack mtp) -> accepted JSON types
 INPUT_FIELDS: dict[str, tuple] = {
-    "model": _OPT_STR, "layers": (int, type(None)), "train": _OPT_STR, "infer": _OPT_STR,
+    "model": _OPT_STR, "layers": (int, type(None)), "mtp": (bool, type(None)), "train": _OPT_STR, "infer": _OPT_STR,
     "train_style": _OPT_STR, "infer_style": _OPT_STR, "train_layout": _OPT_STR, "infer_layout": _OPT_STR,
     "bucket_mb": (int, float, type(None)), "relay": _OPT_STR,
 }

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from reshardctl.errors import InputError
 from reshardctl.runbook import gate, ledger
 from reshardctl.runbook.ledger import Entry, stamped
-from reshardctl.runbook.run_record import RunRecord, load_run, read_command, replay_args
+from reshardctl.request.request import RefitRequest
+from reshardctl.request.resolve import Inputs, prepare
+from reshardctl.runbook.run_record import RunRecord, load_run, recorded_request
 from reshardctl.site import load_profile
 from reshardctl.site.spec import SiteProfile
 
@@ -37,7 +39,7 @@ class PromoteResult:
 class RollbackResult:
     profile: SiteProfile
     active_before: str
-    inputs: dict[str, Any] | None  # the validation refit's layouts (None without --verify)
+    inputs: dict[str, Any] | None  # the validation refit's plan inputs (RefitRequest.plan_inputs; None without --verify)
     inputs_origin: str
     decision: Entry | None = None  # None for --dry-run
     validation: Any = None  # runs.session.SessionResult
@@ -45,28 +47,23 @@ class RollbackResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _prepare(site: str, args: dict[str, Any], transport: str):
-    from reshardctl.request.resolve import prepare
-
-    full = {"model": "tiny-llama", "layers": None, "train": None, "infer": None, "train_style": "megatron",
-            "infer_style": "vllm", "train_layout": None, "infer_layout": None, "bucket_mb": None, "relay": "auto"}
-    full.update({k: v for k, v in args.items() if v is not None})
-    return prepare(site=site, transport=transport, **full)
+def _prepare(site: str, request: RefitRequest, transport: str) -> Inputs:
+    """``request`` resolved for ``site`` and one transport (a plan only: no run settings)."""
+    return prepare(request.replace(site=site, transport=transport, run=None))
 
 
-def _fingerprint_today(site: str, run: RunRecord, transport: str) -> tuple[str | None, str | None, dict | None]:
-    """(today's fingerprint, why it could not be computed, the replayed inputs)."""
+def _fingerprint_today(site: str, run: RunRecord, transport: str) -> tuple[str | None, str | None, RefitRequest]:
+    """(today's fingerprint, why it could not be computed, the run's recorded request)."""
     from reshardctl.plan.planner import build_plan
 
-    argv = read_command(run)  # an unreadable command.txt is bad input (exit 2), not a stale run
+    request = recorded_request(run)  # none (an older run's) or a bad one is bad input (exit 2), not a stale run
     try:
-        args = replay_args(run, argv)
-        inp = _prepare(site, args, transport)
+        inp = _prepare(site, request, transport)
         plan = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                           bucket_bytes=inp.bucket_bytes, relay=inp.relay)
     except InputError as exc:
-        return None, str(exc).splitlines()[0], None
-    return plan.fingerprint, None, args
+        return None, str(exc).splitlines()[0], request
+    return plan.fingerprint, None, request
 
 
 def _measures(profile: SiteProfile, run: RunRecord, known: list[Entry]) -> list[Entry]:
@@ -87,15 +84,15 @@ def _measures(profile: SiteProfile, run: RunRecord, known: list[Entry]) -> list[
     return out
 
 
-def promote(site: str, run_dir: str, transport: str, *, expected_args: dict[str, Any] | None = None,
+def promote(site: str, run_dir: str, transport: str, *, expected: Mapping[str, Any] | None = None,
             force: bool = False, reason: str | None = None) -> PromoteResult:
+    """``expected``: the plan inputs the command line gave (``PLAN_INPUTS`` keys), compared with the run's."""
     profile = load_profile(site)
     run = load_run(run_dir)
-    today, why, args = _fingerprint_today(site, run, transport)
+    today, why, request = _fingerprint_today(site, run, transport)
     expected_cli = None
-    if expected_args:  # flags not given are the run's own (``--model X`` alone compares the model)
-        given = {k: v for k, v in expected_args.items() if v is not None}
-        inp = _prepare(site, {**(args or {}), **given}, transport)
+    if expected:  # flags not given are the run's own (``--model X`` alone compares the model)
+        inp = _prepare(site, request.replace(**expected), transport)
         expected_cli = gate.Expected(inp.model.name, inp.train.describe(), inp.infer.describe(), "the command line")
     with ledger.transaction(ledger.ledger_path(profile)) as txn:
         before, _ = ledger.active(txn.entries, profile)
@@ -116,24 +113,34 @@ def promote(site: str, run_dir: str, transport: str, *, expected_args: dict[str,
             details={"active_before": before, "forced": verdict == "forced",
                      "failed": [c.name for c in bad],
                      "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
-                     "model": run.model, "train": run.layouts[0], "infer": run.layouts[1], "inputs": args})))
+                     "model": run.model, "train": run.layouts[0], "infer": run.layouts[1],
+                     "inputs": request.plan_inputs()})))
     return PromoteResult(profile, run, transport, checks, decision, before)
 
 
-def rollback_inputs(profile: SiteProfile, entries: list[Entry], layout_args: dict[str, Any] | None
-                    ) -> tuple[dict[str, Any], str]:
-    if layout_args:
-        return layout_args, "the command line"
+def rollback_inputs(profile: SiteProfile, entries: list[Entry], given: Mapping[str, Any] | None
+                    ) -> tuple[RefitRequest, str]:
+    """The validation refit's request and where its inputs come from: the flags ``given`` on the command
+    line (which must name the model: none is assumed; the other options keep their defaults), else the
+    last promoted run's inputs recorded in the ledger."""
+    if given:
+        if "model" not in given:
+            raise InputError(f"rollback --verify on site {profile.name}: the layout flags name no --model "
+                             "(no model is assumed)", hint="add --model M (a preset or a path)")
+        return RefitRequest(**given), "the command line"
     last = ledger.last(entries, "promote", ("promoted", "forced"))
-    if last is not None and isinstance(last.details.get("inputs"), dict):
-        return last.details["inputs"], f"the last promoted run ({last.run_dir}, {last.time})"
+    inputs = last.details.get("inputs") if last is not None else None
+    if isinstance(inputs, dict) and inputs.get("model") is not None:
+        # the options not recorded (None, or mtp in a ledger of older code) keep their defaults
+        return (RefitRequest(**{k: v for k, v in inputs.items() if v is not None}),
+                f"the last promoted run ({last.run_dir}, {last.time})")
     raise InputError(f"rollback --verify on site {profile.name}: no layouts to validate with (no promotion in the "
                      f"ledger {ledger.ledger_path(profile)} records its inputs)",
                      hint="give them: --model M --train SPEC --infer SPEC (or --train-layout/--infer-layout)")
 
 
 def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_run: bool = False,
-             layout_args: dict[str, Any] | None = None, iterations: int = 3, warmup: int = 1,
+             given: Mapping[str, Any] | None = None, iterations: int = 3, warmup: int = 1,
              out: str | None = None, argv: list[str] | None = None,
              before_refit: Callable[[Any, str], None] | None = None) -> RollbackResult:
     from reshardctl.runbook import validation
@@ -144,8 +151,11 @@ def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_
     before, _ = ledger.active(entries, profile)
     inputs, origin, inp = None, "", None
     if verify:
-        inputs, origin = rollback_inputs(profile, entries, layout_args)
-        inp = _prepare(site, inputs, validation.TRANSPORT)  # bad layouts: exit 2 before anything runs
+        request, origin = rollback_inputs(profile, entries, given)
+        inputs = request.plan_inputs()
+        request = request.replace(site=site, transport=validation.TRANSPORT, run=validation.settings(
+            iterations=iterations, warmup=warmup, launcher=profile.launcher))
+        inp = prepare(request)  # bad layouts: exit 2 before anything runs
     result = RollbackResult(profile, before, inputs, origin)
     if dry_run:
         return result
@@ -153,7 +163,7 @@ def rollback(site: str, *, reason: str | None = None, verify: bool = False, dry_
     if verify:
         if before_refit is not None:
             before_refit(inp, origin)
-        result.validation = validation.validation_refit(inp, iterations=iterations, warmup=warmup, out=out, argv=argv)
+        result.validation = validation.validation_refit(inp, out=out, argv=argv)
         result.verified = validation.verified(result.validation)
         try:
             run = load_run(result.validation.run_dir)

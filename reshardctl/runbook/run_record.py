@@ -1,28 +1,23 @@
-"""A finished run directory as evidence: its summary, and the inputs that re-plan it.
+"""A finished run directory as evidence: its summary, and the request that re-plans it.
 
 ``summary.json`` fields are read with ``.get``: sessions from newer code may add fields (a Slurm
 section, a predicted-time breakdown) and older ones may lack some. The inputs that produced the run are
-recovered from ``command.txt`` (the exact `reshardctl run` / `bench` command line) parsed by the same
-click options the command used, so the re-plan sees the same flags, layout files and bucket size.
+the ``RefitRequest`` the session recorded whole in ``summary.json`` (``"request"``), read strictly
+(``recorded_request``), so the re-plan sees the same model, MTP layers, layouts, bucket size and relay.
 """
 
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import InputError
+from reshardctl.request.request import RefitRequest
 
-# the prepare() arguments a run's plan depends on (and a validation refit reuses)
-PLAN_ARGS = ("model", "layers", "train", "infer", "train_style", "infer_style", "train_layout", "infer_layout",
-             "bucket_mb", "relay")
-ROOT_FLAGS = {"-v", "--verbose", "-q", "--quiet"}
 MAX_SUMMARY_BYTES = 64 << 20  # summary.json: per-rank records of a few thousand ranks
-MAX_COMMAND_BYTES = 1 << 20  # command.txt: one command line
 
 
 @dataclass(frozen=True)
@@ -140,42 +135,20 @@ def load_run(run_dir: str | Path, flag: str = "--run") -> RunRecord:
     return RunRecord(path.resolve(), summary)
 
 
-def _click_command(name: str):
-    import typer
-
-    from reshardctl.commands.run import bench_cmd, run_cmd
-
-    app = typer.Typer()
-    app.command(name)(bench_cmd if name == "bench" else run_cmd)
-    return typer.main.get_command(app)
-
-
-def read_command(run: RunRecord) -> list[str]:
-    """The words of the run's ``command.txt`` (a regular file of at most ``MAX_COMMAND_BYTES``)."""
-    f = run.run_dir / "command.txt"
-    try:
-        return shlex.split(read_text(f, MAX_COMMAND_BYTES))
-    except (LoadError, ValueError) as exc:
-        raise InputError(f"run {run.run_dir}: command.txt cannot be read: {exc}") from None
-
-
-def replay_args(run: RunRecord, argv: list[str]) -> dict[str, Any]:
-    """The ``prepare()`` arguments (``PLAN_ARGS``) of the command ``argv`` (``read_command``) that produced
-    ``run``. The model is the absolute path summary.json recorded when that path still exists (a relative
-    path on the command line was relative to a working directory that is not recorded)."""
-    words = [w for w in argv[1:] if w not in ROOT_FLAGS]
-    if not words or words[0] not in ("run", "bench"):
-        raise InputError(f"run {run.run_dir}: command.txt is not a `reshardctl run` or `bench` command: {shlex.join(argv)}")
-    cmd = _click_command(words[0])
-    try:
-        ctx = cmd.make_context(words[0], words[1:], resilient_parsing=True)
-    except Exception as exc:  # noqa: BLE001 - click raises several kinds
-        raise InputError(f"run {run.run_dir}: command.txt cannot be parsed: {exc}") from None
-    params = {k: ctx.params.get(k) for k in PLAN_ARGS}
-    for k in ("train_layout", "infer_layout"):  # recorded in the ledger: absolute when found from here
-        if params[k] and Path(params[k]).is_file():
-            params[k] = str(Path(params[k]).resolve())
+def recorded_request(run: RunRecord) -> RefitRequest:
+    """The request ``run`` recorded in its ``summary.json`` (``InputError`` when it has none: an older
+    reshardctl's run, or a bad one: the key named). The model is the absolute path summary.json recorded
+    when that path still exists, and layout files found from here are made absolute (the run's working
+    directory is not recorded; the ledger keeps these paths)."""
+    where = f"run {run.run_dir}: summary.json"
+    obj = run.summary.get("request")
+    if obj is None:
+        raise InputError(f"{where} has no `request`: this run was recorded by an older reshardctl; bench again",
+                         hint="the runbook re-plans a run from the request its summary.json holds")
+    req = RefitRequest.from_json(obj, where=where)
+    paths = {k: str(Path(v).resolve()) for k in ("train_layout", "infer_layout")
+             if (v := getattr(req, k)) and Path(v).is_file()}
     src = run.inputs.get("model_source")
     if isinstance(src, str) and Path(src).is_absolute() and Path(src).exists():
-        params["model"] = src
-    return params
+        paths["model"] = src
+    return req.replace(**paths)

@@ -6,17 +6,23 @@ The only place the runbook starts ranks, through ``runs.session.run_refit_sessio
 
 from __future__ import annotations
 
+from reshardctl.request.request import RunSettings
 from reshardctl.request.resolve import Inputs
 from reshardctl.runs.session import SessionResult, run_refit_session
 
 TRANSPORT = "gather_broadcast"
 
 
-def validation_refit(inp: Inputs, *, iterations: int, warmup: int, out: str | None,
-                     argv: list[str] | None) -> SessionResult:
-    """Run gather-and-broadcast with ``inp``'s layouts; never raises for a failed refit (the result says)."""
-    return run_refit_session(inp, [TRANSPORT], iterations=iterations, warmup=warmup, out=out, argv=argv,
-                       launcher=inp.site.launcher)
+def settings(*, iterations: int, warmup: int, launcher: str) -> RunSettings:
+    """The run settings of a validation refit: gather-and-broadcast on the site's launcher."""
+    return RunSettings(transports=(TRANSPORT,), iterations=iterations, warmup=warmup, launcher=launcher)
+
+
+def validation_refit(inp: Inputs, *, out: str | None, argv: list[str] | None) -> SessionResult:
+    """Run ``inp``'s request (its run settings: ``settings``); never raises for a failed refit (the result says)."""
+    rs = inp.request.run
+    return run_refit_session(inp, list(rs.transports), iterations=rs.iterations, warmup=rs.warmup, out=out,
+                             argv=argv, launcher=rs.launcher)
 
 
 def verified(result: SessionResult) -> bool:

@@ -96,6 +96,7 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "command": command,
         "started_by": who,
         "inputs": inputs_json(inp),
+        "request": None if inp.request is None else inp.request.to_json(),  # the runbook re-plans from it
         "iterations": iterations,
         "warmup": warmup,
         "launcher": launcher,
@@ -139,6 +140,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "command": ctx["command"],
         "started_by": ctx.get("started_by"),
         "inputs": ctx["inputs"],
+        "request": ctx.get("request"),
         "launcher": ctx.get("launcher", "local"),
         "iterations": ctx["iterations"],
         "warmup": ctx["warmup"],
