@@ -516,8 +516,8 @@ def test_live_progress_reads_skip_a_fifo_or_zero_events_file(tmp_path, run_copy)
     os.mkfifo(events / "rank-98.jsonl")
     (events / "rank-99.jsonl").symlink_to("/dev/zero")
     code = ("import sys; from pathlib import Path\n"
-            "from reshardctl.runs.session import commits_by_side, _set_up_done\n"
-            "from reshardctl.runtime.events import read_events, unreadable_logs\n"
+            "from reshardctl.runs.records import commits_by_side, read_events, unreadable_logs\n"
+            "from reshardctl.runs.session import _set_up_done\n"
             "from reshardctl.bounded_load import LoadError\n"
             "d = Path(sys.argv[1])\n"
             "print(commits_by_side(d), _set_up_done(d), len(read_events(d / 'rank-0.jsonl')) > 0)\n"
