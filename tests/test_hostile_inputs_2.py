@@ -584,9 +584,9 @@ def test_a_truncated_newer_or_special_session_json_is_refused_by_collect(tmp_pat
 
 
 def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp_path, run_copy):
-    """One event parser (runs/records.parse_event, bounded): the report read lines with ``json.loads`` and
-    collect (Slurm: when the ranks were ready) parsed lines holding "group_init" the same way; a deeply
-    nested line was a RecursionError traceback in both."""
+    """One event parser (runs/records.parse_event, bounded): the report read lines with ``json.loads`` (a
+    deeply nested line was a RecursionError traceback), and so did collect's Slurm readiness time (when
+    accounting has the jobs' start) for lines holding "group_init"; now both skip such a line."""
     with (run_copy / "events" / "rank-0.jsonl").open("a") as fh:
         fh.write(DEEP_EVENT + "\n" + json.dumps({"phase": "x", "rank": 0, "pad": "y" * (8 << 20)}) + "\n")
     code, _, err = cli(tmp_path, "report", str(run_copy), "--out", str(tmp_path / "rep"))
