@@ -8,7 +8,8 @@ import time
 import pytest
 
 from reshardctl.runtime.cuda_timing import PhaseTimings, Span, span
-from reshardctl.runtime.events import EventLog, read_events
+from reshardctl.runs.records import read_events
+from reshardctl.runtime.events import EventLog
 
 
 def test_cpu_span_is_host_time():

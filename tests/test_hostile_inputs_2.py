@@ -537,8 +537,8 @@ def test_live_progress_reads_skip_a_fifo_or_zero_events_file(tmp_path, run_copy)
     os.mkfifo(events / "rank-98.jsonl")
     (events / "rank-99.jsonl").symlink_to("/dev/zero")
     code = ("import sys; from pathlib import Path\n"
-            "from reshardctl.runs.session import commits_by_side, _set_up_done\n"
-            "from reshardctl.runtime.events import read_events, unreadable_logs\n"
+            "from reshardctl.runs.records import commits_by_side, read_events, unreadable_logs\n"
+            "from reshardctl.runs.session import _set_up_done\n"
             "from reshardctl.bounded_load import LoadError\n"
             "d = Path(sys.argv[1])\n"
             "print(commits_by_side(d), _set_up_done(d), len(read_events(d / 'rank-0.jsonl')) > 0)\n"
@@ -558,3 +558,63 @@ def test_live_progress_reads_skip_a_fifo_or_zero_events_file(tmp_path, run_copy)
     assert lines[2] == "rank-99.jsonl is a character device, not a file"
     assert "rank-98.jsonl: is a FIFO (named pipe), not a file (skipped)" in lines[3]
     assert "rank-99.jsonl: is a character device, not a file (skipped)" in lines[3]
+
+
+# -------------------------------------------- issue 28: every reader of a run directory, runs/records.py ----
+DEEP_EVENT = '{"phase":"group_init","rank":0,"start":1.0,"duration_s":1.0,"x":' + "[" * 100_000  # json.loads: RecursionError
+
+
+@pytest.mark.parametrize("what, needle", [
+    ("truncated", "summary.json cannot be read"),
+    ("newer-format", "`format` is 'reshardctl-summary/2'"),
+    ("request-str", "`request` must be a JSON object (or null), got 'tiny-llama'"),
+])
+def test_a_truncated_or_newer_summary_is_refused_by_promote_and_report(tmp_path, run_copy, what, needle):
+    f = run_copy / "summary.json"
+    s = json.loads(f.read_text())
+    f.write_text({"truncated": json.dumps(s)[:-9], "newer-format": json.dumps({**s, "format": "reshardctl-summary/2"}),
+                  "request-str": json.dumps({**s, "request": "tiny-llama"})}[what])
+    for argv in (("promote", "--site", "local", "--run", str(run_copy), "--transport", "reshard"),
+                 ("report", str(run_copy), "--out", str(tmp_path / "rep"))):
+        refused(tmp_path, *argv, needles=(f"{run_copy}: summary.json", needle))
+    assert not _ledger(tmp_path).exists() and not (tmp_path / "rep").exists()  # nothing recorded or written
+
+
+@pytest.mark.parametrize("what, needle", [
+    ("truncated", "cannot be read"),
+    ("newer-format", "`format` is 'reshardctl-session/2'; this reshardctl reads 'reshardctl-session/1'"),
+    ("request-list", "`request` must be a JSON object (the refit request) or null"),
+    ("dev-zero", "cannot be read: is a character device, not a file"),
+])
+def test_a_truncated_newer_or_special_session_json_is_refused_by_collect(tmp_path, run_copy, slurm_recorder, what,
+                                                                          needle):
+    env, log = slurm_recorder
+    _jobs_json(run_copy, "999999")
+    before = (run_copy / "summary.json").read_bytes()
+    f = run_copy / "session.json"
+    ctx = json.loads(f.read_text())
+    f.unlink()
+    if what == "dev-zero":
+        f.symlink_to("/dev/zero")
+    else:
+        f.write_text({"truncated": json.dumps(ctx)[:-9], "newer-format": json.dumps({**ctx, "format": "reshardctl-session/2"}),
+                      "request-list": json.dumps({**ctx, "request": ["tiny-llama"]})}[what])
+    refused(tmp_path, "collect", str(run_copy), env=env, needles=(str(f), needle))
+    assert not log.exists()  # refused before any Slurm command ran
+    assert (run_copy / "summary.json").read_bytes() == before  # nothing written
+
+
+def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp_path, run_copy):
+    """One event parser (runs/records.parse_event, bounded): the report read lines with ``json.loads`` (a
+    deeply nested line was a RecursionError traceback), and so did collect's Slurm readiness time (when
+    accounting has the jobs' start) for lines holding "group_init"; now both skip such a line."""
+    with (run_copy / "events" / "rank-0.jsonl").open("a") as fh:
+        fh.write(DEEP_EVENT + "\n" + json.dumps({"phase": "x", "rank": 0, "pad": "y" * (8 << 20)}) + "\n")
+    code, _, err = cli(tmp_path, "report", str(run_copy), "--out", str(tmp_path / "rep"))
+    assert code == 0, err
+    assert "2 unreadable event lines were skipped" in (tmp_path / "rep" / "report.md").read_text()
+    _unsettled_slurm_run(tmp_path, run_copy)
+    code, _, err = cli(tmp_path, "collect", str(run_copy))
+    assert code == 1, err  # the jobs left no reports: a failed run, summarised
+    summary = json.loads((run_copy / "summary.json").read_text())
+    assert summary["knock_on_failures"] == 3 and summary["slurm"]["mode"] == "hetjob"

@@ -9,7 +9,7 @@ import pytest
 from reshardctl.errors import TransferError
 from reshardctl.launch.local import run_local
 from reshardctl.runtime.baseline import pair_bytes
-from reshardctl.runtime.events import read_events
+from reshardctl.runs.records import read_events
 from reshardctl.runtime.groups import broadcast_groups, program_peers
 
 from runtime_plans import bucket_plan, p2p_plan, rows_cols_case

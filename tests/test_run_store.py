@@ -23,7 +23,7 @@ import torch.distributed as dist
 from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
-from reshardctl.runtime.events import read_events
+from reshardctl.runs.records import read_events
 from reshardctl.runtime import nccl_watchdog as nw
 from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, settle, shutdown
 from reshardctl.runtime.run_store import RunKeys, SealError, for_torch, scoped

@@ -19,7 +19,7 @@ from reshardctl.errors import TransferError, VerificationError
 from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
-from reshardctl.runtime.events import read_events
+from reshardctl.runs.records import read_events
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case

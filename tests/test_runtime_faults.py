@@ -16,7 +16,7 @@ from reshardctl.errors import TransferError, VerificationError
 from reshardctl.launch.local import run_local
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.contract import RunOptions
-from reshardctl.runtime.events import read_events
+from reshardctl.runs.records import read_events
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from runtime_plans import bucket_plan, p2p_plan, rows_cols_case

@@ -11,7 +11,8 @@ from reshardctl.errors import InputError, LaunchError, TransferError
 from reshardctl.plan.schedule import P2PRound, PeerRegions, Region
 from reshardctl.runtime.contract import ExecutablePlan, StaticPlan
 from reshardctl.runtime.env import read_rank_env
-from reshardctl.runtime.events import EventLog, read_events
+from reshardctl.runs.records import read_events
+from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.mirror import mirror_problems
 from reshardctl.runtime.drills import Drills, parse_faults
 from reshardctl.runtime.buffer_pool import BufferPool

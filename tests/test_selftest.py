@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from reshardctl.cli import main
+from reshardctl.commands.selftest_refit import check_nccl_refit, nccl_layouts
 from reshardctl.runtime import selftest
-from reshardctl.runtime.selftest import CPU_CHECKS, check_nccl_refit, nccl_layouts, run_selftest
+from reshardctl.runtime.selftest import CPU_CHECKS, run_selftest
 
 
 def _json(capsys) -> dict:

@@ -1,7 +1,8 @@
 """`reshardctl selftest [--gpu]`: check the runtime's pack/unpack, checksums, stream ordering and pinned
 staging on this machine's device (and, with several GPUs, a real NCCL refit). One line per check; exit 0
 when all passed (or when --gpu found no CUDA device: skipped, said why), 1 when a check failed.
-The checks: reshardctl/runtime/selftest.py; docs/gpu.md."""
+The checks: reshardctl/runtime/selftest.py (in-process), commands/selftest_refit.py (the NCCL refit through
+`reshardctl run`); docs/gpu.md."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.errors import InputError
 
 
 def selftest_cmd(
@@ -21,18 +23,19 @@ def selftest_cmd(
                                                      help="Break this check on purpose (tests: each check can fail)."),
 ) -> None:
     """Prove the GPU path on this machine: pack, checksums, stream order, pinned staging, NCCL refit."""
-    from reshardctl.errors import InputError
-    from reshardctl.runtime.selftest import CHECKS, run_selftest
+    from reshardctl.commands.selftest_refit import GPU_CHECKS  # torch: imported when the command runs
+    from reshardctl.runtime.selftest import CPU_CHECKS, run_selftest
 
+    checks = (*CPU_CHECKS, *GPU_CHECKS)
     inject = list(inject_fault or [])
-    unknown = sorted(set(inject) - set(CHECKS))
+    unknown = sorted(set(inject) - set(checks))
     if unknown:
-        raise InputError(f"--inject-fault {', '.join(unknown)}: the checks are {', '.join(CHECKS)}")
+        raise InputError(f"--inject-fault {', '.join(unknown)}: the checks are {', '.join(checks)}")
     con = output.console()
     live = not as_json
     if live:
         output.info("selftest: " + ("GPU checks" if gpu else "CPU checks (the same code; --gpu for the device)"))
-    report = run_selftest(gpu, inject=inject,
+    report = run_selftest(gpu, inject=inject, gpu_checks=GPU_CHECKS,
                           on_result=(lambda c: con.print(c.line(), markup=False, highlight=False)) if live else None)
     if as_json:
         output.print_json(report.to_json())

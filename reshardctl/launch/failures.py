@@ -1,29 +1,18 @@
 """Failure records of a refit session, whatever the launcher: root cause first, then knock-on failures.
 
-A record (dict) names rank, host, side, side rank, phase, step, round, peers, error and message, and
-``at`` (unix time) and ``knock_on`` (it stopped because another rank failed). Ranks that left no report
-come from the launcher (``RankLost``); the others from the ranks' own reports (``RankReport.failure``).
+A record is a ``FailureRecord`` (``runtime/failure_record.py``; on the wire its JSON object): rank, host,
+side, side rank, phase, step, round, peers, error and message, ``at`` (unix time) and ``knock_on`` (it
+stopped because another rank failed). Ranks that left no report come from the launcher (``RankLost``,
+``lost_record``); the others from the ranks' own reports (``RankReport.failure``).
 """
 
 from __future__ import annotations
 
 import os
 
+from reshardctl.runs.records import last_event
 from reshardctl.runtime.contract import RankReport
-
-
-def last_event(run_dir: str | os.PathLike | None, rank: int) -> dict:
-    """The rank's drill event if it has one, else its last event (where a rank without a report was)."""
-    if not run_dir:
-        return {}
-    from reshardctl.runtime.events import read_events
-
-    try:
-        ev = read_events(os.path.join(run_dir, "events", f"rank-{rank}.jsonl"))
-    except (OSError, ValueError):
-        return {}
-    drill = [e for e in ev if e.get("phase") == "drill"]
-    return drill[-1] if drill else (ev[-1] if ev else {})
+from reshardctl.runtime.failure_record import RANK_LOST, FailureRecord
 
 
 def where_lost(run_dir: str | os.PathLike | None, rank: int) -> dict:
@@ -34,6 +23,15 @@ def where_lost(run_dir: str | os.PathLike | None, rank: int) -> dict:
             "round": last.get("round", last.get("bucket")), "drill": last.get("drill")}
 
 
+def lost_record(rank: int, side: str | None, side_rank: int | None, host: str | None, at: float, why: str,
+                run_dir: str | os.PathLike | None) -> dict:
+    """The launcher's record of a rank that left no report (``RankLost``), where it was from its events."""
+    where = FailureRecord.from_json(where_lost(run_dir, rank))
+    return FailureRecord(rank=rank, side=side, side_rank=side_rank, host=host, phase=where.phase, step=where.step,
+                         round=where.round, at=at, knock_on=False, error=RANK_LOST, message=why,
+                         drill=where.drill).to_json()
+
+
 def order_failures(lost: list[dict], reports: list[RankReport]) -> list[dict]:
     """Root cause first: ranks without a report, then ranks that failed on their own (earliest first),
     then the knock-on failures (ranks that stopped because another rank failed)."""
@@ -41,8 +39,8 @@ def order_failures(lost: list[dict], reports: list[RankReport]) -> list[dict]:
     for r in reports:
         if r.ok:
             continue
-        f = dict(r.failure or {"rank": r.global_rank, "side": r.side, "side_rank": r.side_rank, "at": None,
-                               "knock_on": False, "host": r.host})
+        f = dict(r.failure) if r.failure else FailureRecord(rank=r.global_rank, side=r.side, side_rank=r.side_rank,
+                                                              host=r.host).to_json()
         f.update(error=r.error_type, message=r.error_message)
         recs.append(f)
     own = sorted((f for f in recs if not f.get("knock_on")), key=lambda f: f.get("at") or 0.0)
@@ -50,14 +48,14 @@ def order_failures(lost: list[dict], reports: list[RankReport]) -> list[dict]:
     return sorted(lost, key=lambda f: f["at"]) + own + knock
 
 
-def failure_line(f: dict) -> str:
+def failure_line(rec: dict) -> str:
     """One line: ``rank 3 (infer 1, host, phase verify, step 2): TransferError: ...``."""
+    f = FailureRecord.from_json(rec)
     where = ", ".join(x for x in (
-        f"{f.get('side')} {f.get('side_rank')}", f.get("host") or "",
-        f"phase {f['phase']}" if f.get("phase") else "", f"step {f['step']}" if f.get("step") is not None else "",
-        f"round {f['round']}" if f.get("round") is not None else "",
-        f"peers {f['peers']}" if f.get("peers") else "") if x)
-    return f"rank {f['rank']} ({where}): {f.get('error')}: {f.get('message')}"
+        f"{f.side} {f.side_rank}", f.host or "", f"phase {f.phase}" if f.phase else "",
+        f"step {f.step}" if f.step is not None else "", f"round {f.round}" if f.round is not None else "",
+        f"peers {f.peers}" if f.peers else "") if x)
+    return f"rank {f.rank} ({where}): {f.error}: {f.message}"
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -75,8 +73,8 @@ def knock_on_text(others: list[dict]) -> str:
     which repeat the root cause): ``7 other ranks stopped because of it: ranks 0-3 TransferError in
     transfer, rank 4 Abandoned in transfer, ranks 6, 7 Abandoned in verify``."""
     groups: dict[tuple, list[int]] = {}
-    for f in others:
-        groups.setdefault((f.get("error") or "failed", f.get("phase")), []).append(f["rank"])
+    for f in map(FailureRecord.from_json, others):
+        groups.setdefault((f.error or "failed", f.phase), []).append(f.rank)
     parts = [f"{ranks_text(rs)} {err}" + (f" in {phase}" if phase else "") for (err, phase), rs in groups.items()]
     n = len(others)
     return f"{n} other rank{'s' if n != 1 else ''} stopped because of it: " + ", ".join(parts)

@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 
 from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import LaunchError, TransferError, VerificationError
-from reshardctl.launch.failures import failure_text, order_failures, where_lost
+from reshardctl.launch.failures import failure_text, lost_record, order_failures
 from reshardctl.runs.rundir import RANKS_PAYLOAD_PREFIX
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
@@ -149,9 +149,7 @@ def run_local(plan, options: RunOptions, *, deadline_s: float | None = None, hos
 
 def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | None) -> dict:
     side, side_rank = side_of_global(rank, world_t)
-    return {"rank": rank, "host": socket.gethostname(), "side": side, "side_rank": side_rank,
-            **where_lost(run_dir, rank), "peers": None, "at": at, "knock_on": False, "error": "RankLost",
-            "message": why}
+    return lost_record(rank, side, side_rank, socket.gethostname(), at, why, run_dir)
 
 
 def check_main_importable() -> None:

@@ -18,7 +18,6 @@ gives the job and its output file, and the scripts set ``umask 077`` themselves 
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import time
@@ -30,10 +29,10 @@ from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_a
 from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
 from reshardctl.errors import InputError, LaunchError, RecordError, TransferError
 from reshardctl.launch import slurm_cli
-from reshardctl.launch.failures import failure_line, knock_on_text, order_failures, ranks_text, where_lost
+from reshardctl.launch.failures import failure_line, knock_on_text, lost_record, order_failures, ranks_text
 from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
+from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
-from reshardctl.runtime.events import MAX_EVENTS_BYTES  # events/rank-N.jsonl: one bound for every reader
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
@@ -70,13 +69,8 @@ class SlurmRun:
         """The jobs of ``run_dir``; ``InputError`` (exit 2) for a missing, special, oversized or malformed
         ``slurm/jobs.json``, and for a job id that is not a Slurm job id (before any command sees it)."""
         path = Path(run_dir) / JOBS_FILE
-        try:
-            data = loads_json(read_text(path, MAX_JOBS_BYTES))
-        except LoadError as exc:
-            if exc.missing:
-                raise InputError(f"{run_dir}: not a Slurm run directory (no {JOBS_FILE})") from None
-            raise InputError(f"{path}: cannot be read: {exc}") from None
-        if not isinstance(data, dict) or set(data) - set(cls.__dataclass_fields__):
+        data = read_json_object(path, MAX_JOBS_BYTES, missing=f"{run_dir}: not a Slurm run directory (no {JOBS_FILE})")
+        if set(data) - set(cls.__dataclass_fields__):
             raise InputError(f"{path}: expected a JSON object with keys {', '.join(cls.__dataclass_fields__)}")
         kinds = {"run_dir": str, "mode": str, "job_ids": dict, "submitted_at": (int, float), "scripts": list,
                  "world": int}
@@ -305,11 +299,7 @@ def _last_words(run_dir: Path, rank: int) -> str:
     err = _tail(run_dir / "logs" / f"rank-{rank}.err")
     if err:
         return "; its stderr ends:\n      " + err.replace("\n", "\n      ")
-    last = _tail(run_dir / "events" / f"rank-{rank}.jsonl", 1)
-    try:
-        e = json.loads(last) if last else None
-    except ValueError:
-        e = None
+    e = parse_event(_tail(events_path(run_dir, rank), 1))
     if e:
         step = f" of step {e['step']}" if e.get("step") is not None else ""
         return f" (stopped after its {e.get('phase')} phase{step}; no stderr)"
@@ -347,9 +337,8 @@ def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, 
     recs = []
     for rank, why in sorted(lost.items()):
         side = None if world_t is None else ("train" if rank < world_t else "infer")
-        recs.append({"rank": rank, "side": side, "side_rank": None if world_t is None else
-                     (rank if rank < world_t else rank - world_t), "host": None, **where_lost(run_dir, rank),
-                     "peers": None, "at": 0.0, "knock_on": False, "error": "RankLost", "message": why})
+        recs.append(lost_record(rank, side, None if world_t is None else (rank if rank < world_t else rank - world_t),
+                                None, 0.0, why, run_dir))
     failing = next((rs for rs in session.values() if any(not r.ok for r in rs)), [])
     return order_failures(recs, failing) if (recs or failing) else []
 
@@ -403,14 +392,11 @@ def _side_nodes(run: SlurmRun, w: Watch) -> dict[str, str]:
 def _ranks_ready_at(run_dir: Path) -> float | None:
     """When the last rank finished setting up its process groups (from the events), unix time."""
     ends = []
-    for f in (run_dir / "events").glob("rank-*.jsonl"):
-        try:
-            for line in read_text(f, MAX_EVENTS_BYTES).splitlines():
-                if '"group_init"' in line:
-                    e = json.loads(line)
-                    ends.append(e["start"] + e["duration_s"])
-        except (LoadError, ValueError, KeyError, TypeError):
-            continue
+    for e in run_events(run_dir):
+        start, took = e.get("start"), e.get("duration_s")
+        if e.get("phase") == "group_init" and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in (start, took)):
+            ends.append(start + took)
     return max(ends) if ends else None
 
 

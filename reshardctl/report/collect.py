@@ -1,4 +1,5 @@
-"""What a report needs from one run directory: summary.json (read defensively) and the ranks' events.
+"""What a report needs from one run directory: summary.json and the ranks' events, both read through
+``runs/records.py`` (bounded, checked; a line that is not an event is counted, not fatal).
 
 ``events/rank-N.jsonl`` gives the per-iteration phase timeline and the bytes through each rank's
 transfer phases (a trainer rank logs what it sent, an inference rank what it received; a
@@ -7,7 +8,6 @@ gather-and-broadcast root logs both its gather and its broadcast).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reshardctl.bounded_load import LoadError, read_text
+from reshardctl.bounded_load import LoadError
 from reshardctl.errors import InputError
 from reshardctl.layout.layout_file import MAX_WORLD
-from reshardctl.runbook.run_record import load_run
-from reshardctl.runtime.events import MAX_EVENTS_BYTES
+from reshardctl.runs.records import event_logs, events_dir, read_events_tolerant, read_summary
 
 TRANSFER_PHASES = ("round/transfer", "bucket/gather", "bucket/broadcast")
 # phases of one refit, in the order the timeline's legend shows them
@@ -93,17 +92,13 @@ def _usable(d: Any) -> bool:
 
 def _read_events(run_dir: Path) -> tuple[list[dict], int]:
     rows, bad = [], 0
-    for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
+    for f in event_logs(events_dir(run_dir)):
         try:
-            text = read_text(f, MAX_EVENTS_BYTES)
+            events, skipped = read_events_tolerant(f)
         except LoadError as exc:
             raise InputError(f"report {run_dir}: {f.name}: cannot be read: {exc}") from None
-        for line in text.splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                bad += 1  # a rank killed mid-line: the report says how many lines it skipped
-                continue
+        bad += skipped  # a rank killed mid-line: the report says how many lines it skipped
+        for d in events:
             if _usable(d):
                 rows.append(d)
             else:
@@ -112,7 +107,7 @@ def _read_events(run_dir: Path) -> tuple[list[dict], int]:
 
 
 def load_run_data(run_dir: str | Path) -> RunData:
-    rec = load_run(run_dir, flag="report")
+    rec = read_summary(run_dir, flag="report")
     rows, bad = _read_events(rec.run_dir)
     data = RunData(rec.run_dir, rec.summary, bad_event_lines=bad)
     if rows:

@@ -6,26 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _events_of(run_dir: Path) -> list[dict]:
-    from reshardctl.runtime.events import read_events
-
-    out = []
-    for f in sorted((run_dir / "events").glob("rank-*.jsonl")):
-        try:
-            out += read_events(f)
-        except (OSError, ValueError):
-            pass
-    return out
+from reshardctl.runs.records import run_events
+from reshardctl.runtime.drills import parse_faults
+from reshardctl.runtime.failure_record import RANK_LOST, FailureRecord
 
 
 def drill_rows(faults: str | None, run_dir: Path | None) -> list[dict]:
     """Every drill the run asked for (``--inject``, in order), with ``fired`` and, when it fired, its
     unix time (``at``: the drill event the rank wrote just before it acted) and step. A drill event no
     request names (a rank run with other options) is listed too, as fired."""
-    from reshardctl.runtime.drills import parse_faults
-
-    fired = [e for e in _events_of(run_dir) if e.get("phase") == "drill"] if run_dir is not None else []
+    fired = [e for e in run_events(run_dir) if e.get("phase") == "drill"] if run_dir is not None else []
     rows = []
     for f in parse_faults(faults):
         ev = next((e for e in fired if e.get("rank") == f.rank and e.get("drill") == f.describe()), None)
@@ -46,13 +36,14 @@ def failure_summary(failures: list[dict], drills: list[dict], timeout_s: float) 
     of different hosts) gets none either: never a negative figure."""
     t0 = min((d["at"] for d in drills if d.get("fired") and d.get("at") is not None), default=None)
     rows = []
-    for k, f in enumerate(failures):
-        row = {key: f.get(key) for key in ("rank", "host", "side", "side_rank", "phase", "step", "round", "peers",
-                                           "error", "message")}
+    for k, rec in enumerate(failures):
+        f = FailureRecord.from_json(rec)
+        row = {key: getattr(f, key) for key in ("rank", "host", "side", "side_rank", "phase", "step", "round", "peers",
+                                                "error", "message")}
         row["root_cause"] = k == 0
         row["knock_on"] = k > 0
-        if t0 is not None and f.get("at") and f.get("error") != "RankLost" and f["at"] >= t0:
-            row["detected_after_s"] = round(f["at"] - t0, 3)
+        if t0 is not None and f.at and f.error != RANK_LOST and f.at >= t0:
+            row["detected_after_s"] = round(f.at - t0, 3)
         rows.append(row)
     detected = [r["detected_after_s"] for r in rows if "detected_after_s" in r]
     return {

@@ -28,6 +28,7 @@ import getpass
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -37,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
+from reshardctl.bounded_load import LoadError, loads_json, read_text
+from reshardctl.errors import InputError, OutputError
+from reshardctl.runtime.trusted_file import not_private
 
 DEFAULT_BASE = "runs"
 RANKS_PAYLOAD_PREFIX = ".ranks-"  # the local launcher's plans file for its ranks (launch/local.py), 0600
@@ -60,9 +64,6 @@ def private_umask() -> Iterator[None]:
 def check_dir_owner(path: str | os.PathLike, flag: str = "--out") -> None:
     """Refuse (``InputError``, exit 2) an existing directory ``path`` that is owned by another user or
     writable by group or others: that user could swap the session file the ranks unpickle."""
-    from reshardctl.errors import InputError
-    from reshardctl.runtime.trusted_file import not_private
-
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -87,8 +88,6 @@ def _refuse_to_empty(path: Path) -> str | None:
 
 
 def _empty_dir(path: Path) -> None:
-    import shutil
-
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
@@ -102,8 +101,6 @@ def check_out_dir(out: str | os.PathLike | None, force: bool = False) -> None:
     written: callers check this before any side effect."""
     if out is None:
         return
-    from reshardctl.errors import InputError
-
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
@@ -138,8 +135,6 @@ def new_run_dir(out: str | os.PathLike | None, label: str, force: bool = False) 
             check_dir_owner(path)
             path.chmod(0o700)
         except OSError as exc:
-            from reshardctl.errors import OutputError
-
             raise OutputError(f"--out {out}: cannot create the run directory: {exc.strerror or exc}") from exc
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -257,9 +252,6 @@ def read_run(path: str | os.PathLike) -> dict | None:
     """``run.json`` as written by ``mark_run``, or None when it is missing. Read through ``bounded_load``:
     a FIFO, a device or a symlink to one, a file over ``MAX_RUN_JSON_BYTES``, and anything but a JSON
     object (with ``started_by`` an object) are an ``InputError`` naming the file (never a hang)."""
-    from reshardctl.bounded_load import LoadError, loads_json, read_text
-    from reshardctl.errors import InputError
-
     target = Path(path) / "run.json"
     try:
         rec = loads_json(read_text(target, MAX_RUN_JSON_BYTES))

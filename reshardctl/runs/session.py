@@ -33,12 +33,12 @@ from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, privat
                                     write_json)
 from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
+from reshardctl.runs.records import (count_commits, events_dir, ranks_with_phase, unreadable_logs, write_session,
+                                     write_summary_json)
 from reshardctl.runs.summary import speedups, summarize_transport
-from reshardctl.runtime.events import event_texts, unreadable_logs
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
 LAUNCHERS = ("local", "slurm")
-SESSION_JSON = "session.json"
 
 
 @dataclass
@@ -67,20 +67,6 @@ def plan_transports(inp: Inputs, transports: list[str], launcher: str = "local")
                       relay=inp.relay, broadcast_span=inp.broadcast_span)
         for t in transports
     }
-
-
-def count_commits(events_dir: Path) -> int:
-    return sum(commits_by_side(events_dir).values())
-
-
-def commits_by_side(events_dir: Path) -> dict[str, int]:
-    """Commit events written so far, per side (``{"train": n, "infer": m}``): a run's live progress."""
-    out = {"train": 0, "infer": 0}
-    for text in event_texts(events_dir):  # bounded, regular files only (summary.json names a skipped one)
-        n = text.count('"phase":"commit"')
-        if n:
-            out["infer" if '"side":"infer"' in text else "train"] += n
-    return out
 
 
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
@@ -163,7 +149,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         # event logs the disk refused (the ranks went on without them): "<file>: <why> (<n> not written)";
         # event logs the readers skipped (a FIFO, a device, over the size bound): "<file>: <why> (skipped)"
         "record_errors": sorted({r.events_error for rs in (reports or {}).values() for r in rs if r.events_error}
-                                | set(unreadable_logs(run_dir / "events") if run_dir is not None else ())),
+                                | set(unreadable_logs(events_dir(run_dir)) if run_dir is not None else ())),
     }
     summary.update(extra or {})
     return summary
@@ -172,7 +158,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
 def write_summary(run_dir: Path, summary: dict) -> None:
     """``summary.json`` (first: on a nearly full disk the figures matter most), then ``record.json`` (with
     the ranks' hosts and backend; summary.json carries the same object)."""
-    write_json(run_dir / "summary.json", summary)
+    write_summary_json(run_dir, summary)
     if summary.get("record"):
         write_record(run_dir, summary["record"])
 
@@ -230,9 +216,9 @@ def _failed_transport(reports, names) -> str | None:
     return next(iter(names), None)
 
 
-def _set_up_done(events_dir: Path) -> int:
+def _set_up_done(events: Path) -> int:
     """Ranks whose weights are materialised (set-up progress)."""
-    return sum('"phase":"materialise"' in text for text in event_texts(events_dir))
+    return ranks_with_phase(events, "materialise")
 
 
 class _Signals:
@@ -354,7 +340,7 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         ctx["record"] = static_record(site, started=started, timeout_s=timeout,
                                       rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
         write_record(run_dir, ctx["record"])
-        write_json(run_dir / SESSION_JSON, ctx)
+        write_session(run_dir, ctx)
     return Prepared(plans, fallback, run_dir, ctx, options, who, started)
 
 

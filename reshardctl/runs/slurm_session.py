@@ -13,20 +13,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError
 from reshardctl.launch.slurm_cli import check_job_id
 from reshardctl.request.resolve import Inputs
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.runs.rundir import launcher_alive, mark_run, read_run, settle, settle_local
+from reshardctl.runs.records import SESSION_JSON, commits_by_side, count_commits, read_session
 from reshardctl.runs.session import (
-    SESSION_JSON,
     Prepared,
     SessionResult,
     _preparing,
     build_summary,
-    commits_by_side,
-    count_commits,
     record_outcome,
     session_context,
 )
@@ -161,34 +158,6 @@ def _finish_slurm(ctx: dict, run, w, run_dir: Path, wall_s: float,
     return summary, err
 
 
-MAX_SESSION_BYTES = 64 << 20  # session.json
-
-
-def read_session_context(run_dir: Path) -> dict:
-    """``session.json`` of a run directory, bounded (a regular file of at most ``MAX_SESSION_BYTES``), with
-    the keys collecting reads checked: ``world`` (1..MAX_WORLD ranks, reports are read per rank) and
-    ``transports``."""
-    from reshardctl.layout.layout_file import MAX_WORLD
-
-    path = run_dir / SESSION_JSON
-    try:
-        ctx = loads_json(read_text(path, MAX_SESSION_BYTES))
-    except LoadError as exc:
-        if exc.missing:
-            raise InputError(f"{run_dir}: not a reshardctl run directory (no {SESSION_JSON})") from None
-        raise InputError(f"{path}: cannot be read: {exc}") from None
-    if not isinstance(ctx, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(ctx).__name__}")
-    world = ctx.get("world")
-    if not isinstance(world, int) or isinstance(world, bool) or not 1 <= world <= MAX_WORLD:
-        raise InputError(f"{path}: `world` must be a number of ranks from 1 to {MAX_WORLD:,} (MAX_WORLD), "
-                         f"got {str(world)[:40]}")
-    names = ctx.get("transports")
-    if not isinstance(names, (list, dict)) or not names or not all(isinstance(n, str) for n in names):
-        raise InputError(f"{path}: `transports` must name the run's transports, got {str(names)[:80]!r}")
-    return ctx
-
-
 def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None = None,
                     on_state: Callable[[dict], None] | None = None) -> SessionResult:
     """The summary of a (detached) Slurm run once its jobs ended; ``wait`` watches them until then.
@@ -205,7 +174,7 @@ def collect_session(run_dir: str | Path, *, wait: bool = False, job: str | None 
         if settled is not None:
             raise LaunchError(f"{run_dir}: a local run whose launcher ended without a summary (killed outright); "
                               f"run.json now says {settled}")
-    ctx = read_session_context(run_dir)
+    ctx = read_session(run_dir).context
     if job is not None:
         slurm.adopt(run_dir, job, world=ctx["world"])
     run = slurm.SlurmRun.load(run_dir)
@@ -253,7 +222,7 @@ def settle_slurm(run_dir: str | Path, live: dict) -> str | None:
     if not all(j in states and states[j].terminal for j in run.ids):
         return None  # accounting has not recorded the end yet
     try:
-        ctx = read_session_context(run_dir)
+        ctx = read_session(run_dir).context
         _finish_slurm(ctx, run, slurm.Watch(states, None, time.time()), run_dir, 0.0, collected=True)
     except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # not a run this tool can collect: `reshardctl collect` says why

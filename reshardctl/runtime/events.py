@@ -10,6 +10,9 @@ transfer posted in one place and waited in another) go through ``record``.
 A log the disk refuses (full, read-only) never fails the refit it records: the first refused write is
 kept in ``error`` (the file and why, which the rank's report carries), the log stops there and counts
 the events it dropped (``dropped``).
+
+The readers of these logs live with the run's other records (``runs/records.py``: ``parse_event``,
+``read_events``).
 """
 
 from __future__ import annotations
@@ -100,50 +103,3 @@ class EventLog:
     def problem(self) -> str | None:
         """``<file>: <why> (<n> events not written)`` when the disk refused this log, else None."""
         return None if self.error is None else f"{self.error} ({self.dropped} event(s) not written)"
-
-
-MAX_EVENTS_BYTES = 256 << 20  # one rank's events/rank-N.jsonl, as any reader takes it
-
-
-def read_events(path: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> list[dict[str, Any]]:
-    """The events of one log, read through ``bounded_load`` (a regular file of at most ``max_bytes``; a
-    FIFO, a device or a symlink to one is refused without reading it, never a hang). ``LoadError`` (a
-    ``ValueError``) for such a file, for a line that is not bounded JSON, and for a missing file."""
-    from reshardctl.bounded_load import loads_json, read_text
-
-    return [loads_json(line) for line in read_text(path, max_bytes).splitlines() if line.strip()]
-
-
-def event_texts(events_dir: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> Iterator[str]:
-    """The text of each ``rank-*.jsonl`` under ``events_dir`` that is a readable regular file of at most
-    ``max_bytes``; the others are skipped (``unreadable_logs`` names them for the summary)."""
-    from reshardctl.bounded_load import LoadError, read_text
-
-    for f in sorted(Path(events_dir).glob("rank-*.jsonl")):
-        try:
-            yield read_text(f, max_bytes)
-        except LoadError:
-            continue
-
-
-def unreadable_logs(events_dir: str | Path, max_bytes: int = MAX_EVENTS_BYTES) -> list[str]:
-    """``<file>: <why> (skipped)`` for each ``rank-*.jsonl`` under ``events_dir`` that readers skip: not a
-    regular file (checked on an opened descriptor, non-blocking: never a hang) or over ``max_bytes``."""
-    from reshardctl.bounded_load import LoadError, open_regular, read_fd
-
-    out = []
-    for f in sorted(Path(events_dir).glob("rank-*.jsonl")):
-        try:
-            fd = open_regular(f)
-        except LoadError as exc:
-            if not exc.missing:
-                out.append(f"{f}: {exc} (skipped)")
-            continue
-        try:
-            if os.fstat(fd).st_size > max_bytes:
-                read_fd(fd, max_bytes)  # raises, with the sizes
-        except LoadError as exc:
-            out.append(f"{f}: {exc} (skipped)")
-        finally:
-            os.close(fd)
-    return out

@@ -21,6 +21,7 @@ from reshardctl.runtime import commit as _commit
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
+from reshardctl.runtime.failure_record import FailureRecord
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import Abandoned, Groups, abort_after_failure
 from reshardctl.runtime.local_weights import LocalWeights
@@ -51,12 +52,13 @@ def advance_source(plan, st: State, source, step: int) -> None:
 
 
 def failure_record(env: RankEnv, phase: str, step: int, exc: BaseException) -> dict:
+    """This rank's ``FailureRecord`` (wire form) for ``exc`` in ``phase`` of ``step``."""
     where = getattr(exc, "where", None) or {}
-    return {
-        "rank": env.global_rank, "host": HOST, "side": env.side, "side_rank": env.side_rank, "phase": phase,
-        "step": step, "round": where.get("index"), "step_kind": where.get("kind"), "peers": where.get("peers"),
-        "at": time.time(), "knock_on": isinstance(exc, Abandoned) or bool(getattr(exc, "knock_on", False)),
-    }
+    return FailureRecord(
+        rank=env.global_rank, host=HOST, side=env.side, side_rank=env.side_rank, phase=phase, step=step,
+        round=where.get("index"), step_kind=where.get("kind"), peers=where.get("peers"), at=time.time(),
+        knock_on=isinstance(exc, Abandoned) or bool(getattr(exc, "knock_on", False)),
+    ).to_json()
 
 
 _GLOO_SOURCE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ")

@@ -1,7 +1,7 @@
 """`reshardctl selftest [--gpu]`: named checks of the runtime's own code on one device, each with what
 it checked and its numbers. How a site (and this project, on a GPU machine) proves the GPU path.
 
-Checks (``CHECKS``), all through the runtime's real functions:
+Checks (``CPU_CHECKS``), all through the runtime's real functions:
 
 * ``pack_roundtrip``: regions of boxes of eight dtypes (fp8, bool and 3-d included), copied out of
   non-contiguous column-slice views into one 8-byte aligned message and then into other
@@ -18,35 +18,26 @@ Checks (``CHECKS``), all through the runtime's real functions:
 * ``pinned_pool``: host tensors (odd sizes, several dtypes, up to 3.5x the pool) copied to the device
   through a 1 MiB ``PinnedStagingPool`` (pinned_pool.py): exact, and the pool never held more than its
   capacity.
-* ``nccl_refit`` (``--gpu`` only, needs >= 2 GPUs): ``reshardctl run --model tiny-llama`` through the
-  local launcher on as many GPUs as the plan's ranks (the launcher takes NCCL when every rank has a
-  GPU); passes when the run committed every refit on NCCL. With one GPU it is skipped: NCCL needs one
-  device per rank, so one GPU cannot host several NCCL ranks.
 
-Without ``--gpu`` the first four run on the CPU (the same code, so CI exercises it). ``inject``: names
-of checks to break on purpose (a flipped byte in their result; for ``nccl_refit`` a corrupt-drill), to
-prove each check can fail.
+Without ``--gpu`` they run on the CPU (the same code, so CI exercises it). The caller adds its own
+checks for ``--gpu`` (``gpu_checks``): `reshardctl selftest` adds ``nccl_refit``, a real `reshardctl run`
+on NCCL (``commands/selftest_refit.py``). ``inject``: names of checks to break on purpose (a flipped
+byte in their result), to prove each check can fail.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from reshardctl.runtime.local_weights import LocalWeights, byte_slices, byte_view
 from reshardctl.runtime.piece_copy import copy_pieces, message_pieces
 
-CHECKS = ("pack_roundtrip", "checksums", "stream_order", "pinned_pool", "nccl_refit")
-CPU_CHECKS = CHECKS[:4]
+CPU_CHECKS = ("pack_roundtrip", "checksums", "stream_order", "pinned_pool")  # in-process: CPU or one device
 
 
 @dataclass
@@ -389,95 +380,35 @@ def check_pinned_pool(device: torch.device, corrupt: bool = False) -> CheckResul
                        numbers, detail="; ".join(bad[:3]))
 
 
-# ---- (e) NCCL refit through the local launcher -------------------------------------------------------
-def nccl_layouts(gpus: int) -> tuple[str, str] | None:
-    """(--train, --infer) for a refit on at most ``gpus`` GPUs (one rank per GPU), or None."""
-    if gpus >= 4:
-        return "tp=2", "tp=1,dp=2"  # 2 + 2 ranks: a real reshard (tp halves -> full replicas)
-    if gpus >= 2:
-        return "tp=1", "tp=1"  # 1 + 1 ranks
-    return None
-
-
-def check_nccl_refit(device: torch.device, corrupt: bool = False, *, gpus: int | None = None,
-                     timeout_s: float = 480.0) -> CheckResult:
-    gpus = torch.cuda.device_count() if gpus is None else gpus
-    layouts = nccl_layouts(gpus)
-    what = "reshardctl run --model tiny-llama (local launcher, one NCCL rank per GPU) committed every refit"
-    if layouts is None:
-        return CheckResult("nccl_refit", True, what, {"gpus": gpus}, skipped=True,
-                           detail=f"{gpus} GPU: one GPU cannot host several NCCL ranks (NCCL needs one device "
-                                  "per rank); run on a node with >= 2 GPUs")
-    train, infer = layouts
-    torch.cuda.empty_cache()  # this process's cached blocks from the other checks, before the ranks start
-    with tempfile.TemporaryDirectory(prefix="reshardctl-selftest-") as tmp:
-        out = Path(tmp) / "run"
-        argv = [sys.executable, "-m", "reshardctl", "run", "--model", "tiny-llama", "--train", train, "--infer",
-                infer, "--transport", "reshard", "--iters", "2", "--warmup", "1", "--timeout-s", "60",
-                "--out", str(out), "--json"]
-        if corrupt:
-            argv += ["--inject", "corrupt:rank=1"]
-        env = {k: v for k, v in os.environ.items() if k != "RESHARDCTL_FORCE_CPU"}
-        env["RESHARDCTL_BACKEND"] = "nccl"  # for the ranks; the local launcher itself takes NCCL when each rank has a GPU
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return CheckResult("nccl_refit", False, what, {"gpus": gpus}, detail=f"no result within {timeout_s:g} s")
-        numbers: dict[str, Any] = {"gpus": gpus, "train": train, "infer": infer, "exit": proc.returncode,
-                                   "wall_s": time.perf_counter() - t0}
-        backend, commits, ranks = None, 0, 0
-        try:
-            backend = json.loads((out / "record.json").read_text()).get("backend")
-        except (OSError, ValueError):
-            pass
-        for f in sorted((out / "events").glob("rank-*.jsonl")) if (out / "events").is_dir() else []:
-            ranks += 1
-            for line in f.read_text().splitlines():
-                if '"commit"' in line:
-                    rec = json.loads(line)
-                    commits += bool(rec.get("phase") == "commit" and rec.get("committed"))
-        numbers.update(backend=backend, ranks=ranks, commits=commits)
-        verified = False
-        try:
-            summary = json.loads(proc.stdout)
-            verified = bool(summary.get("ok")) and bool(summary["transports"]["reshard"]["verified"])
-        except (ValueError, KeyError, TypeError):
-            pass
-        ok = proc.returncode == 0 and verified and backend == "nccl" and commits > 0
-        detail = ""
-        if not ok:
-            why = [] if backend == "nccl" else [f"backend {backend!r}, not nccl"]
-            if proc.returncode != 0 or not verified:
-                why.append(f"exit {proc.returncode}, verified={verified}: {(proc.stderr or proc.stdout)[-400:].strip()}")
-            if commits == 0:
-                why.append("no committed refit in the events")
-            detail = "; ".join(why)
-        return CheckResult("nccl_refit", ok, what, numbers, detail=detail)
-
-
 _CHECK_FUNCS: dict[str, Callable[..., CheckResult]] = {
     "pack_roundtrip": check_pack_roundtrip, "checksums": check_checksums, "stream_order": check_stream_order,
-    "pinned_pool": check_pinned_pool, "nccl_refit": check_nccl_refit,
+    "pinned_pool": check_pinned_pool,
 }
 
 
-def _run_check(name: str, device: torch.device, corrupt: bool) -> CheckResult:
+Check = Callable[[torch.device, bool], CheckResult]  # (device, corrupt) -> result
+
+
+def _run_check(name: str, func: Check, device: torch.device, corrupt: bool) -> CheckResult:
     try:
-        return _CHECK_FUNCS[name](device, corrupt)
+        return func(device, corrupt)
     except Exception as exc:  # noqa: BLE001 - a check that raises has failed; the others still run
         return CheckResult(name, False, "raised", detail=f"{type(exc).__name__}: {exc}")
 
 
 def run_selftest(gpu: bool = False, *, inject: Iterable[str] = (), checks: Iterable[str] | None = None,
                  cuda_available: Callable[[], bool] | None = None,
-                 on_result: Callable[[CheckResult], None] | None = None) -> SelftestReport:
+                 on_result: Callable[[CheckResult], None] | None = None,
+                 gpu_checks: Mapping[str, Check] | None = None) -> SelftestReport:
     """Run the checks (on the GPU with ``gpu``, else on the CPU); ``on_result`` is called after each.
-    With ``gpu`` and no CUDA device: a report with ``skipped`` and why, no check run."""
+    ``gpu_checks``: the caller's own checks, run after these with ``gpu`` only, in order (the CLI's
+    ``nccl_refit``: commands/selftest_refit.py). With ``gpu`` and no CUDA device: a report with
+    ``skipped`` and why, no check run."""
+    funcs: dict[str, Check] = {**_CHECK_FUNCS, **(gpu_checks or {})}
     inject = set(inject)
-    unknown = inject - set(CHECKS)
+    unknown = inject - set(funcs)
     if unknown:
-        raise ValueError(f"unknown check(s) {sorted(unknown)}: the checks are {', '.join(CHECKS)}")
+        raise ValueError(f"unknown check(s) {sorted(unknown)}: the checks are {', '.join(funcs)}")
     t0 = time.perf_counter()
     if gpu:
         available = (cuda_available or torch.cuda.is_available)()
@@ -491,7 +422,7 @@ def run_selftest(gpu: bool = False, *, inject: Iterable[str] = (), checks: Itera
         choice = resolve_cuda_device()
         device = torch.device("cuda", choice.index)
         torch.cuda.set_device(device)
-        names = list(CHECKS)
+        names = list(funcs)
         why = f"{torch.cuda.get_device_name(device)}; {choice.why}"
     else:
         device = torch.device("cpu")
@@ -502,7 +433,7 @@ def run_selftest(gpu: bool = False, *, inject: Iterable[str] = (), checks: Itera
         names = [n for n in names if n in wanted]
     report = SelftestReport(device=str(device), gpu=gpu, why=why)
     for name in names:
-        res = _run_check(name, device, name in inject)
+        res = _run_check(name, funcs[name], device, name in inject)
         report.checks.append(res)
         if on_result is not None:
             on_result(res)
