@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from reshardctl.errors import LayoutError
-from reshardctl.layout.megatron import MegatronLayout, megatron_qkv_runs
+from reshardctl.layout.megatron import MegatronLayout
+from reshardctl.layout.megatron_params import megatron_qkv_runs
 from reshardctl.layout.parallel_spec import parse_parallel as P
 from helpers.parallel_models import build_model, deepseek_v3, llama_70b, qwen3_235b, tiny_deepseek, tiny_llama, tiny_qwen3_moe
 
