@@ -315,5 +315,20 @@ def test_non_positive_sizes(key, value):
 
 
 def test_every_preset_passes_the_consistency_checks():
+    """Every shipped preset loads through the config checks into the spec of its own config, and the same
+    checks refuse that preset's config with one key broken (so they ran on its architecture's path)."""
+    assert len(PRESETS) >= 8
     for name in PRESETS:
-        load_model(name)
+        cfg = preset_config(name)
+        m = load_model(name)
+        assert (m.name, m.source) == (name, f"preset:{name}")
+        assert (m.dims.num_layers, m.dims.hidden, m.dims.vocab) == \
+            (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]), name
+        assert m.tensors and m.num_params > 0, name
+        experts = cfg.get("n_routed_experts", cfg.get("num_experts", 0))
+        if experts:  # MoE: top-k beyond the experts
+            bad, key = dict(cfg, num_experts_per_tok=experts + 1), "num_experts_per_tok"
+        else:  # grouped-query attention: heads not a multiple of the kv heads
+            bad, key = dict(cfg, num_key_value_heads=cfg["num_attention_heads"] - 1), "num_key_value_heads"
+        with pytest.raises(ModelError, match=key):
+            spec_from_config(bad, name, source=f"{name}/config.json")
