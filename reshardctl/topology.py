@@ -44,6 +44,11 @@ def global_of(side: str, side_rank: int, train_world: int) -> int:
     return side_rank if side == "train" else infer_global(side_rank, train_world)
 
 
+def train_world_of(global_rank: int, infer_rank: int) -> int:
+    """The trainer world size, from an inference rank's global rank and inference rank."""
+    return global_rank - infer_rank
+
+
 def side_of_global(global_rank: int, train_world: int) -> tuple[str, int]:
     """``(side, side_rank)`` of a global rank: ``("train", r)`` or ``("infer", r)``."""
     if is_trainer(global_rank, train_world):

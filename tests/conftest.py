@@ -6,12 +6,8 @@ import json
 
 import pytest
 
-# A small llama (2 layers, hidden 64, vocab 256): whole tensors fit in a test's memory and time.
-SMALL_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
-}
+from helpers.slurm_cluster import require_cluster
+from helpers.small_llama import SMALL_LLAMA
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +24,13 @@ def small_llama(tmp_path) -> str:
     d.mkdir()
     (d / "config.json").write_text(json.dumps(SMALL_LLAMA))
     return str(d / "config.json")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local Slurm cluster (tests/slurm/cluster-up.sh): the test skips without one, or fails under
+    RESHARDCTL_REQUIRE_SLURM=1."""
+    require_cluster()
 
 
 # ---- backends: CPU tests run gloo on any host; GPU (NCCL) tests only when asked ---------------------

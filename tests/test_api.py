@@ -17,8 +17,8 @@ from reshardctl import api
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
-from conftest import SMALL_LLAMA as SMALL  # noqa: E402
-from spawned_ranks import run_ranks
+from helpers.small_llama import SMALL_LLAMA as SMALL  # noqa: E402
+from helpers.spawned_ranks import run_ranks
 
 
 

@@ -420,7 +420,7 @@ def _safetensors(path: Path, header: dict) -> None:
 
 @pytest.mark.parametrize("second, ok", [([0, 2048], False), ([1024, 3072], False), ([2048, 4096], True)])
 def test_checkpoint_tensors_sharing_bytes_are_refused(tmp_path, second, ok):
-    from conftest import SMALL_LLAMA
+    from helpers.small_llama import SMALL_LLAMA
 
     d = tmp_path / "ck"
     d.mkdir()

@@ -33,6 +33,7 @@ from __future__ import annotations
 from math import lcm
 
 from reshardctl.errors import LayoutError
+from reshardctl.layout.megatron_params import megatron_local_params, megatron_qkv_runs
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.pipeline import megatron_chunks
 from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
@@ -54,27 +55,6 @@ ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "
 COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
 QKV_KINDS = frozenset({"q", "k", "v"})
 EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
-
-
-def megatron_qkv_runs(np_: int, ng: int, hn: int, tp: int, r: int) -> list[tuple[str, int, int, int]]:
-    """Row runs ``(tensor, hf_row_start, hf_row_end, local_row_start)`` of TP rank ``r``'s ``linear_qkv``.
-
-    Global rows are interleaved per query group ``[q heads of g | k_g | v_g]``; TP splits them contiguously.
-    """
-    qpg = np_ // ng
-    block = (qpg + 2) * hn
-    per = ng * block // tp
-    lo, hi = r * per, (r + 1) * per
-    runs: list[tuple[str, int, int, int]] = []
-    for g in range(lo // block, min(ng, ceil_div(hi, block))):
-        base = g * block
-        for name, s, e, hf0 in (("q", base, base + qpg * hn, g * qpg * hn),
-                                ("k", base + qpg * hn, base + (qpg + 1) * hn, g * hn),
-                                ("v", base + (qpg + 1) * hn, base + block, g * hn)):
-            a, b = max(s, lo), min(e, hi)
-            if a < b:
-                runs.append((name, hf0 + a - s, hf0 + b - s, a - lo))
-    return runs
 
 
 def megatron_padded_vocab(vocab: int, tp: int, divisor: int | None) -> int:
@@ -241,8 +221,6 @@ class MegatronLayout(StagedPlacements, SideLayout):
         return p
 
     def local_params(self, rank: int) -> list[LocalParam]:
-        from reshardctl.layout.megatron_params import megatron_local_params
-
         return megatron_local_params(self, rank)
 
     # ------------------------------------------------------------------ internals

@@ -1,4 +1,4 @@
-"""Megatron-Core parameter names on one rank, with the HF segments inside them.
+"""Megatron-Core parameter names on one rank, with the HF segments inside them; the row runs of ``linear_qkv``.
 
 The names are those of ``model.named_parameters()`` on the rank with the Transformer Engine layer spec
 (``megatron/core/models/gpt/gpt_layer_specs.py``, ``get_gpt_layer_with_transformer_engine_spec``) in
@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reshardctl.layout.placement import LocalParam, LocalSegment, box_shape
+from reshardctl.layout.shard_rules import ceil_div
 
 if TYPE_CHECKING:
     from reshardctl.layout.megatron import MegatronLayout
@@ -52,9 +53,28 @@ def _dtype(kind: str, dtype: str) -> str:
     return "bfloat16" if dtype.startswith("float8") else dtype
 
 
-def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
-    from reshardctl.layout.megatron import megatron_qkv_runs
+def megatron_qkv_runs(np_: int, ng: int, hn: int, tp: int, r: int) -> list[tuple[str, int, int, int]]:
+    """Row runs ``(tensor, hf_row_start, hf_row_end, local_row_start)`` of TP rank ``r``'s ``linear_qkv``.
 
+    Global rows are interleaved per query group ``[q heads of g | k_g | v_g]``; TP splits them contiguously.
+    """
+    qpg = np_ // ng
+    block = (qpg + 2) * hn
+    per = ng * block // tp
+    lo, hi = r * per, (r + 1) * per
+    runs: list[tuple[str, int, int, int]] = []
+    for g in range(lo // block, min(ng, ceil_div(hi, block))):
+        base = g * block
+        for name, s, e, hf0 in (("q", base, base + qpg * hn, g * qpg * hn),
+                                ("k", base + qpg * hn, base + (qpg + 1) * hn, g * hn),
+                                ("v", base + (qpg + 1) * hn, base + block, g * hn)):
+            a, b = max(s, lo), min(e, hi)
+            if a < b:
+                runs.append((name, hf0 + a - s, hf0 + b - s, a - lo))
+    return runs
+
+
+def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
     d = lay.model.dims
     c = lay.coords(rank)
     stage, tp, etp, epr = c["pp"], c["tp"], c["etp"], c["ep"]

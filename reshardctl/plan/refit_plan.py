@@ -19,7 +19,7 @@ from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.rounds import Round
 from reshardctl.plan.routing import TransferTable
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Region, Step
-from reshardctl.topology import Topology
+from reshardctl.topology import Topology, infer_rank_of, is_trainer
 
 TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
 # Roles the hybrid transport reshards (the dominant bytes); everything else is broadcast.
@@ -94,7 +94,7 @@ class Plan:
             cache = self.__dict__["_boxes_of"] = ({}, sides)
         memo, sides = cache
         T = self.train_world
-        s, r = (0, rank) if rank < T else (1, rank - T)
+        s, r = (0, rank) if is_trainer(rank, T) else (1, infer_rank_of(rank, T))
         classes, reps = sides[s]
         c = classes[tensor]
         key = (rank, c) if s == 0 else (rank, -1 - c)

@@ -11,7 +11,7 @@ length; a limb is in ``[-32896, 32639]`` and determines its two bytes). With the
 
 returned as ``WORDS = 4`` int64 (two 31-bit residues per word; ``SUM_BYTES = 32``).
 
-Guarantees (proofs in docs/checksums.md; every one is a property test in tests/test_checksum.py), for
+Guarantees (proofs in docs/checksums.md; every one is a property test in tests/runtime/test_checksum.py), for
 buffers of fewer than ``p - 1`` limbs (4 GiB):
 
 1. **Any change of at most 5 limbs anywhere is detected**: the change vector ``d`` (a limb's value
@@ -28,7 +28,7 @@ buffers of fewer than ``p - 1`` limbs (4 GiB):
 3. **Everything else** (longer swapped regions, zeroed tails, NaN payloads, random damage) is missed only
    when all eight residues are unchanged. For a change independent of the fixed weight tables the three
    random residues are each uniform, so the miss probability is at most ``p**-3 < 2**-92`` per checksum;
-   tests/test_checksum.py checks the structured families (sign flips at every position pattern,
+   tests/runtime/test_checksum.py checks the structured families (sign flips at every position pattern,
    high-bit flips, swapped words and regions, zeroed tails, NaN payloads) for fp32, bf16, fp16, fp8 and
    int dtypes and finds no miss.
 

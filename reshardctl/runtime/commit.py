@@ -35,7 +35,7 @@ from reshardctl.errors import TransferError, VerificationError
 from reshardctl.runtime.groups import Abandoned, Groups, SubtreeLost, run_bounded, tree_all_reduce, wait_all
 from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
-from reshardctl.topology import is_trainer, side_of_global
+from reshardctl.topology import is_trainer, side_of_global, train_world_of
 
 FAILED, BAD_DATA, OK = 0, 1, 2
 _WORDS = {FAILED: "failed", BAD_DATA: "failed verification", OK: "ok"}
@@ -189,7 +189,7 @@ def repair(groups: Groups, step: int, known: int, timeout_s: float) -> tuple[int
     Returns (the decision: ``COMMIT`` when this rank or any peer had the all-OK result or an
     acknowledgement completed, else ``ABORT``; every peer's answer, ``LOST`` for none; a note)."""
     env = groups.env
-    train_world = env.global_rank - env.side_rank
+    train_world = train_world_of(env.global_rank, env.side_rank)
     peers = [r for r in range(train_world, env.world_size) if r != env.global_rank]
     tag = TAG_REPAIR + step % (1 << 20)
     mine = torch.tensor([step, known], dtype=torch.int64)

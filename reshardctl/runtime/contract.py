@@ -14,6 +14,7 @@ from reshardctl.layout.placement import Box
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.schedule import BroadcastBucket, Step
 from reshardctl.runtime.mirror import check_mirror
+from reshardctl.topology import infer_rank_of, is_trainer
 
 Holdings = Mapping[int, tuple[Box, ...]]  # tensor index -> boxes (in a fixed order)
 
@@ -77,7 +78,7 @@ class StaticPlan:
 
     def boxes_of(self, global_rank: int, tensor: int) -> tuple[Box, ...]:
         T = self.train_world
-        held = self.src.get(global_rank, {}) if global_rank < T else self.dst.get(global_rank - T, {})
+        held = self.src.get(global_rank, {}) if is_trainer(global_rank, T) else self.dst.get(infer_rank_of(global_rank, T), {})
         return tuple(held.get(tensor, ()))
 
     def broadcast_groups(self) -> list[tuple[int, ...]]:

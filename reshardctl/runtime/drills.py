@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from reshardctl.errors import InputError
+from reshardctl.topology import is_trainer
 
 KINDS = ("kill", "exit", "hang", "corrupt", "slow")
 PHASES = ("connect", "start", "transfer", "verify", "vote", "commit", "swapped", "ack", "done", "repair")
@@ -112,7 +113,7 @@ def check_drills(faults: tuple[Fault, ...], *, world: int, train_world: int, fir
         spec = f.describe()
         if not 0 <= f.rank < world:
             raise InputError(f"--inject: rank {f.rank} is outside the run's {world} ranks (0..{world - 1}): {spec}")
-        if f.kind == "corrupt" and f.rank < train_world:
+        if f.kind == "corrupt" and is_trainer(f.rank, train_world):
             raise InputError(f"--inject {spec}: rank {f.rank} is a trainer rank (0..{train_world - 1}); trainer ranks "
                              f"only send, so a corrupt drill never fires there: give an inference rank "
                              f"({train_world}..{world - 1})")

@@ -3,7 +3,7 @@
 gloo aborts the process (not an exception) when a receive buffer's size differs from the message, and
 NCCL hangs, so a plan whose steps are not mirrored must be refused before anything is posted. The
 planner's plans are mirrored by construction (one table entry yields both the send and the receive;
-tests/test_planner_properties.py checks it on random plans with this function); a plan written out
+tests/plan/test_planner_properties.py checks it on random plans with this function); a plan written out
 rank by rank (``StaticPlan``: hand-made, or from another tool) is checked once, whole, when it is
 built or unpickled: O(the plan), not per rank and per peer.
 """

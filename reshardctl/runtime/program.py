@@ -27,6 +27,7 @@ from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Region
 from reshardctl.runtime.bucket_format import bucket_layout
 from reshardctl.runtime.local_weights import norm_box
 from reshardctl.runtime.wire import Layout, contiguous_span, first_box, link_offsets, place, split_link
+from reshardctl.topology import infer_rank_of, is_trainer
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ def compile_program(plan, rank: int) -> RankProgram:
     t0 = time.perf_counter()
     model = plan.model
     T = plan.train_world
-    is_infer = rank >= T
-    holdings = dict(plan.dst_holdings(rank - T) if is_infer else plan.src_holdings(rank))
+    is_infer = not is_trainer(rank, T)
+    holdings = dict(plan.dst_holdings(infer_rank_of(rank, T)) if is_infer else plan.src_holdings(rank))
     out_messages: dict[int, int] = {}
     in_messages: dict[int, int] = {}
     counts = {"steps": 0, "p2p_messages": 0, "broadcasts": 0, "regions": 0}
@@ -196,7 +197,7 @@ def _bucket_ops(plan, b: BroadcastBucket, rank: int, link, counts, written, use)
                 use(m.regions)
     member = rank in b.group and rank != b.root
     held: tuple = ()
-    if member and rank >= plan.train_world:
+    if member and not is_trainer(rank, plan.train_world):
         held = tuple((k, t, tuple(plan.boxes_of(rank, t))) for k, t in enumerate(b.tensors) if plan.boxes_of(rank, t))
         for _, t, boxes in held:
             written.setdefault(t, []).extend(norm_box(x) for x in boxes)

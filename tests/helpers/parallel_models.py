@@ -1,0 +1,126 @@
+"""Local ModelSpec builders from the HF shapes of each architecture (config.json + its modeling file, as in
+reshardctl/models/architectures.py) for the layout tests; independent of the model catalog.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
+
+
+def build_model(name: str, *, arch: str, H: int, L: int, nh: int, nkv: int, hd: int, V: int, I: int,
+                E: int = 0, Im: int = 0, shared: int = 0, first_dense: int = 0, tie: bool = False,
+                mla: dict | None = None, mtp: int = 0, fp8: bool = False) -> ModelSpec:
+    ts: list[TensorSpec] = []
+    bf = "bfloat16"
+
+    def add(n, shape, role, kind, layer=None, expert=None, dtype=bf, scaled=False):
+        dt = "float8_e4m3fn" if (scaled and fp8) else dtype
+        ts.append(TensorSpec(n, tuple(shape), dt, role, kind, layer, expert))
+        if scaled and fp8:
+            sshape = tuple(ceil(s / 128) for s in shape)
+            ts.append(TensorSpec(n + "_scale_inv", sshape, "float32", "scale", "scale_inv", layer, expert, n))
+
+    moe_layers = tuple(range(first_dense, L + mtp)) if E else ()
+    add("model.embed_tokens.weight", (V, H), "embedding", "embed")
+    for l in range(L + mtp):
+        p = f"model.layers.{l}."
+        if l >= L:
+            add(p + "enorm.weight", (H,), "norm", "mtp_enorm", l)
+            add(p + "hnorm.weight", (H,), "norm", "mtp_hnorm", l)
+            add(p + "eh_proj.weight", (H, 2 * H), "ffn", "mtp_eh_proj", l)
+            add(p + "embed_tokens.weight", (V, H), "embedding", "embed", l)
+            add(p + "shared_head.norm.weight", (H,), "norm", "mtp_head_norm", l)
+            add(p + "shared_head.head.weight", (V, H), "head", "lm_head", l)
+        add(p + "input_layernorm.weight", (H,), "norm", "input_norm", l)
+        a = p + "self_attn."
+        if mla:
+            qr, kr, nope, rope, vd = mla["q_lora"], mla["kv_lora"], mla["nope"], mla["rope"], mla["v"]
+            add(a + "q_a_proj.weight", (qr, H), "attention", "q_a", l, scaled=True)
+            add(a + "q_a_layernorm.weight", (qr,), "norm", "q_a_norm", l)
+            add(a + "q_b_proj.weight", (nh * (nope + rope), qr), "attention", "q_b", l, scaled=True)
+            add(a + "kv_a_proj_with_mqa.weight", (kr + rope, H), "attention", "kv_a", l, scaled=True)
+            add(a + "kv_a_layernorm.weight", (kr,), "norm", "kv_a_norm", l)
+            add(a + "kv_b_proj.weight", (nh * (nope + vd), kr), "attention", "kv_b", l, scaled=True)
+            add(a + "o_proj.weight", (H, nh * vd), "attention", "o", l, scaled=True)
+        else:
+            add(a + "q_proj.weight", (nh * hd, H), "attention", "q", l)
+            add(a + "k_proj.weight", (nkv * hd, H), "attention", "k", l)
+            add(a + "v_proj.weight", (nkv * hd, H), "attention", "v", l)
+            add(a + "o_proj.weight", (H, nh * hd), "attention", "o", l)
+            if arch.startswith("qwen3"):
+                add(a + "q_norm.weight", (hd,), "norm", "q_norm", l)
+                add(a + "k_norm.weight", (hd,), "norm", "k_norm", l)
+        add(p + "post_attention_layernorm.weight", (H,), "norm", "post_attn_norm", l)
+        m = p + "mlp."
+        if l in moe_layers:
+            add(m + "gate.weight", (E, H), "router", "router", l)
+            if arch == "deepseek_v3":
+                add(m + "gate.e_score_correction_bias", (E,), "router", "router_bias", l, dtype="float32")
+            for e in range(E):
+                x = f"{m}experts.{e}."
+                add(x + "gate_proj.weight", (Im, H), "expert", "expert_gate", l, e, scaled=True)
+                add(x + "up_proj.weight", (Im, H), "expert", "expert_up", l, e, scaled=True)
+                add(x + "down_proj.weight", (H, Im), "expert", "expert_down", l, e, scaled=True)
+            if shared:
+                add(m + "shared_experts.gate_proj.weight", (Im * shared, H), "ffn", "shared_gate", l, scaled=True)
+                add(m + "shared_experts.up_proj.weight", (Im * shared, H), "ffn", "shared_up", l, scaled=True)
+                add(m + "shared_experts.down_proj.weight", (H, Im * shared), "ffn", "shared_down", l, scaled=True)
+        else:
+            add(m + "gate_proj.weight", (I, H), "ffn", "mlp_gate", l, scaled=True)
+            add(m + "up_proj.weight", (I, H), "ffn", "mlp_up", l, scaled=True)
+            add(m + "down_proj.weight", (H, I), "ffn", "mlp_down", l, scaled=True)
+    add("model.norm.weight", (H,), "norm", "final_norm")
+    if not tie:
+        add("lm_head.weight", (V, H), "head", "lm_head")
+    m = mla or {}
+    dims = ModelDims(arch=arch, hidden=H, num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=hd, vocab=V,
+                     intermediate=I, tie_embeddings=tie, num_experts=E, moe_intermediate=Im,
+                     num_shared_experts=shared, moe_layers=moe_layers, num_mtp_layers=mtp,
+                     q_lora_rank=m.get("q_lora", 0), kv_lora_rank=m.get("kv_lora", 0),
+                     qk_nope_head_dim=m.get("nope", 0), qk_rope_head_dim=m.get("rope", 0),
+                     v_head_dim=m.get("v", 0))
+    return ModelSpec(name, dims, tuple(ts), source="test")
+
+
+DSV3_MLA = dict(q_lora=1536, kv_lora=512, nope=128, rope=64, v=128)
+
+
+def llama_70b(layers: int = 80) -> ModelSpec:
+    return build_model("llama-3.1-70b", arch="llama", H=8192, L=layers, nh=64, nkv=8, hd=128, V=128256, I=28672)
+
+
+def llama_8b(layers: int = 32) -> ModelSpec:
+    return build_model("llama-3.1-8b", arch="llama", H=4096, L=layers, nh=32, nkv=8, hd=128, V=128256, I=14336)
+
+
+def qwen3_235b(layers: int = 94) -> ModelSpec:
+    return build_model("qwen3-235b-a22b", arch="qwen3_moe", H=4096, L=layers, nh=64, nkv=4, hd=128, V=151936,
+                       I=12288, E=128, Im=1536)
+
+
+def qwen3_30b(layers: int = 48) -> ModelSpec:
+    return build_model("qwen3-30b-a3b", arch="qwen3_moe", H=2048, L=layers, nh=32, nkv=4, hd=128, V=151936,
+                       I=6144, E=128, Im=768)
+
+
+def deepseek_v3(layers: int = 61, mtp: int = 1) -> ModelSpec:
+    return build_model("deepseek-v3", arch="deepseek_v3", H=7168, L=layers, nh=128, nkv=128, hd=192, V=129280,
+                       I=18432, E=256, Im=2048, shared=1, first_dense=min(3, layers), mla=DSV3_MLA, mtp=mtp,
+                       fp8=True)
+
+
+def tiny_llama(layers: int = 4, tie: bool = False) -> ModelSpec:
+    return build_model("tiny-llama", arch="llama", H=64, L=layers, nh=8, nkv=4, hd=8, V=1000, I=128, tie=tie)
+
+
+def tiny_qwen3_moe(layers: int = 4) -> ModelSpec:
+    return build_model("tiny-qwen3-moe", arch="qwen3_moe", H=64, L=layers, nh=8, nkv=2, hd=16, V=1003, I=128,
+                       E=8, Im=32)
+
+
+def tiny_deepseek(layers: int = 3, fp8: bool = True) -> ModelSpec:
+    return build_model("tiny-deepseek", arch="deepseek_v3", H=256, L=layers, nh=8, nkv=8, hd=24, V=1111, I=512,
+                       E=8, Im=128, shared=1, first_dense=1, mla=dict(q_lora=128, kv_lora=64, nope=16, rope=8, v=16),
+                       mtp=1, fp8=fp8)
