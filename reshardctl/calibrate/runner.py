@@ -24,9 +24,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from reshardctl.bounded_load import LoadError, loads_json, read_bytes
 from reshardctl.errors import InputError, LaunchError
 from reshardctl.site.measured import FIGURES, FORMAT, OPTIONAL_FIGURES
 
+MAX_RESULT_BYTES = 16 << 20  # results/rank-N.json of a Slurm calibration rank (a few KiB in practice)
 MAX_PER_NODE = 4  # ranks per stand-in node when every rank is a process on this machine
 
 
@@ -102,7 +104,6 @@ def measure_slurm(site, run_dir, *, python: str, reps: int = 5,
     """Run the microbenchmarks as a Slurm het job on two of the site's nodes (every GPU, or
     ``gpus_per_node`` CPU ranks, of each); rank 0's raw results plus every rank's host; and the
     ``SlurmRun``. ``run_dir`` (absolute, seen by every node) receives the script, logs and results."""
-    import json
     from pathlib import Path
 
     from reshardctl.atomic_write import write_json_atomic
@@ -124,8 +125,8 @@ def measure_slurm(site, run_dir, *, python: str, reps: int = 5,
     got, errors = {}, []
     for r in range(world):
         try:
-            rec = json.loads((run_dir / "results" / f"rank-{r}.json").read_text())
-        except (OSError, ValueError):
+            rec = loads_json(read_bytes(run_dir / "results" / f"rank-{r}.json", MAX_RESULT_BYTES))
+        except LoadError:
             errors.append(f"rank {r}: no result" + slurm._last_words(run_dir, r))
             continue
         if rec.get("ok"):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from reshardctl.atomic_write import atomic_open
+from reshardctl.bounded_load import LoadError, loads_json
 from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
@@ -175,8 +176,8 @@ def _meta(z, path) -> dict:
     if "meta" not in z.files:
         raise PlanError(f"{path}: not a reshardctl plan file (no 'meta' entry)")
     try:
-        meta = json.loads(bytes(z["meta"]).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        meta = loads_json(bytes(z["meta"]))
+    except (LoadError, ValueError) as e:
         raise PlanError(f"{path}: unreadable plan metadata ({e})") from None
     if meta.get("format") != FORMAT:
         raise PlanError(f"{path}: format {meta.get('format')!r}, this reshardctl reads {FORMAT!r}")

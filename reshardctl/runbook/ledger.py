@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reshardctl.bounded_load import LoadError, open_regular, read_fd
+from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_fd
 from reshardctl.errors import LedgerError, OutputError
 from reshardctl.site.spec import SiteProfile
 
@@ -137,9 +137,9 @@ def ledger_path(profile: SiteProfile) -> Path:
 def _entry(path: Path, lineno: int, text: str) -> Entry:
     where = f"ledger {path}, line {lineno}"
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LedgerError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})",
+        d = loads_json(text)
+    except LoadError as exc:
+        raise LedgerError(f"{where}: {exc}",
                           hint="reshardctl never rewrites a ledger: move the file aside or fix the line by hand") from None
     if not isinstance(d, dict):
         raise LedgerError(f"{where}: expected a JSON object, got {type(d).__name__}")

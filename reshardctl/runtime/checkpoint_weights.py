@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 
 from reshardctl.errors import ModelError
 from reshardctl.layout.placement import Box
+from reshardctl.models.checkpoint import read_json
 from reshardctl.models.spec import ModelSpec
 from reshardctl.runtime.dtypes import torch_dtype
 from reshardctl.runtime.pinned_pool import shared_pool
@@ -40,7 +40,7 @@ class CheckpointWeights:
         if path.is_file():
             files = [path]
         elif (path / "model.safetensors.index.json").is_file():
-            weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+            weight_map = read_json(path / "model.safetensors.index.json")["weight_map"]
             return {k: path / v for k, v in weight_map.items()}
         elif path.is_dir():
             files = sorted(path.glob("*.safetensors"))

@@ -13,13 +13,12 @@ naming the file and the key. Without a file the cost model uses the profile's da
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reshardctl.bounded_load import LoadError, read_text
+from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import ProfileError
 
 FORMAT = "reshardctl-calibration/1"
@@ -172,11 +171,9 @@ def read_measured(path: str | Path, site_name: str | None = None) -> Measured:
     except LoadError as exc:
         raise ProfileError(f"cannot read calibration file {p}: {exc}") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"calibration file {p}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    except (ValueError, RecursionError) as exc:
-        raise ProfileError(f"calibration file {p}: refused: {exc}") from None
+        data = loads_json(text)
+    except LoadError as exc:
+        raise ProfileError(f"calibration file {p}: {exc}") from None
     return parse_measured(data, str(p), site_name)
 
 

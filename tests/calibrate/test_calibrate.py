@@ -93,7 +93,7 @@ def test_bad_file_is_exit_2_without_traceback(capsys):
     code, out, err = run(capsys, *PLAN)
     # PLAN asks for --json: the error is one JSON object on stdout (docs/plan-format.md)
     e = json.loads(out)["error"]
-    assert code == 2 and e["exit_code"] == 2 and str(path) in e["message"] and "not JSON" in e["message"]
+    assert code == 2 and e["exit_code"] == 2 and str(path) in e["message"] and "not valid JSON" in e["message"]
     assert "Traceback" not in out + err
 
 
