@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import shlex
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
@@ -68,6 +69,7 @@ class Outcome:
     detached: bool = False  # returned once started: no summary yet (collected later)
     started_at: float | None = None  # run.json's started_at in its final state (default: the session's)
     raise_after: ReshardError | None = None  # raised once the summary is written (instead of returned)
+    until_written: ExitStack | None = None  # entered by the launcher, closed once the summary is written
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -151,10 +152,17 @@ class SlurmLauncher:
             with _TermAsInterrupt():
                 w = slurm.watch(run, update)
         except KeyboardInterrupt as exc:  # watch() cancelled the jobs already
-            with _TermAsInterrupt(ignore=True):  # a second SIGTERM/SIGHUP cannot cut the summary short
+            # a second SIGTERM/SIGHUP cannot cut the summary short: ignored until the session wrote it
+            shield = ExitStack()
+            shield.enter_context(_TermAsInterrupt(ignore=True))
+            try:
                 w = slurm.Watch(slurm.final_states(run.ids, wait_s=5.0, components=run.components()), None,
                                 time.time(), interrupted=True)
                 out = _outcome(job.ctx, run, w, run_dir, time.perf_counter() - t0)
+            except BaseException:
+                shield.close()
+                raise
+            out.until_written = shield
             by = f" by {exc.signame}" if isinstance(exc, Terminated) else ""
             out.raise_after = Interrupted(f"interrupted{by}: cancelled Slurm job(s) {', '.join(run.ids)}; "
                                           f"run directory {run_dir} (summary.json says so)")

@@ -42,8 +42,7 @@ def read_session_context(run_dir: Path) -> dict:
 
 def _finish_collected(run_dir: Path) -> Callable[[dict, Outcome], tuple]:
     def done(ctx: dict, outcome: Outcome) -> tuple:
-        return finish(ctx, outcome, run_dir, who=ctx.get("started_by") or {},
-                      started=ctx.get("started_at") or time.time(), collected=True)
+        return finish(ctx, outcome, run_dir, who=ctx.get("started_by") or {}, started=time.time(), collected=True)
     return done
 
 

@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -303,7 +303,8 @@ def finish(ctx: dict, outcome: Outcome, run_dir: Path, *, who: dict, started: fl
     if collected:
         summary["collected"] = True
     state = "interrupted" if outcome.interrupted else ("finished" if outcome.error is None else "failed")
-    return summary, record_outcome(run_dir, summary, state, who, outcome.started_at or started, outcome.error)
+    at = ctx.get("started_at") or outcome.started_at or started  # a launcher's own start (Slurm: the submission)
+    return summary, record_outcome(run_dir, summary, state, who, at, outcome.error)
 
 
 def session_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: str, launcher: str,
@@ -357,7 +358,8 @@ def run_refit_session(
         outcome = impl.run(job, progress=progress, stop=stop, on_state=on_state)
         if outcome.detached:
             return SessionResult(job.run_dir, None, None, dict(job.plans), launched=outcome.handle)
-        summary, err = finish(job.ctx, outcome, job.run_dir, who=job.who, started=job.started)
+        with outcome.until_written or nullcontext():  # e.g. signals ignored until the summary is written
+            summary, err = finish(job.ctx, outcome, job.run_dir, who=job.who, started=job.started)
         if outcome.raise_after is not None:
             raise outcome.raise_after
         return SessionResult(job.run_dir, summary, err, dict(job.plans), launched=outcome.handle)
