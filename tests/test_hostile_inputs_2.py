@@ -530,18 +530,17 @@ def test_a_fifo_or_zero_events_file_is_skipped_with_a_note_by_collect(tmp_path, 
 
 
 def test_live_progress_reads_skip_a_fifo_or_zero_events_file(tmp_path, run_copy):
-    """The launcher's progress reads (``commits_by_side``, ``_set_up_done``) and ``read_events`` on a
+    """The launcher's progress reads (``commits_by_side``, ``ranks_with_phase``) and ``read_events`` on a
     FIFO and a symlink to /dev/zero among real event logs, in a child process (a hang is a timeout):
     skipped or refused, the real logs counted."""
     events = run_copy / "events"
     os.mkfifo(events / "rank-98.jsonl")
     (events / "rank-99.jsonl").symlink_to("/dev/zero")
     code = ("import sys; from pathlib import Path\n"
-            "from reshardctl.runs.records import commits_by_side, read_events, unreadable_logs\n"
-            "from reshardctl.runs.session import _set_up_done\n"
+            "from reshardctl.runs.records import commits_by_side, ranks_with_phase, read_events, unreadable_logs\n"
             "from reshardctl.bounded_load import LoadError\n"
             "d = Path(sys.argv[1])\n"
-            "print(commits_by_side(d), _set_up_done(d), len(read_events(d / 'rank-0.jsonl')) > 0)\n"
+            "print(commits_by_side(d), ranks_with_phase(d, 'materialise'), len(read_events(d / 'rank-0.jsonl')) > 0)\n"
             "for n in ('rank-98.jsonl', 'rank-99.jsonl'):\n"
             "    try: read_events(d / n)\n"
             "    except LoadError as e: print(n, e)\n"

@@ -16,8 +16,6 @@ PACKAGE = ROOT / "reshardctl"
 
 # circles still in the tree, each as the set of modules of one strongly connected component
 KNOWN_CIRCLES: list[frozenset[str]] = [
-    # the launcher work (issue 28, item 3) breaks it: runs/session.py <-> runs/slurm_session.py
-    frozenset({"reshardctl.runs.session", "reshardctl.runs.slurm_session"}),
 ]
 
 # (importer, imported) arrows into reshardctl.commands from outside it

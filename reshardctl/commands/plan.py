@@ -157,9 +157,9 @@ def plan_cmd(
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)
         from pathlib import Path
 
-        from reshardctl.runs.slurm_session import slurm_files
+        from reshardctl.runs.session import session_files
 
-        extra = slurm_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()))
+        extra = session_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()), launcher="slurm")
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
         paths, n = write_outputs(plans, result, out=out, export=export,
                                  export_plan=plans[result["primary_transport"]] if export is not None else None,

@@ -53,7 +53,8 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
     # imported here, not at module level: every command's module is imported at start (cli.py)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from reshardctl.runs.session import LAUNCHERS, run_refit_session
+    from reshardctl.launch.launcher import LAUNCHERS, launcher_for
+    from reshardctl.runs.session import run_refit_session
 
     rs = request.run
     transports, launcher, slurm_mode, baseline = list(rs.transports), rs.launcher, rs.slurm_mode, rs.baseline
@@ -67,8 +68,13 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
         raise InputError(f"{flag} is a Slurm launcher option, but the launcher is {launcher!r} "
                          f"(add --launcher slurm, or set launcher: slurm in the site profile)")
     if dry_run:
-        return _dry_run(inp, transports, out=out, slurm_mode=slurm_mode, as_json=as_json, baseline=baseline,
-                        timeout_s=timeout_s, retries=retries)
+        plan = launcher_for(launcher).dry_run(inp, transports, out=out, mode=slurm_mode, baseline=baseline,
+                                              timeout_s=timeout_s, retries=retries)
+        if as_json:
+            output.print_json(plan.to_json())
+        else:
+            output.console().print(plan.text(), markup=False, highlight=False, end="")
+        return None
     where = "Slurm tasks" if launcher == "slurm" else "processes"
     show = not as_json and not output.quiet()
     announced: list[bool] = []
@@ -105,13 +111,13 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
                                 out=out, force=force, checkpoint=rs.checkpoint, full_check=rs.full_check,
                                 argv=output.argv(), inject=list(rs.inject) or None, retries=retries,
                                 on_failure=rs.on_failure, timeout_s=timeout_s, progress=progress, launcher=launcher,
-                                slurm_mode=slurm_mode, detach=detach, on_slurm_state=on_slurm_state)
+                                mode=slurm_mode, detach=detach, on_state=on_slurm_state)
     finally:
         if announced:
             prog.stop()
     announce(bar=False)  # a session that ended (or detached) before its first progress report
     if res.summary is None:  # detached
-        run = res.slurm
+        run = res.launched
         info = {"run_dir": str(res.run_dir), "mode": run.mode, "job_ids": run.job_ids}
         if as_json:
             output.print_json(info)
@@ -170,36 +176,6 @@ def slurm_state_line(states: dict, sides: dict | None = None) -> str:
     if sides and any(sides.values()):
         parts.append(f"commits: train {sides.get('train', 0)}, infer {sides.get('infer', 0)}")
     return escape("; ".join(parts))
-
-
-def _dry_run(inp, transports, *, out, slurm_mode, as_json, baseline=False, timeout_s=None, retries=0):
-    """The job scripts and the argv that would submit them, for the run directory that would be used."""
-    import sys
-    import time
-    from pathlib import Path
-
-    from reshardctl.launch.slurm_request import build_request
-    from reshardctl.runs.rundir import DEFAULT_BASE
-
-    label = "bench" if baseline else transports[0]  # as the run directory (runs/session.py) is named
-    run_dir = Path(out) if out else Path(DEFAULT_BASE) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{label}"
-    req = build_request(inp.site, inp.topology, str(run_dir.absolute()), mode=slurm_mode, label=label,
-                        python=sys.executable, timeout_s=timeout_s, retries=retries)
-    scripts = req.materialize()
-    argvs = [req.submit_argv(n) for n in scripts]
-    if as_json:
-        output.print_json({"mode": req.mode, "run_dir": req.run_dir, "scripts": scripts, "submit": argvs})
-        return None
-    import shlex
-
-    con = output.console()
-    for name, text in scripts.items():
-        con.print(f"# ---- {req.script_path(name)}", markup=False, highlight=False)
-        con.print(text, markup=False, highlight=False, end="")
-    con.print("# ---- submit (dry run: nothing was submitted or written)", markup=False, highlight=False)
-    for a in argvs:
-        con.print(shlex.join(a), markup=False, highlight=False)
-    return None
 
 
 def _versus(name: str, sp: dict) -> str:

@@ -20,14 +20,14 @@ def jobs_cmd(
     """This tool's Slurm runs (from the per-user run index) with their jobs' state."""
     from reshardctl.launch import slurm
     from reshardctl.runs.index import list_runs, state_dir
-    from reshardctl.runs.slurm_session import settle_slurm
+    from reshardctl.runs.collect import settle_run
 
     runs = list_runs()
     ids = [j for r in runs for j in r["job_ids"].values()]
     live = slurm.job_states(ids) if ids else {}
     for r in runs:  # a run whose jobs ended but whose launcher never wrote how: collected now
         try:
-            settle_slurm(r["run_dir"], live)
+            settle_run(r["run_dir"], live, "slurm")
         except InputError as exc:  # its run.json is no file reshardctl wrote (a FIFO, a device): skipped
             output.err_console().print(f"note: {r['run_dir']} not settled: {exc}", markup=False, highlight=False)
     ended = [j for j in ids if j not in live]
@@ -79,6 +79,6 @@ def collect_cmd(
 ) -> None:
     """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
     from reshardctl.commands.run import show_summary
-    from reshardctl.runs.slurm_session import collect_session
+    from reshardctl.runs.collect import collect_session
 
     show_summary(collect_session(run_dir, wait=wait, job=job), as_json)

@@ -1,8 +1,9 @@
 """Run every rank of a plan (or of a session of plans) as a process on this machine and collect reports.
 
-``launch_local_ranks(plans, options, warmup=1)`` snapshots the plans (``StaticPlan.freeze``) into one
-private file every rank reads, in the run directory and without the run token (spawn's pipe stays
-small: a rank that dies at start cannot block its launcher; the token travels through it), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+``launch_local_ranks(plans, options, warmup=1)`` writes the session file every rank reads
+(``runtime/session_file.py``, the Slurm launcher's format: the planner's plans, each rank derives its
+own steps), private, in the run directory and without the run token (spawn's pipe stays small: a rank
+that dies at start cannot block its launcher; the token travels through it), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
 a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import queue as _queue
 import secrets
 import shutil
@@ -34,13 +34,14 @@ from typing import Mapping
 import torch
 import torch.multiprocessing as mp
 
-from reshardctl.atomic_write import atomic_open
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, lost_record, order_failures
 from reshardctl.runs.rundir import RANKS_PAYLOAD_PREFIX
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
-from reshardctl.runtime.contract import RankReport, RunOptions, StaticPlan
+from reshardctl.runtime.contract import RankReport, RunOptions
 from reshardctl.runtime.env import RankEnv, make_rank_env
+from reshardctl.runtime.session_file import read_session, write_session
+from reshardctl.runtime.worker import run_rank_session
 from reshardctl.topology import side_of_global
 
 
@@ -87,18 +88,14 @@ def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
 
 def _child(env: RankEnv, payload: str, token: str, names: list[str], warmup: int, threads: int, q,
            parent: int) -> None:
-    """One rank: its plans, options and fallback from the launcher's ``payload`` file, the run token from
-    the launcher (through spawn's pipe: never in a file), then the session."""
+    """One rank: its plans, options and fallback from the launcher's session file ``payload``, the run
+    token from the launcher (through spawn's pipe: never in a file), then the session."""
     watch_parent(parent)
     torch.set_num_threads(threads)
-    from reshardctl.runtime.worker import run_rank_session
-
     try:
-        from reshardctl.runtime.trusted_file import read_trusted
-
-        plans, options, fallback = pickle.loads(read_trusted(payload, "plans file"))
-        options = replace(options, token=token)
-        reports = run_rank_session(env, plans, options, warmup=warmup, fallback=fallback)
+        spec = read_session(payload)
+        options = replace(spec.options, token=token)
+        reports = run_rank_session(env, spec.plans, options, warmup=warmup, fallback=spec.fallback)
     except BaseException as exc:  # noqa: BLE001 - run_rank_session should not raise; report anyway
         reports = {n: RankReport(env.global_rank, env.side, env.side_rank, ok=False,
                                  error_type=type(exc).__name__, error_message=str(exc)) for n in names}
@@ -176,11 +173,10 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     failing plan's, ``session``: all of them, ``failures``: root cause first)."""
     if not plans:
         raise LaunchError("launch_local_ranks needs at least one plan")
-    statics = {n: StaticPlan.freeze(p) for n, p in plans.items()}
-    names = list(statics)
-    first = statics[names[0]]
+    names = list(plans)
+    first = plans[names[0]]
     for n in names[1:]:
-        q = statics[n]
+        q = plans[n]
         if (q.train_world, q.infer_world) != (first.train_world, first.infer_world):
             raise LaunchError(
                 f"plan {n!r} runs {q.train_world} trainer -> {q.infer_world} inference ranks but plan "
@@ -192,14 +188,13 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     threads = max(1, (os.cpu_count() or 1) // world)
     port = free_port(host)
     options = replace(options, token=options.token or secrets.token_hex(16))
-    fb = StaticPlan.freeze(fallback) if fallback is not None else None
     if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
         deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
     check_main_importable()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = []
-    # the plans go to the ranks through a private file, not through spawn's pipe: a rank that dies before
+    # the session goes to the ranks through a private file, not through spawn's pipe: a rank that dies before
     # reading a large pipe payload would block its start() for ever (the parent holds the pipe's read end).
     # The file is in the run directory (0600, deleted at the end), never holds the token, and only
     # without a run directory goes to a private temporary directory
@@ -208,9 +203,8 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
         payload = os.path.join(options.run_dir, f"{RANKS_PAYLOAD_PREFIX}{secrets.token_hex(4)}.pickle")
     else:
         scratch = tempfile.mkdtemp(prefix="reshardctl-ranks-")
-        payload = os.path.join(scratch, "plans.pickle")
-    with atomic_open(payload, binary=True, mode=0o600) as f:
-        pickle.dump((statics, replace(options, token=None), fb), f, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = os.path.join(scratch, "session.pickle")
+    write_session(payload, plans, replace(options, token=None), warmup, fallback)
     # ranks log c10d errors through their reports, not as C++ warnings with stack traces on stderr
     saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = saved or "ERROR"

@@ -1,9 +1,10 @@
-"""Run a prepared refit session on Slurm: write the scripts, submit, watch, cancel, collect.
+"""Slurm jobs of a refit session: write the scripts, submit, watch, cancel, read the ranks' reports.
 
-The request (``slurm_request.py``) is pure; this module is the only one that submits it, and every
+The request (``slurm_request.py``) is pure; this module is the only one that submits it (for the Slurm
+launcher, ``slurm_launcher.py``), and every
 Slurm command goes through ``slurm_cli.py``. What a run directory holds for Slurm::
 
-    session.pkl            the plans and run options the ranks load (``python -m reshardctl.runtime.worker --session``)
+    session.pkl            the session file the ranks load (``runtime/session_file.py``; ``python -m reshardctl.runtime.worker --session``)
     slurm/*.sbatch         the job scripts, as submitted
     slurm/jobs.json        mode, job ids per role, submit time (written right after submission)
     slurm/<role>.jobid     two-jobs mode: each job's id, so that each can cancel the other
@@ -19,18 +20,17 @@ gives the job and its output file, and the scripts set ``umask 077`` themselves 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from reshardctl.atomic_write import atomic_open, write_json_atomic, write_text_atomic
+from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
 from reshardctl.errors import InputError, LaunchError, RecordError, TransferError
 from reshardctl.launch import slurm_cli
 from reshardctl.launch.failures import failure_line, knock_on_text, lost_record, order_failures, ranks_text
-from reshardctl.launch.slurm_request import SESSION_FILE, SlurmRequest
+from reshardctl.launch.slurm_request import SlurmRequest
 from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 
@@ -85,21 +85,6 @@ class SlurmRun:
             return cls(**data)
         except TypeError as exc:  # a key missing
             raise InputError(f"{path}: {exc}") from None
-
-
-def session_bytes(plans: Mapping[str, object], options, warmup: int, fallback=None) -> bytes:
-    """The content of ``session.pkl``: what every rank loads (the run token is in ``options``). The
-    planner's own plans travel (each rank derives its own steps from them), never every rank's steps
-    written out; ``fallback``: the gather-and-broadcast plan of ``--on-failure fallback``."""
-    return pickle.dumps({"plans": dict(plans), "options": options, "warmup": warmup, "fallback": fallback},
-                        protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def write_session(run_dir: Path, plans: Mapping[str, object], options, warmup: int, fallback=None) -> Path:
-    path = run_dir / SESSION_FILE
-    with atomic_open(path, binary=True, mode=0o600) as fh:
-        fh.write(session_bytes(plans, options, warmup, fallback))
-    return path
 
 
 def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:

@@ -32,11 +32,11 @@ from reshardctl import __version__
 from reshardctl.errors import InputError, ProfileError
 from reshardctl.launch.templates import load_template, render
 from reshardctl.runtime.bounds import srun_wait_s
+from reshardctl.runtime.session_file import SESSION_FILE
 
 MODES = ("hetjob", "two-jobs")
 ROLE_TEMPLATES = {"hetjob": ("hetjob.sbatch",), "two-jobs": ("train.sbatch", "infer.sbatch")}
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/@+%&|!*\[\]()<>#^~{}-]+$")
-SESSION_FILE = "session.pkl"
 RENDEZVOUS_FILE = "slurm/rendezvous"
 
 

@@ -19,7 +19,7 @@ file 0600, on both launchers (the session runs under ``private_umask()``, so the
 the jobs Slurm starts create their files private too). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
 reads it as ``interrupted``, and ``reshardctl collect`` writes that state (``settle_local``; a Slurm
-run's is settled from its jobs' end, ``runs/slurm_session.py``).
+run's is settled from its jobs' end, ``runs/collect.settle_run``).
 """
 
 from __future__ import annotations

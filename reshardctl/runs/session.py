@@ -1,27 +1,29 @@
-"""A refit session: plan the transports, launch the ranks (here or on Slurm), summarise, keep the record.
+"""A refit session: plan the transports, launch the ranks, summarise, keep the record.
 
 ``run_refit_session`` is what `reshardctl run` (one transport) and `reshardctl bench` (all three on the same
 processes, with the raw-transfer ceiling) call. Pure planning first (every input problem is reported
-before a process starts or a job is submitted), then the only side effects: the run directory, and the
-rank processes (``launch/local.py``) or the Slurm jobs (``launch/slurm.py``).
+before a process starts or a job is submitted), then the only side effects: the run directory, and what
+the session's launcher starts (``launch/launcher.py``: one interface, the launcher looked up by name; the
+session never asks which one it holds). The launcher returns an ``Outcome``; ``finish`` writes
+``summary.json`` and ``run.json`` from it.
 
 The run directory's ``session.json`` holds everything the summary needs besides the ranks' reports, so
-a detached Slurm run is summarised later by ``runs/slurm_session.collect_session(run_dir)`` exactly as an
-attached one.
+a detached run is summarised later by ``runs/collect.collect_session(run_dir)`` exactly as an attached one.
 """
 
 from __future__ import annotations
 
-import signal
+import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from reshardctl.errors import InputError, Interrupted, RecordError, ReshardError, TransferError
+from reshardctl.errors import InputError, RecordError, ReshardError
+from reshardctl.launch.launcher import DEFAULT, Launcher, LaunchJob, Outcome, launcher_for
 from reshardctl.plan.cost import predict
 from reshardctl.plan.lower_bound import lower_bound
 from reshardctl.request.resolve import Inputs
@@ -31,14 +33,15 @@ from reshardctl.plan_report import infer_needed_bytes, inputs_json, transport_re
 from reshardctl.plan_files.serialize import save_plan
 from reshardctl.runs.rundir import (check_out_dir, mark_run, new_run_dir, private_umask, started_by, write_command,
                                     write_json)
+from reshardctl.runs.checkpoint_check import check_checkpoint
 from reshardctl.runs.failures import drill_rows, failure_summary
 from reshardctl.runs.record import full_record, static_record, write_record
-from reshardctl.runs.records import (count_commits, events_dir, ranks_with_phase, unreadable_logs, write_session,
-                                     write_summary_json)
+from reshardctl.runs.records import SESSION_JSON, events_dir, unreadable_logs, write_session, write_summary_json
 from reshardctl.runs.summary import speedups, summarize_transport
+from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.drills import check_drills, parse_faults
+from reshardctl.runtime.env import check_backend_env
 
-MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
-LAUNCHERS = ("local", "slurm")
 
 
 @dataclass
@@ -47,21 +50,20 @@ class SessionResult:
     summary: dict | None  # None: a detached Slurm run (collect it later)
     error: ReshardError | None = None
     plans: dict[str, Plan] = field(default_factory=dict)
-    slurm: object | None = None  # the SlurmRun of a Slurm session
+    launched: object | None = None  # what the launcher started (a SlurmRun: its mode and job ids)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
-def plan_transports(inp: Inputs, transports: list[str], launcher: str = "local") -> dict[str, Plan]:
-    world = inp.topology.world
-    if launcher == "local" and world > MAX_LOCAL_RANKS:
-        raise InputError(
-            f"the local launcher runs every rank as a process on this machine: trainer {inp.topology.train_world} + "
-            f"inference {inp.topology.infer_world} = {world} ranks is more than {MAX_LOCAL_RANKS}; "
-            f"choose smaller layouts, run it on Slurm (--launcher slurm), or plan it with `reshardctl plan`"
-        )
+def plan_transports(inp: Inputs, transports: list[str], launcher: str = DEFAULT) -> dict[str, Plan]:
+    """The plans of ``transports``, after ``launcher`` (a name) said it can run these worlds."""
+    launcher_for(launcher).check(inp.topology)
+    return _plans(inp, transports)
+
+
+def _plans(inp: Inputs, transports: list[str]) -> dict[str, Plan]:
     return {
         t: build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=t, bucket_bytes=inp.bucket_bytes,
                       relay=inp.relay, broadcast_span=inp.broadcast_span)
@@ -127,7 +129,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "started_by": ctx.get("started_by"),
         "inputs": ctx["inputs"],
         "request": ctx.get("request"),
-        "launcher": ctx.get("launcher", "local"),
+        "launcher": ctx.get("launcher", DEFAULT),
         "iterations": ctx["iterations"],
         "warmup": ctx["warmup"],
         "wall_s": wall_s,
@@ -216,36 +218,6 @@ def _failed_transport(reports, names) -> str | None:
     return next(iter(names), None)
 
 
-def _set_up_done(events: Path) -> int:
-    """Ranks whose weights are materialised (set-up progress)."""
-    return ranks_with_phase(events, "materialise")
-
-
-class _Signals:
-    """SIGTERM/SIGINT/SIGHUP set ``stop`` (the launcher then kills the ranks and the session writes an
-    interrupted summary; ``signame``: the first one's name); restored on exit. Only in the main thread
-    (signals cannot be set elsewhere)."""
-
-    def __init__(self, stop: threading.Event):
-        self.stop, self.old = stop, {}
-        self.signame: str | None = None
-
-    def _stop(self, signum, _frame) -> None:
-        if self.signame is None:
-            self.signame = signal.Signals(signum).name
-        self.stop.set()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self.old[sig] = signal.signal(sig, self._stop)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, h in self.old.items():
-            signal.signal(sig, h)
-
-
 @contextmanager
 def _preparing(run_dir: Path, who: dict, started: float) -> Iterator[None]:
     """The run directory's first files: a write the disk refuses (full, read-only) becomes a
@@ -262,62 +234,38 @@ def _preparing(run_dir: Path, who: dict, started: float) -> Iterator[None]:
                           hint="free space (or make it writable), or choose another --out") from None
 
 
-@dataclass
-class Prepared:
-    plans: dict[str, Plan]
-    fallback: Plan | None
-    run_dir: Path
-    ctx: dict
-    options: object  # RunOptions
-    who: dict
-    started: float
-
-
 def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int, baseline: bool,
              out: str | None, checkpoint: str | None, full_check: bool, argv: list[str] | None, launcher: str,
              inject: list[str] | None, retries: int, on_failure: str, timeout_s: float | None,
-             force: bool = False) -> Prepared:
-    """Every check that can refuse the run (exit 2, nothing started), then the run directory."""
-    from reshardctl.runtime.contract import RunOptions
-    from reshardctl.runtime.drills import check_drills, parse_faults
-
+             force: bool = False, mode: str | None = None, detach: bool = False) -> tuple[Launcher, LaunchJob]:
+    """Every check that can refuse the run (exit 2, nothing started), then the run directory, then what
+    the launcher writes for its ranks."""
     if iterations < 1 or warmup < 0:
         raise InputError(f"--iters must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")
     if retries < 0:
         raise InputError(f"--retries must be >= 0 (got {retries})")
     if on_failure not in ("abort", "fallback"):
         raise InputError(f"--on-failure {on_failure!r}: use abort or fallback")
-    if launcher not in LAUNCHERS:
-        raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    impl = launcher_for(launcher)
     check_out_dir(out, force)
-    from reshardctl.runtime.env import check_backend_env
-
     check_backend_env()  # the ranks would refuse it: refused here, before anything starts
     faults = ";".join(inject or []) or None
     first_step = RunOptions.first_step  # the default the session keeps: one step per refit from there
     check_drills(parse_faults(faults), world=inp.topology.world, train_world=inp.topology.train_world,
                  first_step=first_step, last_step=first_step + len(transports) * (warmup + iterations) - 1)
-    plans = plan_transports(inp, transports, launcher)
+    impl.check(inp.topology)
+    plans = _plans(inp, transports)
     fallback = None
     if on_failure == "fallback":  # decided before any attempt: every rank holds both plans from the start
-        fallback = plans.get("gather_broadcast") or plan_transports(inp, ["gather_broadcast"], launcher)["gather_broadcast"]
+        fallback = plans.get("gather_broadcast") or _plans(inp, ["gather_broadcast"])["gather_broadcast"]
     if checkpoint is not None:
-        from reshardctl.runs.checkpoint_check import check_checkpoint
-
         check_checkpoint(inp.model, checkpoint)
-    memory = None
-    if launcher == "local":  # the ranks run here: they must fit in this machine's memory
-        from reshardctl.launch.local import choose_local_backend
-        from reshardctl.runs.memory_check import check_memory
-
-        memory = check_memory({**plans, **({"fallback": fallback} if fallback is not None else {})},
-                              gpus=choose_local_backend(inp.topology.world, "auto") == "nccl",
-                              nccl=inp.site.nccl)["total"]
+    memory = impl.memory_estimate(inp, {**plans, **({"fallback": fallback} if fallback is not None else {})})
     # absolute: every Slurm node must find it, and summary.json names it wherever it is read
     run_dir = new_run_dir(out, "bench" if baseline else transports[0], force=force).resolve()
     who, started = started_by(), time.time()
     with _preparing(run_dir, who, started):  # a disk that refuses a file: named, run.json "failed"
-        mark_run(run_dir, "running" if launcher == "local" else "submitting", who, started)
+        mark_run(run_dir, impl.starting_state, who, started)
         write_command(run_dir, argv)
         lb = lower_bound(next(iter(plans.values())), inp.links)
         plan_rows = {}
@@ -341,7 +289,35 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
                                       rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
         write_record(run_dir, ctx["record"])
         write_session(run_dir, ctx)
-    return Prepared(plans, fallback, run_dir, ctx, options, who, started)
+        job = LaunchJob(inp, plans, fallback, options, warmup, run_dir, ctx, who, started, mode=mode, detach=detach)
+        impl.prepare(job)  # a full disk: the file named, nothing started
+    return impl, job
+
+
+def finish(ctx: dict, outcome: Outcome, run_dir: Path, *, who: dict, started: float,
+           collected: bool = False) -> tuple[dict, ReshardError | None]:
+    """``summary.json`` from the session context and the launcher's outcome, ``run.json`` in its final
+    state; (summary, the session's error)."""
+    summary = build_summary(ctx, outcome.reports, error=outcome.error, wall_s=outcome.wall_s,
+                            failures=outcome.failures, interrupted=outcome.interrupted, run_dir=run_dir,
+                            extra=outcome.extra)
+    if collected:
+        summary["collected"] = True
+    state = "interrupted" if outcome.interrupted else ("finished" if outcome.error is None else "failed")
+    at = ctx.get("started_at") or outcome.started_at or started  # a launcher's own start (Slurm: the submission)
+    return summary, record_outcome(run_dir, summary, state, who, at, outcome.error)
+
+
+def session_files(inp: Inputs, plans: dict[str, Plan], run_dir: Path, *, command: str, launcher: str,
+                  iterations: int = 5, warmup: int = 1, mode: str | None = None) -> dict[str, str | bytes]:
+    """What `reshardctl plan --out DIR` adds for starting the run by hand: the launcher's files (job
+    scripts, the session file with a fresh run token) and ``session.json`` (for `reshardctl collect DIR
+    --job ID`), all for ``run_dir`` (absolute) as the run directory."""
+    ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
+                          command=command)
+    files = launcher_for(launcher).files(inp, plans, run_dir, iterations=iterations, warmup=warmup, mode=mode)
+    files[SESSION_JSON] = json.dumps(ctx, indent=2, default=str) + "\n"
+    return files
 
 
 def run_refit_session(
@@ -362,92 +338,29 @@ def run_refit_session(
     on_failure: str = "abort",
     timeout_s: float | None = None,
     stop: threading.Event | None = None,
-    launcher: str = "local",
-    slurm_mode: str | None = None,
+    launcher: str = DEFAULT,
+    mode: str | None = None,
     detach: bool = False,
-    on_slurm_state: Callable[[dict, dict], None] | None = None,
+    on_state: Callable[[dict, dict], None] | None = None,
 ) -> SessionResult:
     """Plan, check, launch, summarise. Never raises for a failed refit: the result carries the error (and
     summary.json says what failed, root cause first); raises ``InputError`` for bad inputs (including a
     local run that cannot fit in memory and a bad ``--inject``) before anything starts, and ``LaunchError``
-    when Slurm refuses the jobs. ``detach`` (Slurm only): return once submitted."""
-    if detach and launcher != "slurm":
-        raise InputError("--detach needs the Slurm launcher (--launcher slurm, or launcher: slurm in the profile)")
+    when the launcher cannot start the ranks (Slurm refuses the jobs). ``detach``: return once started
+    (where the launcher allows it); ``mode``: the launcher's own mode (Slurm: hetjob | two-jobs);
+    ``on_state(states, commits per side)``: a queue's job states as they change (launchers with a queue)."""
+    if detach:
+        launcher_for(launcher).check_detach()
     with private_umask():  # the run directory, the ranks' files and Slurm's own files: private to the user
-        return _run_session(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
-                            force=force, checkpoint=checkpoint, full_check=full_check, argv=argv,
-                            progress=progress, inject=inject, retries=retries, on_failure=on_failure,
-                            timeout_s=timeout_s, stop=stop, launcher=launcher, slurm_mode=slurm_mode,
-                            detach=detach, on_slurm_state=on_slurm_state)
-
-
-def _run_session(inp: Inputs, transports: list[str], *, iterations, warmup, baseline, out, force, checkpoint,
-                 full_check, argv, progress, inject, retries, on_failure, timeout_s, stop, launcher, slurm_mode,
-                 detach, on_slurm_state) -> SessionResult:
-    pre = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
-                   checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher, inject=inject,
-                   retries=retries, on_failure=on_failure, timeout_s=timeout_s, force=force)
-    if launcher == "slurm":
-        from reshardctl.runs.slurm_session import run_slurm
-
-        return run_slurm(inp, pre, warmup, slurm_mode=slurm_mode, detach=detach, progress=progress,
-                          on_state=on_slurm_state)
-    return _run_local(inp, pre, warmup, progress=progress, stop=stop)
-
-
-def _run_local(inp: Inputs, pre: Prepared, warmup: int, *, progress, stop) -> SessionResult:
-    from reshardctl.launch.local import LocalRunError, launch_local_ranks
-
-    plans, run_dir = pre.plans, pre.run_dir
-    result: dict = {}
-    error: list[BaseException] = []
-    stop = stop or threading.Event()
-
-    def target() -> None:
-        try:
-            result["reports"] = launch_local_ranks(plans, pre.options, warmup=warmup, fallback=pre.fallback,
-                                                  stop=stop)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-            error.append(exc)
-
-    t0 = time.perf_counter()
-    th = threading.Thread(target=target, name="reshardctl-session", daemon=True)
-    world = inp.topology.world
-    with _Signals(stop) as signals:
-        th.start()
-        total = len(plans) * (warmup + pre.options.iterations) * world
-        while th.is_alive():
-            th.join(timeout=0.25)
-            if progress is not None:
-                ready = _set_up_done(run_dir / "events")
-                if ready < world:
-                    progress(ready, world, "set-up: ranks with weights ready")
-                else:
-                    progress(min(total, count_commits(run_dir / "events")), total, "refits: rank commits")
-    wall = time.perf_counter() - t0
-    reports = result.get("reports")
-    err: ReshardError | None = None
-    failures: list[dict] = []
-    stopped_after = None
-    interrupted = stop.is_set()
-    if error:
-        exc = error[0]
-        if isinstance(exc, LocalRunError):
-            err = exc
-            reports = exc.session or {next(iter(plans)): exc.reports}
-            failures = exc.failures
-            stopped_after = exc.stopped_after_s
-            interrupted = interrupted or exc.interrupted
-        elif isinstance(exc, ReshardError):
-            err = exc
-        else:
-            err = TransferError(f"local session failed: {type(exc).__name__}: {exc}")
-    if interrupted:  # exit 130, as on Slurm (docs/runbook-faults.md, "Signals to reshardctl")
-        by = f" by {signals.signame}" if signals.signame else ""
-        err = Interrupted(f"interrupted{by}: stopped the {world} rank process(es); run directory {run_dir} "
-                          f"(summary.json says so)")
-    summary = build_summary(pre.ctx, reports, error=err, wall_s=wall, failures=failures, interrupted=interrupted,
-                            run_dir=run_dir, extra={"launcher_stopped_after_s": stopped_after})
-    err = record_outcome(run_dir, summary, "interrupted" if interrupted else ("finished" if err is None else "failed"),
-                         pre.who, pre.started, err)
-    return SessionResult(run_dir, summary, err, plans)
+        impl, job = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
+                             checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher,
+                             inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s,
+                             force=force, mode=mode, detach=detach)
+        outcome = impl.run(job, progress=progress, stop=stop, on_state=on_state)
+        if outcome.detached:
+            return SessionResult(job.run_dir, None, None, dict(job.plans), launched=outcome.handle)
+        with outcome.until_written or nullcontext():  # e.g. signals ignored until the summary is written
+            summary, err = finish(job.ctx, outcome, job.run_dir, who=job.who, started=job.started)
+        if outcome.raise_after is not None:
+            raise outcome.raise_after
+        return SessionResult(job.run_dir, summary, err, dict(job.plans), launched=outcome.handle)

@@ -1,6 +1,6 @@
 """The rank runtime: environment, process groups, executors, checksums, commit protocol, events.
 
-The core entry is ``reshardctl.runtime.worker.run_rank(env, plan, options) -> RankReport``.
+The core entry is ``reshardctl.runtime.worker.run_rank_session(env, plans, options) -> {name: RankReport}``.
 """
 
 from reshardctl.runtime.contract import ExecutablePlan, IterationReport, RankReport, RunOptions, StaticPlan

@@ -1,7 +1,8 @@
 """What the runtime consumes and produces.
 
-``ExecutablePlan`` is the planner's side of the contract (any object with these members will do);
-``StaticPlan`` is a plain, picklable snapshot of one (what a launcher ships to rank processes);
+``ExecutablePlan`` is the planner's side of the contract (any object with these members will do; the
+launchers ship the planner's own ``Plan``, runtime/session_file.py); ``StaticPlan`` is one written out
+rank by rank (every rank's steps and holdings: hand-made plans, another tool's);
 ``RunOptions`` are the knobs of one run; ``RankReport`` is what one rank hands back.
 """
 
@@ -41,7 +42,8 @@ class ExecutablePlan(Protocol):
 
 @dataclass(frozen=True)
 class StaticPlan:
-    """Every rank's steps and holdings written out: picklable, no planner code needed to read it."""
+    """Every rank's steps and holdings written out (hand-made plans, another tool's): picklable, no planner
+    code needed to read it; checked whole when built (``check_mirror``)."""
 
     model: ModelSpec
     train_world: int
@@ -84,24 +86,6 @@ class StaticPlan:
     def broadcast_groups(self) -> list[tuple[int, ...]]:
         return sorted({tuple(sorted(s.group)) for steps in self.steps.values() for s in steps
                        if isinstance(s, BroadcastBucket)})
-
-    @classmethod
-    def freeze(cls, plan: ExecutablePlan) -> "StaticPlan":
-        """Snapshot any plan (e.g. the planner's own object) into a StaticPlan."""
-        if isinstance(plan, StaticPlan):
-            return plan
-        world = plan.train_world + plan.infer_world
-        return cls(
-            model=plan.model,
-            train_world=plan.train_world,
-            infer_world=plan.infer_world,
-            transport=plan.transport,
-            fingerprint=plan.fingerprint,
-            bucket_bytes=plan.bucket_bytes,
-            steps={r: tuple(plan.steps_for(r)) for r in range(world)},
-            src={r: dict(plan.src_holdings(r)) for r in range(plan.train_world)},
-            dst={r: dict(plan.dst_holdings(r)) for r in range(plan.infer_world)},
-        )
 
 
 def _rebuild_static(parts, *rest) -> "StaticPlan":

@@ -1,20 +1,21 @@
 """One rank of a refit run: rendezvous -> groups -> materialise -> per refit: execute -> verify -> commit.
 
-``run_rank(env, plan, options)`` is the core (a launcher calls it in-process); it never raises for a
-failed refit: the returned ``RankReport`` says ``ok=False`` with the error (``raise_for_status``).
-Module entry (one process per rank, rank read from the environment, see ``env.py``)::
+``run_rank_session(env, plans, options)`` is the core (the local launcher's rank processes call it
+in-process); it never raises for a failed refit: each returned ``RankReport`` says ``ok=False`` with the
+error (``raise_for_status``). Module entry (one process per rank, rank read from the environment, see
+``env.py``; what each Slurm task runs)::
 
-    python -m reshardctl.runtime.worker --plan PLAN.pkl --run-dir DIR [--iterations N] [--timeout-s S]
-        [--inject SPEC ...] [--retries N --on-failure fallback --fallback-plan GB.pkl] ...
+    python -m reshardctl.runtime.worker --session SESSION_FILE
 
-The plan file is a pickled plan object (``StaticPlan.freeze(plan)`` is always picklable); a session,
-plan or fallback-plan file is loaded only when this rank's user owns it and its directory and nobody
-else can write either (``trusted_file.read_trusted``: checked on the opened descriptors, exit 2 and
-nothing loaded otherwise); the process runs with umask 077 (its files 0600, directories 0700). The report
-goes to ``<run_dir>/reports/rank-<N>.json`` (atomically, 0600). The run token comes from
-``RESHARDCTL_RUN_TOKEN`` (a launcher exports one random token to every rank of a run; never on a command
-line). Exit status 0 = this rank's refits all committed; the process exits without tearing its groups
-down (after a failure a dead peer's pending ops could hold that up).
+The session file (``session_file.py``, the same format for both launchers) holds the planner's plans,
+the run options and the warm-up; this rank derives its own steps from them. It is loaded only when this
+rank's user owns it and its directory and nobody else can write either (``trusted_file.read_trusted``:
+checked on the opened descriptors, exit 2 and nothing loaded otherwise, as for a missing file); the
+process runs with umask 077 (its files 0600, directories 0700). The reports go to
+``<run_dir>/reports/rank-<N>.json`` (atomically, 0600). The run token travels in the session's options
+(a launcher's one random token for every rank of a run; never on a command line), else
+``RESHARDCTL_RUN_TOKEN``. Exit status 0 = this rank's refits all committed; the process exits without
+tearing its groups down (after a failure a dead peer's pending ops could hold that up).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -44,8 +44,8 @@ from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.synthetic_weights import SyntheticWeights
-from reshardctl.runtime.trusted_file import read_trusted
 from reshardctl.runtime.program import compile_program
+from reshardctl.runtime.session_file import read_session
 from reshardctl.runtime.weights import weight_source
 
 
@@ -63,11 +63,6 @@ def _dump(options: RunOptions, env: RankEnv, plan, st: State) -> None:
             },
             tmp,
         )
-
-
-def run_rank(env: RankEnv, plan, options: RunOptions, fallback=None) -> RankReport:
-    """Run this rank's part of ``options.iterations`` refits of ``plan``; never raises for a failed refit."""
-    return run_rank_session(env, {"plan": plan}, options, warmup=0, fallback=fallback)["plan"]
 
 
 def _same_layout(a, b, side: str, rank: int) -> bool:
@@ -302,70 +297,10 @@ def report_dict(report: RankReport) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reshardctl.runtime.worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--session", default=None,
-                    help="a launcher's session file (pickle of plans, run options, warm-up; run_dir from the options)")
-    ap.add_argument("--plan", default=None, help="pickled plan (StaticPlan.freeze(plan))")
-    ap.add_argument("--fallback-plan", default=None, help="pickled gather-and-broadcast plan for --on-failure fallback")
-    ap.add_argument("--run-dir", default=None)
-    ap.add_argument("--iterations", type=int, default=1)
-    ap.add_argument("--first-step", type=int, default=1)
-    ap.add_argument("--timeout-s", type=float, default=60.0)
-    ap.add_argument("--rendezvous-timeout-s", type=float, default=None)
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--initial-weights", choices=("synthetic", "empty"), default="synthetic")
-    ap.add_argument("--full-check", action="store_true")
-    ap.add_argument("--no-overlap", action="store_true")
-    ap.add_argument("--dump-weights", action="store_true")
-    ap.add_argument("--baseline", action="store_true")
-    ap.add_argument("--inject", "--faults", dest="inject", action="append", default=[],
-                    help="a fault drill (drills.py), repeatable")
-    ap.add_argument("--retries", type=int, default=0)
-    ap.add_argument("--on-failure", choices=("abort", "fallback"), default="abort")
+    ap.add_argument("--session", required=True,
+                    help="a launcher's session file (runtime/session_file.py: plans, run options, warm-up)")
     a = ap.parse_args(argv)
-    if a.session is not None:
-        return _main_session(a.session)
-    if a.plan is None or a.run_dir is None:
-        ap.error("give --session FILE, or --plan FILE and --run-dir DIR")
-    try:
-        plan = pickle.loads(read_trusted(a.plan, "plan file"))
-        fallback = pickle.loads(read_trusted(a.fallback_plan, "fallback plan file")) if a.fallback_plan else None
-    except (OSError, pickle.UnpicklingError) as exc:
-        print(f"reshardctl worker: cannot read the plan file: {exc}", file=sys.stderr)
-        return 2
-    except ReshardError as exc:
-        print(f"reshardctl worker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        faults = ";".join(a.inject) or None
-        parse_faults(faults)
-        options = RunOptions(
-            run_dir=a.run_dir, iterations=a.iterations, first_step=a.first_step, timeout_s=a.timeout_s,
-            rendezvous_timeout_s=a.rendezvous_timeout_s, device=a.device, checkpoint=a.checkpoint,
-            initial_weights=a.initial_weights, full_check=a.full_check, overlap=not a.no_overlap,
-            dump_weights=a.dump_weights, baseline=a.baseline, faults=faults, retries=a.retries,
-            on_failure=a.on_failure,
-        )
-        env = read_rank_env(plan.train_world, plan.infer_world, force_cpu=a.device == "cpu")
-        if a.device == "cuda" and env.backend != "nccl":
-            raise TransferError("--device cuda but no CUDA device is available")
-    except ReshardError as exc:
-        print(f"reshardctl worker: {exc}", file=sys.stderr)
-        return 2 if exc.exit_code == 2 else 1
-    report = run_rank(env, plan, options, fallback=fallback)
-    write_report(Path(a.run_dir), report)
-    await_reports(Path(a.run_dir), env.world_size, failed=not report.ok, timeout_s=options.timeout_s,
-                  retries=options.retries)
-    if not report.ok:
-        print(f"reshardctl worker rank {env.global_rank}: {report.error_type}: {report.error_message}", file=sys.stderr)
-    return 0 if report.ok else 1
-
-
-def write_report(run_dir: Path, report: RankReport) -> Path:
-    """``<run_dir>/reports/rank-<N>.json``, atomically, private to the user."""
-    out = run_dir / "reports" / f"rank-{report.global_rank}.json"
-    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return write_json_atomic(out, report_dict(report), mode=0o600, indent=1, default=str)
+    return _main_session(a.session)
 
 
 def _threads_per_task() -> int:
@@ -381,21 +316,19 @@ def _threads_per_task() -> int:
 def _main_session(path: str) -> int:
     """One rank of a launcher's session (``reshardctl run --launcher slurm``): the plans, the fallback plan,
     options (token included) and warm-up from ``path``; the rank from the environment; ``{plan: report}``
-    into ``<run_dir>/reports/rank-<N>.json``. Exit status 0 = every refit of every plan committed."""
+    into ``<run_dir>/reports/rank-<N>.json``. Exit status 0 = every refit of every plan committed; 2 = the
+    session file cannot be loaded (missing, untrusted, not a session file: nothing run)."""
     try:
-        spec = pickle.loads(read_trusted(path, "session file"))
-        plans, options, warmup = spec["plans"], spec["options"], spec["warmup"]
-        first = next(iter(plans.values()))
-        parse_faults(options.faults)
-        env = read_rank_env(first.train_world, first.infer_world, force_cpu=options.device == "cpu")
-    except (OSError, pickle.UnpicklingError, KeyError, StopIteration) as exc:
-        print(f"reshardctl worker: cannot read the session file {path}: {exc}", file=sys.stderr)
-        return 2
+        spec = read_session(path)
+        first = next(iter(spec.plans.values()))
+        parse_faults(spec.options.faults)
+        env = read_rank_env(first.train_world, first.infer_world, force_cpu=spec.options.device == "cpu")
     except ReshardError as exc:
         print(f"reshardctl worker: {exc}", file=sys.stderr)
         return 2 if exc.exit_code == 2 else 1
+    options = spec.options
     torch.set_num_threads(_threads_per_task())
-    reports = run_rank_session(env, plans, options, warmup=warmup, fallback=spec.get("fallback"))
+    reports = run_rank_session(env, spec.plans, options, warmup=spec.warmup, fallback=spec.fallback)
     run_dir = Path(options.run_dir)
     out = run_dir / "reports" / f"rank-{env.global_rank}.json"
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

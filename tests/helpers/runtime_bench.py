@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 
 from reshardctl.launch.local import launch_local_ranks  # noqa: E402
-from reshardctl.runtime.contract import RunOptions, StaticPlan  # noqa: E402
+from reshardctl.runtime.contract import RunOptions  # noqa: E402
 
 CASES = {
     "llama-tp4": ("tiny-llama", "tp=4", "tp=4"),
@@ -78,7 +78,7 @@ def main() -> None:
         return
     for key in a.case or list(CASES):
         model, train, infer = CASES[key]
-        plans = {t: StaticPlan.freeze(planner_plan(model, train, infer, t, a.bucket_mb)) for t in TRANSPORTS}
+        plans = {t: planner_plan(model, train, infer, t, a.bucket_mb) for t in TRANSPORTS}
         summarise(f"{model} megatron {train} -> vllm {infer}", plans, launch_local_ranks(plans, opts, warmup=1))
 
 

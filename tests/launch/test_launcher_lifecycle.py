@@ -19,6 +19,7 @@ import pytest
 from reshardctl.cli import main
 from reshardctl.errors import InputError, LaunchError
 from reshardctl.launch.local import free_port
+from reshardctl.plan.refit_plan import Plan
 from reshardctl.runs.memory_check import check_memory, needed_bytes
 from reshardctl.runs.rundir import run_state
 from reshardctl.runtime.env import make_rank_env
@@ -96,7 +97,11 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama, capsys)
     assert list((tmp_path / "tmpdir").iterdir()) == []
     (left,) = out.glob(".ranks-*.pickle")
     assert left.stat().st_mode & 0o777 == 0o600
-    _plans, options, _fallback = pickle.loads(left.read_bytes())
+    # the Slurm launcher's session file format: the planner's own plans (each rank derives its steps)
+    spec = pickle.loads(left.read_bytes())
+    assert set(spec) == {"plans", "options", "warmup", "fallback"}
+    assert len(spec["plans"]) == 1 and all(type(p) is Plan for p in spec["plans"].values())
+    options = spec["options"]
     assert options.run_dir == str(out) and options.token is None  # the token reached the ranks by pipe only
     assert json.loads((out / "run.json").read_text())["state"] == "running"
     # `reshardctl collect` settles it: run.json's final state, the leftover file gone

@@ -19,6 +19,7 @@ from reshardctl.launch.local import free_port, run_local
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runs.records import read_events
+from reshardctl.runtime.session_file import write_session
 
 from helpers.runtime_plans import bucket_plan, p2p_plan, relay_case, row_bucket_case, rows_cols_case, zero_copy_case
 from helpers.weight_checks import assert_inference_weights
@@ -117,26 +118,53 @@ def test_dead_peer_fails_within_the_timeout(tmp_path):
     assert_inference_weights(tmp_path, plan, 1)
 
 
+def _worker_env(**kw) -> dict:
+    """A worker process's environment: this checkout's package first, as the launchers' ranks get it."""
+    path = os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])  # tests/: helpers.*
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **kw}
+
+
 def test_module_entry_with_torchrun_style_env(tmp_path):
+    """The worker's one entry, ``--session``, on the launchers' session file (a hand-made plan here; the
+    planner's own plans in test_launcher_lifecycle.py), ranks from torchrun-style variables."""
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst)
-    (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
+    options = RunOptions(run_dir=str(tmp_path), iterations=1, timeout_s=15.0, device="cpu", dump_weights=True,
+                         faults="slow:rank=1:factor=2")
+    session = write_session(tmp_path / "session.pkl", {"plan": plan}, options, warmup=0)
     port = free_port()
     procs = []
     for r in range(4):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "reshardctl.runtime.worker", "--plan", str(tmp_path / "plan.pkl"),
-             "--run-dir", str(tmp_path), "--device", "cpu", "--timeout-s", "15", "--dump-weights",
-             "--inject", "slow:rank=1:factor=2"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        env = _worker_env(RANK=str(r), WORLD_SIZE="4", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "reshardctl.runtime.worker", "--session", str(session)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=120)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outs
     assert_inference_weights(tmp_path, plan, 1)
     assert (tmp_path / "reports" / "rank-3.json").is_file()
     assert oct((tmp_path / "reports" / "rank-3.json").stat().st_mode & 0o777) == "0o600"
     assert any(e["phase"] == "drill" for e in read_events(tmp_path / "events" / "rank-1.jsonl"))
+
+
+@pytest.mark.parametrize("what", ["missing", "not-a-session", "plan-entry"])
+def test_module_entry_refuses_a_missing_or_foreign_file_as_exit_2(tmp_path, what):
+    """A session file that is missing or holds no session: exit 2, one line naming the file, no traceback,
+    nothing run; the old ``--plan FILE`` entry is gone (a usage error, exit 2)."""
+    path = tmp_path / "session.pkl"
+    if what == "not-a-session":
+        path.write_bytes(pickle.dumps({"plan": 1}))
+    args = ["--plan", str(path), "--run-dir", str(tmp_path)] if what == "plan-entry" else ["--session", str(path)]
+    env = _worker_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    p = subprocess.run([sys.executable, "-m", "reshardctl.runtime.worker", *args], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    if what == "plan-entry":
+        assert "the following arguments are required: --session" in p.stderr, p.stderr
+    else:
+        assert f"cannot read the session file {path}" in p.stderr, p.stderr
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "events").exists()
 
 
 # ---- zero copy, sessions, bucket root memory -----------------------------------------------------------
