@@ -33,6 +33,7 @@ from reshardctl.launch.failures import failure_line, knock_on_text, lost_record,
 from reshardctl.launch.slurm_request import SlurmRequest
 from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
+from reshardctl.topology import side_of_global, train_world_of
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
@@ -318,12 +319,12 @@ def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, 
     """Failure records, root cause first (``launch/failures.py``): ranks without a report (where they
     were: the last event each wrote), then the failing transport's ranks that failed on their own, then
     the knock-on failures."""
-    world_t = next((r.global_rank - r.side_rank for rs in session.values() for r in rs if r.side == "infer"), None)
+    world_t = next((train_world_of(r.global_rank, r.side_rank) for rs in session.values() for r in rs
+                    if r.side == "infer"), None)
     recs = []
     for rank, why in sorted(lost.items()):
-        side = None if world_t is None else ("train" if rank < world_t else "infer")
-        recs.append(lost_record(rank, side, None if world_t is None else (rank if rank < world_t else rank - world_t),
-                                None, 0.0, why, run_dir))
+        side, side_rank = (None, None) if world_t is None else side_of_global(rank, world_t)
+        recs.append(lost_record(rank, side, side_rank, None, 0.0, why, run_dir))
     failing = next((rs for rs in session.values() if any(not r.ok for r in rs)), [])
     return order_failures(recs, failing) if (recs or failing) else []
 
