@@ -19,7 +19,7 @@ def jobs_cmd(
 ) -> None:
     """This tool's Slurm runs (from the per-user run index) with their jobs' state."""
     from reshardctl.launch import slurm
-    from reshardctl.runs.index import list_runs, state_dir
+    from reshardctl.launch.run_index import list_runs, state_dir
     from reshardctl.runs.collect import settle_run
 
     runs = list_runs()

@@ -36,13 +36,14 @@ import torch.multiprocessing as mp
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, lost_record, order_failures
-from reshardctl.runs.rundir import RANKS_PAYLOAD_PREFIX
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions
 from reshardctl.runtime.env import RankEnv, make_rank_env
 from reshardctl.runtime.session_file import read_session, write_session
 from reshardctl.runtime.worker import run_rank_session
 from reshardctl.topology import side_of_global
+
+RANKS_PAYLOAD_PREFIX = ".ranks-"  # the session file of a run's local ranks in its run directory, 0600
 
 
 def free_port(host: str = "127.0.0.1") -> int:

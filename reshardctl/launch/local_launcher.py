@@ -11,12 +11,12 @@ from typing import Mapping
 
 from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError, TransferError
 from reshardctl.launch.launcher import DryRun, LaunchJob, Outcome, Progress
-from reshardctl.launch.local import LocalRunError, choose_local_backend, launch_local_ranks
+from reshardctl.launch.local import RANKS_PAYLOAD_PREFIX, LocalRunError, choose_local_backend, launch_local_ranks
 from reshardctl.runs.records import count_commits, events_dir, ranks_with_phase
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
-from reshardctl.runs.memory_check import check_memory
-from reshardctl.runs.rundir import read_run, settle_local
+from reshardctl.launch.memory_check import check_memory
+from reshardctl.runs.rundir import launcher_alive, read_run, settle
 
 MAX_LOCAL_RANKS = 32  # processes the local launcher will start on one machine
 
@@ -144,3 +144,16 @@ class LocalLauncher:
 
     def settle(self, run_dir: Path, live: dict, finish, read_context) -> str | None:
         return None  # settled by `reshardctl collect` (check_collect), whose launcher is gone
+
+
+def settle_local(path: str | Path) -> str | None:
+    """A local run left ``running`` by a launcher that is gone (killed outright: no summary): its
+    ``run.json`` becomes ``interrupted``; returns the new state, or None when there is nothing to settle."""
+    rec = read_run(path)
+    if rec is None or rec.get("state") != "running" or launcher_alive(rec) is not False:
+        return None
+    pid = (rec.get("started_by") or {}).get("pid")
+    for leftover in Path(path).glob(RANKS_PAYLOAD_PREFIX + "*.pickle"):
+        leftover.unlink(missing_ok=True)
+    settle(path, "interrupted", f"the launcher (pid {pid}) ended without writing a final state")
+    return "interrupted"

@@ -23,7 +23,7 @@ from reshardctl.launch.slurm_cli import check_job_id
 from reshardctl.launch.slurm_request import build_request
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
-from reshardctl.runs.index import record_run
+from reshardctl.launch.run_index import record_run
 from reshardctl.runs.rundir import DEFAULT_BASE, launcher_alive, mark_run, read_run, settle
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.session_file import SESSION_FILE, session_bytes, write_session

@@ -18,7 +18,7 @@ user could replace the files the ranks load), and so is such a default base ``ru
 file 0600, on both launchers (the session runs under ``private_umask()``, so the ranks, ``sbatch`` and
 the jobs Slurm starts create their files private too). A run whose
 launcher was killed outright has ``run.json`` saying ``running`` with a pid that is gone: ``run_state``
-reads it as ``interrupted``, and ``reshardctl collect`` writes that state (``settle_local``; a Slurm
+reads it as ``interrupted``, and ``reshardctl collect`` writes that state (the local launcher's ``settle_local``; a Slurm
 run's is settled from its jobs' end, ``runs/collect.settle_run``).
 """
 
@@ -43,9 +43,6 @@ from reshardctl.errors import InputError, OutputError
 from reshardctl.runtime.trusted_file import not_private
 
 DEFAULT_BASE = "runs"
-RANKS_PAYLOAD_PREFIX = ".ranks-"  # the local launcher's plans file for its ranks (launch/local.py), 0600
-
-
 PRIVATE_UMASK = 0o077  # files 0600, directories 0700
 
 
@@ -283,16 +280,3 @@ def settle(path: str | os.PathLike, state: str, why: str, was: str | None = None
     data = {"state": state, "started_by": rec.get("started_by") or {}, "started_at": rec.get("started_at"),
             "updated_at": time.time(), "settled": {"from": was or rec.get("state"), "why": why}}
     return write_json(Path(path) / "run.json", data)
-
-
-def settle_local(path: str | os.PathLike) -> str | None:
-    """A local run left ``running`` by a launcher that is gone (killed outright: no summary): its
-    ``run.json`` becomes ``interrupted``; returns the new state, or None when there is nothing to settle."""
-    rec = read_run(path)
-    if rec is None or rec.get("state") != "running" or launcher_alive(rec) is not False:
-        return None
-    pid = (rec.get("started_by") or {}).get("pid")
-    for leftover in Path(path).glob(RANKS_PAYLOAD_PREFIX + "*.pickle"):
-        leftover.unlink(missing_ok=True)
-    settle(path, "interrupted", f"the launcher (pid {pid}) ended without writing a final state")
-    return "interrupted"

@@ -210,7 +210,7 @@ class RefitSpec:
 @dataclass(frozen=True)
 class NcclSpec:
     """Caps on NCCL's own device memory, as this site sets them (its ``NCCL_*`` variables); used by the
-    memory check's estimate of NCCL's buffers per GPU (runs/memory_check.py ``nccl_bytes``)."""
+    memory check's estimate of NCCL's buffers per GPU (launch/memory_check.py ``nccl_bytes``)."""
 
     buffsize_mb: float = 4.0  # NCCL_BUFFSIZE (NCCL's default: 4 MiB)
     max_channels: int = 32  # NCCL_MAX_NCHANNELS: channels of a communicator's rings/trees

@@ -20,7 +20,7 @@ from reshardctl.cli import main
 from reshardctl.errors import InputError, LaunchError
 from reshardctl.launch.local import free_port
 from reshardctl.plan.refit_plan import Plan
-from reshardctl.runs.memory_check import check_memory, needed_bytes
+from reshardctl.launch.memory_check import check_memory, needed_bytes
 from reshardctl.runs.rundir import run_state
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runtime.groups import rendezvous
@@ -128,7 +128,7 @@ def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, sma
 
 
 def test_a_run_that_cannot_fit_is_refused_before_any_process(tmp_path, small_llama, monkeypatch, capsys):
-    import reshardctl.runs.memory_check as mc
+    import reshardctl.launch.memory_check as mc
 
     monkeypatch.setattr(mc, "available_bytes", lambda meminfo="/proc/meminfo": 512 << 20)
     out = tmp_path / "run"
@@ -180,7 +180,7 @@ def test_bad_drills_are_bad_input(tmp_path, small_llama, capsys, spec, msg):
 
 
 def test_gpu_memory_is_checked_per_rank():
-    from reshardctl.runs.memory_check import check_gpu_memory, rank_bytes
+    from reshardctl.launch.memory_check import check_gpu_memory, rank_bytes
 
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst)

@@ -1,4 +1,4 @@
-"""NCCL's own device memory in the memory check (runs/memory_check.py ``nccl_bytes``) with the site's caps
+"""NCCL's own device memory in the memory check (launch/memory_check.py ``nccl_bytes``) with the site's caps
 (the ``nccl:`` profile keys): the arithmetic, and a run that fits without it refused with it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reshardctl.errors import InputError, ProfileError
-from reshardctl.runs.memory_check import RESERVE, check_gpu_memory, nccl_bytes, rank_bytes
+from reshardctl.launch.memory_check import RESERVE, check_gpu_memory, nccl_bytes, rank_bytes
 from reshardctl.runtime.baseline import pair_bytes
 from reshardctl.site.parse import parse_profile
 from reshardctl.site.spec import MIB, NcclSpec
