@@ -3,7 +3,9 @@
 ``launch_local_ranks(plans, options, warmup=1)`` writes the session file every rank reads
 (``runtime/session_file.py``, the Slurm launcher's format: the planner's plans, each rank derives its
 own steps), private, in the run directory and without the run token (spawn's pipe stays small: a rank
-that dies at start cannot block its launcher; the token travels through it), spawns ``T + I`` processes once (``torch.multiprocessing``, spawn), rendezvous on 127.0.0.1 at a free port with
+that dies at start cannot block its launcher; the token travels through it), starts ``T + I`` processes once
+(``torch.multiprocessing``: gloo ranks fork from a server that imported torch once, NCCL ranks are spawned;
+``start_method``), rendezvous on 127.0.0.1 at a free port with
 a fresh random run token, runs every plan in order in the same processes (``worker.run_rank_session``) and
 returns ``{plan name: reports in rank order}``, or raises ``LocalRunError`` with every failure, root
 cause first.
@@ -33,6 +35,7 @@ from typing import Mapping
 
 import torch
 import torch.multiprocessing as mp
+from multiprocessing import reduction
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, lost_record, order_failures
@@ -67,31 +70,70 @@ def choose_local_backend(world: int, device: str) -> str:
     return "nccl" if ok else "gloo"
 
 
-def watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
-    """This process dies with its parent: SIGKILL on the parent's death (Linux), and a daemon thread
-    that exits the process when the parent is gone (reparented) in case the signal is not available."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch_parent(launcher_pid: int, period_s: float = 0.5) -> None:
+    """This process dies with the launcher: SIGKILL on its parent's death (Linux; the parent is the
+    launcher under spawn, the fork server under forkserver, which exits when the launcher does), and a
+    daemon thread that exits the process when its parent is gone (reparented) or the launcher is, in
+    case the signal is not available."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:
+    parent = os.getppid()
+    if parent == 1 or not _alive(launcher_pid):
         os._exit(1)
 
     def poll() -> None:
         while True:
-            if os.getppid() != parent_pid:
+            if os.getppid() != parent or not _alive(launcher_pid):
                 os._exit(1)
             time.sleep(period_s)
 
     threading.Thread(target=poll, name="reshardctl-parent-watch", daemon=True).start()
 
 
+class _Inherited:
+    """What a rank started by the fork server takes from the launcher as it is at the start (the fork
+    server's own is from when it started): the environment, and standard output and error (passed as
+    descriptors, so output goes where the launcher's goes now)."""
+
+    def __init__(self, environ: dict[str, str], fds: tuple[int, ...] = (1, 2)):
+        self.environ, self.fds = environ, fds
+
+    def __reduce__(self):
+        return (_Inherited._rebuild, (self.environ, tuple(reduction.DupFd(fd) for fd in self.fds)))
+
+    @staticmethod
+    def _rebuild(environ, dups) -> "_Inherited":
+        return _Inherited(environ, tuple(d.detach() for d in dups))
+
+    def apply(self) -> None:
+        for target, fd in zip((1, 2), self.fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+
+
 def _child(env: RankEnv, payload: str, token: str, names: list[str], warmup: int, threads: int, q,
-           parent: int) -> None:
+           launcher: int, inherited: _Inherited | None = None) -> None:
     """One rank: its plans, options and fallback from the launcher's session file ``payload``, the run
-    token from the launcher (through spawn's pipe: never in a file), then the session."""
-    watch_parent(parent)
+    token from the launcher (through the start method's pipe: never in a file), then the session."""
+    if inherited is not None:
+        inherited.apply()
+    watch_parent(launcher)
     torch.set_num_threads(threads)
     try:
         spec = read_session(payload)
@@ -150,6 +192,26 @@ def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | No
     return lost_record(rank, side, side_rank, socket.gethostname(), at, why, run_dir)
 
 
+def start_method(backend: str) -> str:
+    """How local ranks start: gloo ranks fork from a server that imported torch and the runtime once
+    (``forkserver``: no rank pays the import, a few CPU seconds each); NCCL ranks are spawned fresh
+    (nothing CUDA-related is ever inherited across a fork). ``RESHARDCTL_START_METHOD=spawn`` forces
+    spawn (benchmarks/rank_start.py compares the two)."""
+    forced = os.environ.get("RESHARDCTL_START_METHOD", "")
+    if forced not in ("", "spawn", "forkserver"):
+        raise LaunchError(f"RESHARDCTL_START_METHOD={forced!r}: expected spawn or forkserver")
+    if forced:
+        return forced
+    return "forkserver" if backend == "gloo" else "spawn"
+
+
+def _context(method: str):
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["reshardctl.runtime.worker"])  # torch and the runtime, imported once
+    return ctx
+
+
 def check_main_importable() -> None:
     """Spawned ranks re-run the launching program's main module by its path: refuse at once (LaunchError)
     where that path does not exist (a program read from standard input), instead of ranks that die."""
@@ -191,8 +253,10 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     options = replace(options, token=options.token or secrets.token_hex(16))
     if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
         deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
-    check_main_importable()
-    ctx = mp.get_context("spawn")
+    method = start_method(backend)
+    if method == "spawn":
+        check_main_importable()
+    ctx = _context(method)
     q = ctx.Queue()
     procs = []
     # the session goes to the ranks through a private file, not through spawn's pipe: a rank that dies before
@@ -210,10 +274,11 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = saved or "ERROR"
     try:
+        inherited = _Inherited(dict(os.environ)) if method == "forkserver" else None
         for r in range(world):
             env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
             p = ctx.Process(target=_child, args=(env, payload, options.token, names, warmup, threads, q,
-                                                 os.getpid()),
+                                                 os.getpid(), inherited),
                             name=f"reshardctl-rank-{r}")
             procs.append(p)
             p.start()
