@@ -1,6 +1,6 @@
 """One control-plane round, side by side on the same gloo ranks: gloo's own all-reduce (a ring of
 2 (n - 1) steps) against the runtime's binomial tree (``runtime/groups.py`` ``tree_all_reduce``,
-2 ceil(log2 n) steps), each run in a helper thread as the runtime runs it (``groups.run_bounded``). A refit runs
+2 ceil(log2 n) steps), each run in a helper thread as the runtime runs it (``bounded_wait.run_bounded``). A refit runs
 three such rounds (the common start, the vote, the acknowledgement). Medians over ``--reps`` rounds
 after a barrier, slowest rank per round; world sizes as given.
 
@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reshardctl.calibrate.microbench import in_helper_thread
-from reshardctl.runtime.groups import tree_all_reduce, wait_all
+from reshardctl.runtime.bounded_wait import wait_all
+from reshardctl.runtime.control_tree import tree_all_reduce
 
 
 def rank_main(rank: int, world: int, port: int, reps: int, q) -> None:

@@ -37,7 +37,9 @@ from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime import nccl_watchdog
-from reshardctl.runtime.groups import attach_groups, preconnect, release, settle
+from reshardctl.runtime.groups import attach_groups, release
+from reshardctl.runtime.preconnect import preconnect
+from reshardctl.runtime.settle import settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -120,7 +122,7 @@ class Refitter:
         self.groups = attach_groups(self.env, self.plan, self.device, self.timeout_s, own_data=True)
         store = self._store()
         self.groups.store = None if store is None else dist.PrefixStore(f"attempt-{self._attempt}/", store)
-        # every path of the refits connected now, bounded (groups.preconnect): the first refit, and the
+        # every path of the refits connected now, bounded (preconnect.preconnect): the first refit, and the
         # first after a rebuild, do not meet a peer for the first time inside an unbounded post
         with self.events.phase("connect", attempt=self._attempt) as ph:
             ph.update(preconnect(self.groups, self.plan, self.timeout_s))

@@ -24,7 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from reshardctl.runtime.groups import start_helper, tree_all_reduce, wait_all
+from reshardctl.runtime.bounded_wait import start_helper, wait_all
+from reshardctl.runtime.control_tree import tree_all_reduce
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
 BIG = 32 << 20

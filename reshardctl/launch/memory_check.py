@@ -17,7 +17,7 @@ NCCL's buffers per GPU (an estimate from NCCL's documented defaults, capped by t
 keys; docs/gpu.md "NCCL memory"):
 
 * point-to-point: every connected direction (the program's peers over every plan of the session,
-  ``groups.program_peers``; the pre-connect connects exactly these) holds ``p2p_channels_per_peer``
+  ``preconnect.program_peers``; the pre-connect connects exactly these) holds ``p2p_channels_per_peer``
   channels of ``NCCL_BUFFSIZE`` each;
 * collectives: every communicator the rank is in (the data group, each broadcast sub-group of the
   session's plans, and under the API its own second world communicator) holds up to ``max_channels``
@@ -76,7 +76,8 @@ def rank_bytes(plan, rank: int) -> int:
 def nccl_bytes(plans, rank: int, nccl=None, *, api: bool = False) -> dict:
     """NCCL's own device memory on ``rank``'s GPU for a session of ``plans`` (a list or dict of plans),
     with the site's caps (``NcclSpec``; NCCL's defaults when None): the arithmetic and its total."""
-    from reshardctl.runtime.groups import broadcast_groups, program_peers
+    from reshardctl.runtime.groups import broadcast_groups
+    from reshardctl.runtime.preconnect import program_peers
     from reshardctl.site.spec import NcclSpec
 
     nccl = NcclSpec() if nccl is None else nccl

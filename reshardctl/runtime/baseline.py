@@ -6,7 +6,7 @@ gather pieces of broadcast buckets), all posted in one ``batch_isend_irecv`` aft
 packing, no checksums, no unpacking). Broadcast buckets: then the raw broadcast of every bucket's size
 from its root over its group, pipelined two deep on one communicator and never across two (docs/gpu.md,
 "NCCL communicator order": before a broadcast on another group, everything in flight is waited for).
-Every wait is bounded (``groups.wait_works``). Best of ``repeats``; gives this machine's ceiling for the
+Every wait is bounded (``bounded_wait.wait_works``). Best of ``repeats``; gives this machine's ceiling for the
 plan's traffic pattern.
 """
 
@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound
-from reshardctl.runtime.groups import Groups, wait_works
+from reshardctl.runtime.bounded_wait import wait_works
+from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.bucket_format import bucket_layout
 
 _TAG = 1 << 30

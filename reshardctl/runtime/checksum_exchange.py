@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.runtime.checksum import WORDS, checksum, segment_checksums
-from reshardctl.runtime.groups import Abandoned, Groups, wait_works
+from reshardctl.runtime.bounded_wait import Abandoned, wait_works
+from reshardctl.runtime.groups import Groups
 
 TAG_SUMS = (1 << 30) - 1  # the end-of-refit checksum exchange
 

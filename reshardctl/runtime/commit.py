@@ -32,7 +32,9 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError, VerificationError
-from reshardctl.runtime.groups import Abandoned, Groups, SubtreeLost, run_bounded, tree_all_reduce, wait_all
+from reshardctl.runtime.bounded_wait import Abandoned, run_bounded, wait_all
+from reshardctl.runtime.control_tree import SubtreeLost, tree_all_reduce
+from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.local_weights import LocalWeights, byte_view
 from reshardctl.runtime.weights import WeightSource
 from reshardctl.topology import is_trainer, side_of_global, train_world_of

@@ -6,12 +6,12 @@ host must know completion. A ``DeadlineWatch`` thread holds what that main threa
 
 * the deadline: each watched batch of works must complete within ``timeout_s`` (plus 1 s, so the
   backend's own timeout fires first) of becoming the oldest incomplete batch (when it was added, or when
-  the batch before it completed): the same per-step bound ``groups.wait_works`` gave;
+  the batch before it completed): the same per-step bound ``bounded_wait.wait_works`` gave;
 * the store's failure check (``failure()``: another rank published a failure of this attempt), every
   ``check_s``, while a batch is incomplete (with nothing pending there is nothing to release, and a
   watch never aborts work that completed).
 
-On either it calls ``abort()`` once (``groups.abort_data_plane``: ``ncclCommAbort`` ends the kernels,
+On either it calls ``abort()`` once (``abort.abort_data_plane``: ``ncclCommAbort`` ends the kernels,
 so a host blocked in ``Event.synchronize()`` is released), records why (``outcome``) and stops. A watch
 whose works all completed never aborts; ``stop()`` joins the thread. Works need only ``is_completed()``
 (torch's ``Work``, which does not block), so the class is tested on CPU with stand-ins.

@@ -49,7 +49,9 @@ from reshardctl.runtime.checksum_exchange import ChecksumExchange
 from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.deadline_watch import DeadlineWatch
-from reshardctl.runtime.groups import Abandoned, Groups, abort_data_plane, raise_outcome, wait_works
+from reshardctl.runtime.abort import abort_data_plane
+from reshardctl.runtime.bounded_wait import Abandoned, raise_outcome, wait_works
+from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.piece_copy import (PieceViews, Pieces, bucket_pieces, copy_checked, copy_pieces,
                                            message_pieces)

@@ -17,17 +17,17 @@
   the session's plans, created by ALL ranks in the same (sorted) order since ``new_group`` is collective.
 * The control plane: one gloo group over every rank, with the run's timeout: the common start, the
   checksum exchange, the vote and the decision (refit.py); its all-reduces are binomial trees of
-  point-to-point messages (``tree_all_reduce``: ``2 ceil(log2 n)`` steps, where gloo's ring takes
-  ``2 (n - 1)``). Every wait is bounded (``wait_works``): gloo raises on a dead or silent peer within
+  point-to-point messages (``control_tree.tree_all_reduce``: ``2 ceil(log2 n)`` steps, where gloo's ring takes
+  ``2 (n - 1)``). Every wait is bounded (``bounded_wait.wait_works``): gloo raises on a dead or silent peer within
   the timeout; on NCCL the host blocks in an event while a helper thread holds the deadline
   (``deadline_watch.py``) and aborts past it; and a rank stops waiting as soon as another rank
   published a failure of the attempt in the store.
 * Attempts: ``rebuild`` tears every group down and builds fresh ones under a new store prefix
-  (``attempt-<k>``), after every rank settled (``settle``), so nothing left posted by a failed attempt
-  can match the next one's messages. On CUDA every failed refit leaves through ``abort_after_failure``
+  (``attempt-<k>``), after every rank settled (``settle.settle``), so nothing left posted by a failed attempt
+  can match the next one's messages. On CUDA every failed refit leaves through ``abort.abort_after_failure``
   (reshardctl's communicators aborted at once); ``release`` (in ``rebuild``) aborts NCCL groups and
   destroys gloo ones, never finalizing an NCCL communicator after a failure.
-* First contact: ``preconnect`` connects every point-to-point direction and broadcast group the
+* First contact: ``preconnect.preconnect`` connects every point-to-point direction and broadcast group the
   program uses right after the groups are built, under the deadline (NCCL connects lazily inside the
   post, outside every bound). Torch's NCCL monitor is kept from killing the process for reshardctl's
   groups by ``nccl_watchdog.py`` (docs/gpu.md, "Failures on NCCL").
@@ -39,8 +39,6 @@ import contextlib
 import inspect
 import os
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -48,12 +46,12 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
-from reshardctl.plan.schedule import BroadcastBucket, P2PRound
 from reshardctl.runtime import nccl_watchdog
-from reshardctl.runtime.deadline_watch import DeadlineWatch
+from reshardctl.runtime.abort import abort_data_plane, own_groups
+from reshardctl.runtime.bounded_wait import wait_works
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.run_store import (
-    CHECK_KEY, RunKeys, RunStore, answers, challenge, for_torch, listen_fd, read_sealed, scoped, seal, unseal,
+    CHECK_KEY, RunKeys, RunStore, answers, challenge, for_torch, listen_fd, scoped, seal, unseal,
 )
 
 TOKEN_ENV = "RESHARDCTL_RUN_TOKEN"
@@ -263,310 +261,23 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
 
 
 
-class Abandoned(TransferError):
-    """This rank stopped waiting because another rank published a failure of the same attempt first
-    (a knock-on failure: the root cause is elsewhere)."""
+def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
+    """Fresh groups for the next attempt (every rank calls it after ``settle``): the old ones released
+    (NCCL: aborted first, never finalized), torch's ``exception_dump`` key of the failed attempt deleted
+    from the root store (nccl_watchdog.py), then the new groups."""
+    release(groups)
+    nccl_watchdog.clear_dump_signal(for_torch(store))  # torch's root store: the sealed one
+    return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
 
 
-TAG_CONNECT = (1 << 30) - 3  # pre-connect's messages (the control plane has 2**30 - 2)
-
-
-def program_peers(plan, rank: int) -> tuple[list[int], list[int]]:
-    """The peers this rank sends to and receives from in a plan, or a list of plans (rounds, relays and
-    the gathers of broadcast buckets), each sorted: the directions its program uses, no others (NCCL
-    gives every connected direction its own buffers)."""
-    sends: set[int] = set()
-    recvs: set[int] = set()
-    for pl in plan if isinstance(plan, (list, tuple)) else [plan]:
-        for s in pl.steps_for(rank):
-            if isinstance(s, P2PRound):
-                sends.update(pr.peer for pr in s.sends)
-                recvs.update(pr.peer for pr in s.recvs)
-            elif isinstance(s, BroadcastBucket):
-                for g in s.gather:
-                    if g.peer == rank and rank != s.root:
-                        sends.add(s.root)
-                    elif rank == s.root and g.peer != rank:
-                        recvs.add(g.peer)
-    sends.discard(rank)
-    recvs.discard(rank)
-    return sorted(sends), sorted(recvs)
-
-
-def _finish(works, stop: threading.Event, cuda: bool) -> None:
-    """Wait for ``works`` in the pre-connect's helper thread: gloo's blocking ``wait`` (bounded by the
-    group timeout), NCCL's completion polled until done or until the waiting thread gave up (``stop``)."""
-    if cuda:
-        while not all(w.is_completed() for w in works):
-            if stop.is_set():
-                return
-            time.sleep(1e-3)
-    for w in works:
-        w.wait()
-
-
-def preconnect(groups: Groups, plan, timeout_s: float) -> dict:
-    """Connect every path the refits will use, once, right after the groups are built, bounded like
-    every other wait: one small exchange with every program peer of this rank (``program_peers``: one
-    ``batch_isend_irecv`` on the data group, the directions the program uses), then one broadcast per
-    broadcast group this rank is in, in the plan's order (``broadcast_groups``, the same on every rank),
-    one group at a time. NCCL connects point-to-point channels lazily inside the post (``ncclGroupEnd``)
-    and a sub-communicator's rings at its first collective: a peer that never posts would hold the
-    posting thread there, outside every deadline. So the posts run in a helper thread and this thread
-    waits with the run's deadline, stops at once when another rank published a failure (``Abandoned``),
-    and on its own failure publishes it, aborts reshardctl's communicators (CUDA) and raises
-    ``TransferError``. On gloo the same exchange runs (cheap), so the path is exercised everywhere.
-    Returns what it connected (``peers``, ``groups``, ``seconds``)."""
-    rank = groups.env.global_rank
-    cuda = groups.device.type == "cuda"
-    sends, recvs = program_peers(plan, rank)
-    subgroups = [(m, groups.broadcast[m]) for m in broadcast_groups(plan) if m in groups.broadcast]
-    stage = [f"the exchange with its {len(set(sends) | set(recvs))} program peer(s)"]
-    stop = threading.Event()
-
-    def job() -> None:
-        if cuda:
-            torch.cuda.set_device(groups.device)  # the device is per thread
-        one = torch.ones(1, dtype=torch.uint8, device=groups.device)
-        ins = [torch.zeros(1, dtype=torch.uint8, device=groups.device) for _ in recvs]
-        ops = [dist.P2POp(dist.isend, one, p, group=groups.data, tag=TAG_CONNECT) for p in sends]
-        ops += [dist.P2POp(dist.irecv, t, p, group=groups.data, tag=TAG_CONNECT) for p, t in zip(recvs, ins)]
-        if ops:
-            _finish(dist.batch_isend_irecv(ops), stop, cuda)
-        for members, pg in subgroups:
-            if stop.is_set():
-                return
-            stage[0] = f"the broadcast over group {list(members)}"
-            b = torch.zeros(1, dtype=torch.uint8, device=groups.device)
-            _finish([dist.broadcast(b, src=members[0], group=pg, async_op=True)], stop, cuda)
-
-    t0 = time.monotonic()
-    done, err = start_helper(job)
-    end = t0 + timeout_s + 1.0  # gloo's own timeout fires first
-    next_check = t0 + 0.05
-    failure: TransferError | None = None
-    while not done.wait(0.05):
-        now = time.monotonic()
-        if groups.store is not None and now >= next_check:
-            next_check = now + 0.1
-            rec = groups.failure()
-            if rec is not None:
-                failure = Abandoned(f"pre-connect: stopped waiting: {rec}")
-                break
-        if now > end:
-            failure = TransferError(
-                f"rank {rank}: pre-connect not complete within {timeout_s:g} s, in {stage[0]}: a peer never "
-                f"posted (dead, hung, or still building its groups)")
-            break
-    if failure is None and err:
-        failure = TransferError(f"rank {rank}: pre-connect failed in {stage[0]}: {err[0]}")
-    if failure is not None:
-        stop.set()
-        if not isinstance(failure, Abandoned):
-            groups.publish_failure(f"rank {rank} failed in pre-connect: {failure}")
-        abort_after_failure(groups)
-        raise failure
-    return {"peers": len(set(sends) | set(recvs)), "groups": len(subgroups), "seconds": time.monotonic() - t0}
-
-
-TAG_CONTROL = (1 << 30) - 2  # the control plane's tree all-reduce (the checksum exchange has 2**30 - 1)
-
-
-class SubtreeLost(TransferError):
-    """The tree all-reduce's result is complete on this rank, but forwarding it to a child failed (a dead
-    or silent child): that child's part of the tree did not get it from here."""
-
-
-def tree_all_reduce(v: torch.Tensor, combine, *, rank: int, world: int, group, wait, progress=None) -> None:
-    """``v`` (a CPU tensor) combined elementwise over ranks ``0 .. world - 1`` of ``group``, in place:
-    up a binomial tree to rank 0 (at level ``k`` rank ``r + k`` sends to ``r`` where ``r % 2k == 0``),
-    then down it, ``2 ceil(log2 world)`` steps of one message each, every one waited by
-    ``wait(works)`` (the runtime: ``wait_all`` inside one ``run_bounded``, so the whole tree is bounded
-    and costs one helper thread). gloo's own all-reduce is a ring of ``2 (world - 1)``
-    sequential steps, which for these few bytes costs a latency per step: 14 steps took 7-12 ms on 8
-    ranks sharing 2 cores here, and would be ~1,000 at 512 ranks. ``combine(a, b)`` returns the
-    elementwise result (associative and commutative: MIN, SUM).
-
-    ``progress`` (optional; the commit protocol's, commit.py) is told how far this rank got, and may
-    stop it: ``progress.begin_send()`` just before this rank's contribution goes up (False: stop, nothing
-    sent), ``progress.result()`` once ``v`` holds the final result here, before it is forwarded down
-    (False, the root only: stop, nothing forwarded). A child that cannot be sent the result does not
-    undo it: the other children still get it, then ``SubtreeLost`` is raised (``v`` holds the result)."""
-    levels = []
-    k = 1
-    while k < world:
-        levels.append(k)
-        k *= 2
-    tmp = torch.empty_like(v)
-    for k in levels:  # up: gather into rank 0
-        if rank % (2 * k) == k:
-            if progress is not None and not progress.begin_send():
-                raise TransferError("stopped before this rank's contribution was sent")
-            wait([dist.isend(v, rank - k, group=group, tag=TAG_CONTROL)])
-            break
-        if rank + k < world:
-            wait([dist.irecv(tmp, rank + k, group=group, tag=TAG_CONTROL)])
-            v.copy_(combine(v, tmp))
-    if rank == 0 and progress is not None and not progress.result():
-        raise TransferError("stopped before the result was forwarded")
-    lost: list[str] = []
-    for k in reversed(levels):  # down: rank 0's result to every rank
-        if rank % (2 * k) == 0:
-            if rank + k < world:
-                try:
-                    wait([dist.isend(v, rank + k, group=group, tag=TAG_CONTROL)])
-                except (RuntimeError, TransferError) as exc:
-                    lost.append(f"rank {rank + k}: {exc}")
-        elif rank % (2 * k) == k:
-            wait([dist.irecv(v, rank - k, group=group, tag=TAG_CONTROL)])
-            if progress is not None:
-                progress.result()
-    if lost:
-        raise SubtreeLost(f"result complete here, not forwarded to {'; '.join(lost)}")
-
-
-def wait_works(works, groups: "Groups | None", timeout_s: float, what: str, *, device: bool | None = None) -> None:
-    """Wait for posted ops, bounded: complete (or raise: a dead peer, a backend timeout) within
-    ``timeout_s``, and stop at once when another rank published a failure of this attempt
-    (``Abandoned``). gloo works (``device`` False, or a CPU data plane) are waited in a helper thread
-    (their ``wait`` blocks, bounded by the group timeout) while this thread watches the store
-    (``run_bounded``). NCCL works (``device``, default: the data plane is CUDA): ``work.wait()`` orders
-    the current stream after the transfer, then this thread blocks in one ``Event.synchronize()`` on
-    that stream while a ``DeadlineWatch`` thread holds the deadline and the store's failure check and
-    aborts reshardctl's communicators past the one or at the other (the abort ends the kernels and so
-    releases the blocked thread; the process lives on to report)."""
-    works = list(works)
-    if not works:
-        return
-    if device is None:
-        device = groups is not None and groups.device.type == "cuda"
-    if not device:
-        run_bounded(lambda: wait_all(works), groups, timeout_s, what)
-        return
-    watch = DeadlineWatch(timeout_s, abort=lambda: abort_data_plane(groups), failure=groups.failure)
-    watch.watch(works, what)
-    error: BaseException | None = None
-    with watch:
+def shutdown() -> None:
+    """Destroy every group of the process (reshardctl's own ranks at a normal end: nothing is pending;
+    after a failure on CUDA the groups were aborted first and the default group is gone already)."""
+    if dist.is_initialized():
         try:
-            for w in works:
-                w.wait()  # NCCL: the current stream waits for the transfer; the host does not
-            done = torch.cuda.Event(blocking=True)  # blocking: the host sleeps in the wait, no spin
-            done.record(torch.cuda.current_stream(groups.device))
-            done.synchronize()
-        except RuntimeError as exc:  # an aborted or failed communicator
-            error = exc
-    raise_outcome(watch.outcome, what, timeout_s)
-    if error is not None:
-        raise error
-
-
-def raise_outcome(outcome, what: str, timeout_s: float) -> None:
-    """A ``DeadlineWatch`` that aborted as an exception: ``Abandoned`` (another rank's failure) or
-    ``TransferError`` (past the deadline); nothing when it did not abort."""
-    if outcome is None:
-        return
-    if outcome.kind == "failure":
-        raise Abandoned(f"{what}: stopped waiting: {outcome.record}")
-    raise TransferError(f"{what}: not complete within {timeout_s:g} s")
-
-
-def wait_all(works) -> None:
-    """Each work's blocking ``wait()`` (gloo: bounded by its group's timeout, raises on a dead peer)."""
-    for w in works:
-        w.wait()
-
-
-def start_helper(job) -> tuple[threading.Event, list[BaseException]]:
-    """Start ``job()`` in a daemon helper thread: (an event set when it ends, the error it raised if
-    any). ``run_bounded`` waits on it while watching the store; calibration times a control round the
-    same way (calibrate/microbench.py)."""
-    done, err = threading.Event(), []
-
-    def run() -> None:
-        try:
-            job()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            err.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="reshardctl-wait", daemon=True).start()
-    return done, err
-
-
-def run_bounded(job, groups: "Groups | None", timeout_s: float, what: str) -> None:
-    """``job()``, whose blocking gloo waits are each bounded by their group's timeout, in a helper thread
-    while this thread watches the store: returns when it is done (re-raising its error), raises
-    ``Abandoned`` as soon as another rank published a failure of this attempt, ``TransferError`` past
-    ``timeout_s`` (the helper thread is a daemon: a wait gloo has not yet timed out does not hold the
-    process). Without a store: ``job()`` here."""
-    if groups is None or groups.store is None:
-        job()
-        return
-    done, err = start_helper(job)
-    end = time.monotonic() + timeout_s + 1.0  # the backend's own timeout fires first
-    next_check = time.monotonic() + 0.05
-    while not done.wait(0.05):
-        now = time.monotonic()
-        if now >= next_check:
-            next_check = now + 0.1
-            rec = groups.failure()
-            if rec is not None:
-                raise Abandoned(f"{what}: stopped waiting: {rec}")
-        if now > end:
-            raise TransferError(f"{what}: not complete within {timeout_s:g} s")
-    if err:
-        raise err[0]
-
-
-def abort_data_plane(groups: "Groups") -> None:
-    """Abort reshardctl's NCCL communicators (torch's private abort; best effort; once per attempt: a
-    group aborted is gone from torch's registry). Where reshardctl owns the default group (its own
-    ranks: the data plane is WORLD) that is every group of the process; under the API only the groups
-    it created (``own_groups``), never the RL framework's, in one NCCL group call as torch aborts several
-    communicators (aborted one by one they can wait on each other). ``ncclCommAbort`` ends the kernels
-    at once; a destroy (``ncclCommFinalize``) would wait for them, which for a dead peer is forever."""
-    if getattr(groups, "aborted", False):
-        return
-    try:
-        groups.aborted = True
-    except AttributeError:  # a read-only stand-in
-        pass
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is None:
-        return
-    try:
-        if groups.data is dist.group.WORLD:
-            abort()
-            return
-        try:
-            backend = groups.data._get_backend(torch.device("cuda"))
-        except RuntimeError:  # no NCCL backend on this group
-            backend = None
-        grouped = hasattr(backend, "_group_start")
-        if grouped:
-            backend._group_start()
-        try:
-            for pg in own_groups(groups):
-                try:
-                    abort(pg)
-                except Exception:  # noqa: BLE001 - one gone already (aborted before): the others still
-                    pass
-        finally:
-            if grouped:
-                backend._group_end()
-    except Exception:  # noqa: BLE001 - best effort: the process must go on to report
-        pass
-
-
-def abort_after_failure(groups: "Groups | None") -> None:
-    """The exit of every failed refit (runtime/refit.py), on every rank (the root cause, a knock-on
-    ``Abandoned``, a verification failure): on CUDA reshardctl's communicators are aborted now, before
-    the rank settles, so no NCCL kernel of the attempt keeps spinning on the GPU and no device-wide sync
-    (the framework's, or this rank's own teardown) waits for one. gloo has no kernels: its groups are
-    released after settling (``release``)."""
-    if groups is not None and groups.device.type == "cuda":
-        abort_data_plane(groups)
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out (a peer may be gone)
+            pass
 
 
 def release(groups: "Groups") -> None:
@@ -588,87 +299,3 @@ def release(groups: "Groups") -> None:
                 dist.destroy_process_group(pg)
             except Exception:  # noqa: BLE001 - best effort: a group half gone must not stop the rebuild
                 pass
-
-
-def own_groups(groups: "Groups") -> list:
-    """The data-plane groups reshardctl created (its data group and broadcast sub-groups), each once;
-    never the default group (WORLD), which is the RL framework's under the API."""
-    out: list = []
-    for pg in [groups.data, *groups.broadcast.values()]:
-        if pg is not None and pg is not dist.group.WORLD and all(pg is not q for q in out):
-            out.append(pg)
-    return out
-
-
-SETTLE_POLL_S = 0.05
-_LOST_PEER = ("connection closed", "connection reset", "broken pipe", "timed out", "not complete within",
-              "unreachable", "killed by signal", "no report")
-
-
-def lost_peer(cause: BaseException | str | None) -> bool:
-    """Does the failure that ended an attempt say a peer is gone or silent (a closed connection, a reset,
-    a timeout, the store unreachable)? Such a peer will not settle: settling need not wait for it."""
-    text = str(cause or "").lower()
-    return any(w in text for w in _LOST_PEER)
-
-
-def settle(store, env: RankEnv, attempt: int, timeout_s: float, cause: BaseException | str | None = None,
-           poll_s: float = SETTLE_POLL_S) -> list[int]:
-    """Every rank says it has left attempt ``attempt``; wait (bounded) until all did. Returns the ranks
-    that cannot be counted on (empty: all settled, a rebuild is safe; the same verdict on every rank).
-
-    One counter in the store (``store.add``): a rank arriving adds 1, or, when the failure that ended its
-    attempt (``cause``) says a peer is lost (a closed connection, a timeout: ``lost_peer``), ``world + 1``,
-    which tells every rank that not every rank will arrive. One store call per poll (``add(key, 0)``
-    reads the counter). Settling therefore ends as soon as the outcome is known: all arrived, or one rank
-    saw a dead or silent peer (a hung rank that caused a timeout is not waited for again), or the store
-    itself is gone (rank 0); ``timeout_s`` only bounds the case where nobody knows. Only at the end are
-    the per-rank keys read, to name the ranks: those that did not arrive, else those that saw a lost
-    peer. The marks are sealed (``run_store.seal``) and only genuine ones count: an outsider's ``add`` to
-    the counter cannot end settling early (it is believed only when the marks agree), and an outsider's
-    mark counts for nothing."""
-    world = env.world_size
-    key = f"settled/{attempt}"
-    me = f"{key}/{env.global_rank}"
-    lost = lost_peer(cause)
-    try:
-        store.set(me, seal(store, me, "lost" if lost else "ok"))  # a mark without the run's token: nothing
-        n = store.add(key, world + 1 if lost else 1)
-        end = time.monotonic() + timeout_s
-        while True:
-            if n >= world:  # the counter says the outcome is known: the sealed marks must say so too
-                marks = {r: read_sealed(store, f"{key}/{r}") for r in range(world)}
-                if all(v == "ok" for v in marks.values()):
-                    return []
-                if any(v == "lost" for v in marks.values()):
-                    missing = [r for r, v in marks.items() if v is None]
-                    return missing or [r for r, v in marks.items() if v == "lost"]
-                # counts without genuine marks: an outsider's add; only the timeout ends it now
-            if time.monotonic() >= end:
-                break
-            time.sleep(poll_s)
-            n = store.add(key, 0)
-        marks = {r: read_sealed(store, f"{key}/{r}") for r in range(world)}
-        missing = [r for r, v in marks.items() if v is None]
-        return missing or [r for r, v in marks.items() if v == "lost"]
-    except Exception:  # noqa: BLE001 - the store went with rank 0: no retry is possible
-        return [0]
-
-
-def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
-    """Fresh groups for the next attempt (every rank calls it after ``settle``): the old ones released
-    (NCCL: aborted first, never finalized), torch's ``exception_dump`` key of the failed attempt deleted
-    from the root store (nccl_watchdog.py), then the new groups."""
-    release(groups)
-    nccl_watchdog.clear_dump_signal(for_torch(store))  # torch's root store: the sealed one
-    return init_groups(groups.env, plan, store, timeout_s, attempt=groups.attempt + 1)
-
-
-def shutdown() -> None:
-    """Destroy every group of the process (reshardctl's own ranks at a normal end: nothing is pending;
-    after a failure on CUDA the groups were aborted first and the default group is gone already)."""
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - best effort on the way out (a peer may be gone)
-            pass

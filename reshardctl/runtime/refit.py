@@ -23,7 +23,9 @@ from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.failure_record import FailureRecord
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import Abandoned, Groups, abort_after_failure
+from reshardctl.runtime.abort import abort_after_failure
+from reshardctl.runtime.bounded_wait import Abandoned
+from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.synthetic_weights import SyntheticWeights, restep_
 
@@ -167,7 +169,7 @@ def _tree_hook(drills, phase: str, step: int):
 
 def refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str | None = None) -> IterationReport:
     """``_refit_once``; any failure out of it first aborts reshardctl's communicators (on CUDA, at once:
-    groups.abort_after_failure), then propagates."""
+    abort.abort_after_failure), then propagates."""
     try:
         return _refit_once(ctx, st, source, step, not_ready)
     except BaseException:

@@ -38,7 +38,9 @@ from reshardctl.runtime.drills import Drills, parse_faults
 from reshardctl.runtime.env import RankEnv, read_rank_env
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
-from reshardctl.runtime.groups import Groups, init_groups, preconnect, rebuild, rendezvous, settle, shutdown
+from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, shutdown
+from reshardctl.runtime.preconnect import preconnect
+from reshardctl.runtime.settle import settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
@@ -118,7 +120,7 @@ def _retry_or_raise(exc: BaseException, attempt: int, options: RunOptions, store
 
 
 def _connect(groups: Groups, plans: list, options: RunOptions, drills: Drills, events: EventLog, step: int) -> None:
-    """The bounded pre-connect after the groups are built (groups.preconnect), its failure recorded in
+    """The bounded pre-connect after the groups are built (preconnect.preconnect), its failure recorded in
     phase ``connect`` for the step whose refit was to follow."""
     with events.phase("connect", step=step, attempt=groups.attempt) as ph:
         drills.at("connect", step)

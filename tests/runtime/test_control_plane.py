@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from reshardctl.runtime.groups import tree_all_reduce
+from reshardctl.runtime.control_tree import tree_all_reduce
 
 WORLD = 9
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from reshardctl import api
 from reshardctl.errors import ReshardError
+from reshardctl.runtime import abort as abort_module
 from reshardctl.runtime import groups as groups_module
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
@@ -53,8 +54,8 @@ def test_on_cuda_a_failure_aborts_once_and_the_release_never_destroys_an_nccl_gr
     kernels of a dead peer)."""
     g = groups_module.Groups(types.SimpleNamespace(global_rank=0), CUDA, None, data=dist.group.WORLD)
     calls = _record(monkeypatch)
-    groups_module.abort_after_failure(g)
-    groups_module.abort_after_failure(g)  # a second failure path of the same attempt (e.g. the wait's deadline)
+    abort_module.abort_after_failure(g)
+    abort_module.abort_after_failure(g)  # a second failure path of the same attempt (e.g. the wait's deadline)
     assert calls == [("abort", None)] and g.aborted
     monkeypatch.setattr(dist, "is_initialized", lambda: False)  # what torch's abort of WORLD leaves
     groups_module.release(g)
@@ -75,7 +76,7 @@ def test_on_gloo_the_failure_exit_aborts_nothing_and_the_release_destroys(world,
     data, ctrl = dist.new_group([0]), dist.new_group([0])
     g = groups_module.Groups(types.SimpleNamespace(global_rank=0), CPU, None, ctrl=ctrl, data=data)
     calls = _record(monkeypatch)
-    groups_module.abort_after_failure(g)
+    abort_module.abort_after_failure(g)
     assert calls == [] and not g.aborted
     groups_module.release(g)
     assert calls == [("destroy", data), ("destroy", ctrl)]
@@ -106,7 +107,7 @@ def _rank(rank: int, world: int, port: int, cfg: str, q) -> None:
         by_name = {t.name: t for t in plan.model.tensors}
         refitter = api.Refitter(plan, timeout_s=60)
         registry = dist.distributed_c10d._world.pg_map
-        first = [id(pg) for pg in [refitter.groups.ctrl, *groups_module.own_groups(refitter.groups)]]
+        first = [id(pg) for pg in [refitter.groups.ctrl, *abort_module.own_groups(refitter.groups)]]
         sizes = [len(registry)]
         if rank == 3:
             done = []

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.api import _on
+from reshardctl.runtime import abort as abort_module
 from reshardctl.runtime import groups as groups_module
 
 
@@ -35,7 +36,7 @@ def test_under_the_api_only_reshardctls_own_groups_are_aborted(world, monkeypatc
     data, sub = dist.new_group([0]), dist.new_group([0])
     g = types.SimpleNamespace(data=data, broadcast={(0,): sub, (0, 1): data})
     calls = _recorded(monkeypatch)
-    groups_module.abort_data_plane(g)
+    abort_module.abort_data_plane(g)
     assert calls == [data, sub]
     assert None not in calls and dist.group.WORLD not in calls
 
@@ -44,7 +45,7 @@ def test_as_its_own_ranks_reshardctl_aborts_every_group(world, monkeypatch):
     """The CLI's ranks: the data plane is the default group, created by reshardctl: abort all."""
     g = types.SimpleNamespace(data=dist.group.WORLD, broadcast={(0,): dist.new_group([0])})
     calls = _recorded(monkeypatch)
-    groups_module.abort_data_plane(g)
+    abort_module.abort_data_plane(g)
     assert calls == [None]
 
 
@@ -58,7 +59,7 @@ def test_an_abort_that_fails_does_not_stop_the_rank_from_reporting(world, monkey
         raise RuntimeError("communicator already gone")
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", boom)
     data, sub = dist.new_group([0]), dist.new_group([0])
-    groups_module.abort_data_plane(types.SimpleNamespace(data=data, broadcast={(0,): sub}))
+    abort_module.abort_data_plane(types.SimpleNamespace(data=data, broadcast={(0,): sub}))
     assert tried == [data, sub]
 
 

@@ -10,7 +10,8 @@ from reshardctl.errors import TransferError
 from reshardctl.launch.local import run_local
 from reshardctl.runtime.baseline import pair_bytes
 from reshardctl.runs.records import read_events
-from reshardctl.runtime.groups import broadcast_groups, program_peers
+from reshardctl.runtime.groups import broadcast_groups
+from reshardctl.runtime.preconnect import program_peers
 
 from helpers.runtime_plans import bucket_plan, p2p_plan, rows_cols_case
 from helpers.fault_drills import MARGIN, TIMEOUT, drill_time, opts

@@ -25,7 +25,8 @@ from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runs.records import read_events
 from reshardctl.runtime import nccl_watchdog as nw
-from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, settle, shutdown
+from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, shutdown
+from reshardctl.runtime.settle import settle
 from reshardctl.runtime.run_store import RunKeys, SealError, for_torch, scoped
 
 from helpers.runtime_plans import p2p_plan, rows_cols_case

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.launch.local import free_port, run_local
-from reshardctl.runtime.groups import lost_peer, settle
+from reshardctl.runtime.settle import lost_peer, settle
 
 from helpers.runtime_plans import p2p_plan, rows_cols_case
 from helpers.fault_drills import drill_time, opts, survivors_detect_within_bound
