@@ -213,14 +213,15 @@ def _context(method: str):
 
 
 def check_main_importable() -> None:
-    """Spawned ranks re-run the launching program's main module by its path: refuse at once (LaunchError)
-    where that path does not exist (a program read from standard input), instead of ranks that die."""
+    """Every rank (spawned, or forked from the fork server) re-runs the launching program's main module by
+    its path: refuse at once (LaunchError) where that path does not exist (a program read from standard
+    input), instead of ranks that die."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if path is not None and not os.path.exists(path):
         raise LaunchError(
-            f"local ranks are started with multiprocessing's spawn, which re-imports the main module from "
-            f"{path!r}, and there is no such file",
+            f"local ranks are started by multiprocessing (fork server or spawn), which re-imports the main "
+            f"module from {path!r} in every rank, and there is no such file",
             hint="run from a script file (with an `if __name__ == \"__main__\":` guard), `python -c`, "
                  "or the reshardctl command, not from standard input",
         )
@@ -254,8 +255,7 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
         deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
     method = start_method(backend)
-    if method == "spawn":
-        check_main_importable()
+    check_main_importable()
     ctx = _context(method)
     q = ctx.Queue()
     procs = []

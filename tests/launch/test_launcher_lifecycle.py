@@ -210,14 +210,15 @@ print("RESULT:", res.ok, res.error)
 """
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
 @pytest.mark.parametrize("mode", ["checked", "unchecked"])
-def test_a_program_read_from_stdin_gets_an_answer_not_a_hang(mode):
-    """Spawned ranks re-import the main module by path, which a program read from standard input has
-    not: the launcher says so before starting anything; and were it to start them, every rank dies at
-    once and the run ends failed. (A MoE plan's pickle is larger than a pipe's buffer: sent through
-    spawn's pipe, the launcher blocked for ever writing it to a rank that had died.) The subprocess
-    timeout only catches a hang."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+def test_a_program_read_from_stdin_gets_an_answer_not_a_hang(mode, method):
+    """Ranks re-import the main module by path (spawned ones, and those forked from the fork server
+    alike), which a program read from standard input has not: the launcher says so before starting
+    anything; and were it to start them, every rank dies at once and the run ends failed. (A MoE plan's
+    pickle is larger than a pipe's buffer: sent through spawn's pipe, the launcher blocked for ever
+    writing it to a rank that had died.) The subprocess timeout only catches a hang."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "RESHARDCTL_START_METHOD": method}
     proc = subprocess.run([sys.executable, "-", mode], input=_FROM_STDIN, capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,7 +229,8 @@ def test_a_program_read_from_stdin_gets_an_answer_not_a_hang(mode):
         assert "RESULT: False" in proc.stdout and "without a report" in proc.stdout, proc.stdout[-3000:]
 
 
-def test_a_failed_start_kills_the_ranks_already_started_and_leaves_no_plan_file(monkeypatch, tmp_path):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_failed_start_kills_the_ranks_already_started_and_leaves_no_plan_file(monkeypatch, tmp_path, method):
     """When starting the third rank fails, the launcher raises that error, the two ranks already
     started (and running: rank 0 hosts the store and waits for the others) are not left running, and
     the private file the plans went through is gone."""
@@ -240,7 +242,8 @@ def test_a_failed_start_kills_the_ranks_already_started_and_leaves_no_plan_file(
     from reshardctl.runtime.contract import RunOptions
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launcher's scratch directory goes here
-    cls = tmp_mp.get_context("spawn").Process
+    monkeypatch.setenv("RESHARDCTL_START_METHOD", method)
+    cls = tmp_mp.get_context(method).Process
     real_start = cls.start
     started = []
 

@@ -75,8 +75,9 @@ def test_every_requested_drill_is_listed_fired_or_not(tmp_path, small_llama, cap
 
 
 def _rank_pids(parent: int) -> list[int]:
-    """The spawned rank processes of ``parent`` (multiprocessing's spawn children), by /proc."""
-    pids = []
+    """The rank processes of ``parent``, by /proc: its spawned children (``spawn_main``), or the children
+    of its fork server (gloo ranks fork from it: multiprocessing's ``forkserver``)."""
+    procs = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -85,10 +86,10 @@ def _rank_pids(parent: int) -> list[int]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and "spawn_main" in cmd and "resource_tracker" not in cmd:
-            pids.append(int(d.name))
-    return sorted(pids)
+        procs[int(d.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == parent and "forkserver" in cmd}
+    return sorted(pid for pid, (ppid, cmd) in procs.items()
+                  if (ppid == parent and "spawn_main" in cmd and "resource_tracker" not in cmd) or ppid in servers)
 
 
 def test_a_random_kill_has_no_negative_detection_time(tmp_path, small_llama, capsys):
