@@ -1,4 +1,4 @@
-"""The local launcher: every rank a process on this machine (``launch/local.py`` spawns them), watched
+"""The local launcher: every rank a process on this machine (``launch/local.py`` starts them), watched
 from a thread while the main thread reports progress and turns SIGTERM/SIGINT/SIGHUP into a stop."""
 
 from __future__ import annotations

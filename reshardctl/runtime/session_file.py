@@ -5,7 +5,7 @@ One format for both launchers: a pickle of ``{"plans": {name: plan}, "options": 
 ``ExecutablePlan`` will do): each rank derives its own steps from them (``compile_program``), never
 every rank's steps written out. Written 0600 into the run directory (Slurm: ``session.pkl``, with the
 run token in the options; local: ``.ranks-<hex>.pickle``, without the token, which reaches the ranks by
-spawn's pipe, deleted when the run ends); read only through ``trusted_file.read_trusted`` (this user's
+the start method's pipe, deleted when the run ends); read only through ``trusted_file.read_trusted`` (this user's
 file in this user's directory, nobody else can write either).
 """
 
