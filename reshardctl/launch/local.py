@@ -39,6 +39,7 @@ from multiprocessing import reduction
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, lost_record, order_failures
+from reshardctl.runs.rundir import pid_alive
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions
 from reshardctl.runtime.env import RankEnv, make_rank_env
@@ -70,16 +71,6 @@ def choose_local_backend(world: int, device: str) -> str:
     return "nccl" if ok else "gloo"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def watch_parent(launcher_pid: int, period_s: float = 0.5) -> None:
     """This process dies with the launcher: SIGKILL on its parent's death (Linux; the parent is the
     launcher under spawn, the fork server under forkserver, which exits when the launcher does), and a
@@ -91,12 +82,12 @@ def watch_parent(launcher_pid: int, period_s: float = 0.5) -> None:
     except (OSError, AttributeError):
         pass
     parent = os.getppid()
-    if parent == 1 or not _alive(launcher_pid):
+    if parent == 1 or not pid_alive(launcher_pid):
         os._exit(1)
 
     def poll() -> None:
         while True:
-            if os.getppid() != parent or not _alive(launcher_pid):
+            if os.getppid() != parent or not pid_alive(launcher_pid):
                 os._exit(1)
             time.sleep(period_s)
 

@@ -219,7 +219,8 @@ def mark_run(path: Path, state: str, who: dict, started: float, **extra: Any) ->
     return target
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is there a process ``pid`` (one of another user's counts: it exists)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -270,7 +271,7 @@ def launcher_alive(rec: dict) -> bool | None:
         pid = int(who.get("pid", 0))
     except (TypeError, ValueError):
         return False
-    return pid > 0 and _alive(pid)
+    return pid > 0 and pid_alive(pid)
 
 
 def settle(path: str | os.PathLike, state: str, why: str, was: str | None = None) -> Path:
