@@ -19,6 +19,7 @@ from reshardctl.errors import InputError, TransferError
 from reshardctl.request.request import RefitRequest, RunSettings
 from reshardctl.request.resolve import prepare
 from reshardctl.plan.refit_plan import TRANSPORTS
+from reshardctl.runbook.transport_source import LedgerTransport, flag_record
 
 ITERS = typer.Option(5, "--iters", min=1, help="Timed refits per transport.")
 WARMUP = typer.Option(1, "--warmup", min=0, help="Untimed refits first (connections, buffers).")
@@ -48,8 +49,9 @@ def _b(n) -> str:
     return human_bytes(int(n))
 
 
-def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False, force=False):
-    """Run ``request`` (its ``run`` settings say what and how) and show its summary."""
+def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False, force=False, source=None):
+    """Run ``request`` (its ``run`` settings say what and how) and show its summary. ``source``: who chose
+    the transport (``transport_source`` of session.json and summary.json)."""
     # imported here, not at module level: every command's module is imported at start (cli.py)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -111,7 +113,7 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
                                 out=out, force=force, checkpoint=rs.checkpoint, full_check=rs.full_check,
                                 argv=output.argv(), inject=list(rs.inject) or None, retries=retries,
                                 on_failure=rs.on_failure, timeout_s=timeout_s, progress=progress, launcher=launcher,
-                                mode=slurm_mode, detach=detach, on_state=on_slurm_state)
+                                mode=slurm_mode, detach=detach, on_state=on_slurm_state, transport_source=source)
     finally:
         if announced:
             prog.stop()
@@ -240,6 +242,9 @@ def render(summary: dict) -> None:
     line = comparison_line(summary) if summary.get("ok") else None
     if line:
         con.print(line, markup=False, highlight=False)
+    src = summary.get("transport_source")
+    if src:
+        con.print(source_line(src), markup=False, highlight=False)
     con.print(f"predicted from {summary.get('cost_figures', 'datasheet')} figures"
               + ("" if "calibration" in summary.get("cost_figures", "") else
                  " (no calibration: run `reshardctl calibrate` for this site's own figures)"), markup=False, highlight=False)
@@ -276,6 +281,29 @@ def render(summary: dict) -> None:
         con.print(NEXT_STEPS, markup=False, highlight=False)
 
 
+def source_line(src: dict) -> str:
+    """``transport gather_broadcast: the site's active transport, from its ledger (line 3: rollback by ana
+    at ...)``: who chose the run's transport (summary.json ``transport_source``)."""
+    t, by, e = src.get("transport"), src.get("decided_by"), src.get("ledger_entry") or {}
+    if by == "flag":
+        text = f"transport {t}: chosen by --transport"
+    elif by == "ledger":
+        text = (f"transport {t}: the site's active transport, from its ledger (line {e.get('line')}: "
+                f"{e.get('action')} by {e.get('user')} at {e.get('time')})")
+    else:
+        text = f"transport {t}: the site's active transport, the profile's refit.transport (no promotion or rollback recorded)"
+    return text + (f"; note: {src['note']}" if src.get("note") else "")
+
+
+def _active(site: str) -> dict:
+    """The site's active transport now (its ledger, else the profile), as a run records it; a ledger that
+    cannot be used is said on stderr (even with --quiet) and the run goes on with the profile's transport."""
+    def warn(text: str) -> None:
+        output.err_console().print(f"warning: {text}", markup=False, highlight=False)
+
+    return LedgerTransport(site, warn=warn)().record()
+
+
 def default_transports(transport: str, *, explicit: bool, drills: bool) -> list[str]:
     """What `run` runs: ``--transport X`` runs X only; without it, a measurement run (no fault drill,
     retries or fallback) runs the profile's transport and then a comparison transport on the same
@@ -296,7 +324,7 @@ BENCH_HELP_ORDER = RUN_HELP_ORDER[:9] + ("bucket_mb", "relay", "iters", "warmup"
 @opt.refit_options(RUN_HELP_ORDER)
 def run_cmd(
     request: RefitRequest,
-    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the profile's refit.transport, and gather_broadcast beside it on the same processes or allocation, for comparison)."),
+    transport: Optional[str] = typer.Option(None, "--transport", help="reshard | gather_broadcast | hybrid: run this one only (default: the site's active transport, from its ledger (promote / rollback) else the profile's refit.transport, and gather_broadcast beside it on the same processes or allocation, for comparison)."),
     iters: int = ITERS, warmup: int = WARMUP, out: Optional[str] = OUT, force: bool = FORCE, checkpoint: Optional[str] = CHECKPOINT,
     full_check: bool = FULL_CHECK, as_json: bool = opt.JSON,
     launcher: Optional[str] = LAUNCHER, slurm_mode: Optional[str] = SLURM_MODE, dry_run: bool = DRY_RUN,
@@ -305,11 +333,10 @@ def run_cmd(
 ) -> None:
     """Run the refit for real (processes here, or Slurm jobs): every byte verified.
 
-    Without --transport it also runs gather-and-broadcast on the same processes (or Slurm allocation), to compare."""
-    from reshardctl.site import load_profile
-
-    prof = load_profile(request.site)
-    t = transport or prof.refit.transport
+    Without --transport it runs the site's active transport (the ledger's, else the profile's) and also
+    gather-and-broadcast on the same processes (or Slurm allocation), to compare."""
+    source = flag_record(transport) if transport is not None else _active(request.site)
+    t = source["transport"]
     if t not in TRANSPORTS:
         raise InputError(f"--transport {t!r}: expected one of {', '.join(TRANSPORTS)}")
     transports = default_transports(t, explicit=transport is not None,
@@ -317,7 +344,8 @@ def run_cmd(
     run = RunSettings(transports=tuple(transports), iterations=iters, warmup=warmup, timeout_s=timeout_s,
                       retries=retries, on_failure=on_failure, launcher=launcher, slurm_mode=slurm_mode,
                       checkpoint=checkpoint, full_check=full_check, inject=tuple(inject or ()))
-    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force)
+    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force,
+             source=source)
 
 
 @opt.refit_options(BENCH_HELP_ORDER)
@@ -329,13 +357,19 @@ def bench_cmd(
     transports: Optional[List[str]] = typer.Option(None, "--transport", metavar="NAME",
                                                    help="Only this transport (repeatable; default: all three)."),
 ) -> None:
-    """All three transports on the same processes (or Slurm allocation), side by side, with the raw ceiling."""
+    """All three transports on the same processes (or Slurm allocation), side by side, with the raw ceiling.
+
+    Without --transport the summary names the site's active transport (its ledger, else the profile) among
+    the three: bench is the evidence promote weighs, so it measures every candidate against gather-and-broadcast
+    whatever is active (after a rollback, the run that may promote reshard again)."""
     chosen = list(TRANSPORTS)
     if transports:
         bad = [t for t in transports if t not in TRANSPORTS]
         if bad:
             raise InputError(f"--transport {', '.join(map(repr, bad))}: expected one of {', '.join(TRANSPORTS)}")
         chosen = [t for t in TRANSPORTS if t in transports]  # the usual order, each once
+    source = flag_record(chosen[0]) if transports else _active(request.site)
     run = RunSettings(transports=tuple(chosen), iterations=iters, warmup=warmup, baseline=True, launcher=launcher,
                       slurm_mode=slurm_mode)
-    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force)
+    _session(request.replace(run=run), out=out, as_json=as_json, dry_run=dry_run, detach=detach, force=force,
+             source=source)

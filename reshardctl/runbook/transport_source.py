@@ -52,6 +52,17 @@ class Decision:
         """``ledger`` (an entry made it active) or ``profile`` (no entry did, or none could be read)."""
         return "profile" if self.ledger_entry is None else "ledger"
 
+    def record(self) -> dict[str, Any]:
+        """What a run records of it (summary.json and session.json ``transport_source``)."""
+        return {"transport": self.transport, "decided_by": self.decided_by, "ledger_entry": self.ledger_entry,
+                "note": self.note}
+
+
+def flag_record(transport: str) -> dict[str, Any]:
+    """``transport_source`` of a run whose transport a flag chose (``--transport``, the validation refit of
+    ``rollback --verify``): the ledger was not asked."""
+    return {"transport": transport, "decided_by": "flag", "ledger_entry": None, "note": None}
+
 
 def entry_ref(entries: list[ledger.Entry], entry: ledger.Entry | None) -> dict[str, Any] | None:
     """``entry`` (one of ``entries``) as ``{"line", "action", "time", "user", "transport"}``."""
@@ -126,4 +137,4 @@ class LedgerTransport:
         return decision
 
 
-__all__ = ["Decision", "LedgerTransport", "entry_ref"]
+__all__ = ["Decision", "LedgerTransport", "entry_ref", "flag_record"]

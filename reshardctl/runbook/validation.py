@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from reshardctl.request.request import RunSettings
 from reshardctl.request.resolve import Inputs
+from reshardctl.runbook.transport_source import flag_record
 from reshardctl.runs.session import SessionResult, run_refit_session
 
 TRANSPORT = "gather_broadcast"
@@ -22,7 +23,7 @@ def validation_refit(inp: Inputs, *, out: str | None, argv: list[str] | None) ->
     """Run ``inp``'s request (its run settings: ``settings``); never raises for a failed refit (the result says)."""
     rs = inp.request.run
     return run_refit_session(inp, list(rs.transports), iterations=rs.iterations, warmup=rs.warmup, out=out,
-                             argv=argv, launcher=rs.launcher)
+                             argv=argv, launcher=rs.launcher, transport_source=flag_record(TRANSPORT))
 
 
 def verified(result: SessionResult) -> bool:

@@ -189,6 +189,13 @@ class SummaryRecord:
     def fingerprint(self, transport: str) -> str | None:
         return (self.transports.get(transport) or {}).get("fingerprint")
 
+    @property
+    def transport_source(self) -> dict[str, Any] | None:
+        """Who chose the run's transport: ``{"transport", "decided_by": "flag" | "ledger" | "profile",
+        "ledger_entry": {"line", "action", "time", "user", "transport"} | None, "note"}`` (None: a run of
+        older code)."""
+        return self.summary.get("transport_source")
+
 
 _SECONDS = "a finite number of seconds >= 0"
 # summary.json keys that promote, rollback and report read -> what they must hold ("seconds": a finite
@@ -196,6 +203,7 @@ _SECONDS = "a finite number of seconds >= 0"
 SUMMARY_KEYS: dict[str, Any] = {
     "command": (str,), "iterations": "count", "warmup": "count", "ok": (bool,), "interrupted": (bool,),
     "error": (str,), "inputs": (dict,), "transports": (dict,), "slurm": (dict,), "request": (dict,),
+    "transport_source": (dict,),
 }
 INPUT_KEYS: dict[str, Any] = {k: (str,) for k in ("site", "model", "model_source", "train", "infer")}
 TRANSPORT_KEYS: dict[str, Any] = {

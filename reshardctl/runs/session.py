@@ -74,8 +74,9 @@ def _plans(inp: Inputs, transports: list[str]) -> dict[str, Plan]:
 def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, warmup: int, launcher: str,
                     run_dir: Path, command: str, timeout_s: float | None = None, retries: int = 0,
                     on_failure: str = "abort", who: dict | None = None, memory_bytes: int | None = None,
-                    faults: str | None = None) -> dict:
-    """Everything ``summary.json`` needs besides the ranks' reports (``session.json``)."""
+                    faults: str | None = None, transport_source: dict | None = None) -> dict:
+    """Everything ``summary.json`` needs besides the ranks' reports (``session.json``). ``transport_source``:
+    who chose the run's first transport (``runbook/transport_source.py``: the flag, the ledger entry, the profile)."""
     lb = lower_bound(next(iter(plans.values())), inp.links)
     needed = infer_needed_bytes(inp.model, inp.infer)
     return {
@@ -92,6 +93,7 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
         "timeout_s": inp.site.refit.timeout_s if timeout_s is None else timeout_s,
         "retries": retries,
         "on_failure": on_failure,
+        "transport_source": transport_source,
         "faults": faults,  # the --inject drills, joined with ';' (summary.json lists each and whether it fired)
         "memory_estimate_bytes": memory_bytes,
         "cost_figures": inp.links.source,
@@ -145,6 +147,7 @@ def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None
         "on_failure": ctx.get("on_failure", "abort"),
         "memory_estimate_bytes": ctx.get("memory_estimate_bytes"),
         "cost_figures": ctx.get("cost_figures", "datasheet"),
+        "transport_source": ctx.get("transport_source"),
         "transports": summaries,
         "speedup_vs_reshard": speedups(summaries),
         "record": full_record(ctx.get("record"), reports),
@@ -237,7 +240,8 @@ def _preparing(run_dir: Path, who: dict, started: float) -> Iterator[None]:
 def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int, baseline: bool,
              out: str | None, checkpoint: str | None, full_check: bool, argv: list[str] | None, launcher: str,
              inject: list[str] | None, retries: int, on_failure: str, timeout_s: float | None,
-             force: bool = False, mode: str | None = None, detach: bool = False) -> tuple[Launcher, LaunchJob]:
+             force: bool = False, mode: str | None = None, detach: bool = False,
+             transport_source: dict | None = None) -> tuple[Launcher, LaunchJob]:
     """Every check that can refuse the run (exit 2, nothing started), then the run directory, then what
     the launcher writes for its ranks."""
     if iterations < 1 or warmup < 0:
@@ -284,7 +288,8 @@ def _prepare(inp: Inputs, transports: list[str], *, iterations: int, warmup: int
         )
         ctx = session_context(inp, plans, iterations=iterations, warmup=warmup, launcher=launcher, run_dir=run_dir,
                               command=(run_dir / "command.txt").read_text().strip(), timeout_s=timeout,
-                              retries=retries, on_failure=on_failure, who=who, memory_bytes=memory, faults=faults)
+                              retries=retries, on_failure=on_failure, who=who, memory_bytes=memory, faults=faults,
+                              transport_source=transport_source)
         ctx["record"] = static_record(site, started=started, timeout_s=timeout,
                                       rendezvous_timeout_s=site.refit.rendezvous_timeout_s, launcher=launcher)
         write_record(run_dir, ctx["record"])
@@ -342,20 +347,22 @@ def run_refit_session(
     mode: str | None = None,
     detach: bool = False,
     on_state: Callable[[dict, dict], None] | None = None,
+    transport_source: dict | None = None,
 ) -> SessionResult:
     """Plan, check, launch, summarise. Never raises for a failed refit: the result carries the error (and
     summary.json says what failed, root cause first); raises ``InputError`` for bad inputs (including a
     local run that cannot fit in memory and a bad ``--inject``) before anything starts, and ``LaunchError``
     when the launcher cannot start the ranks (Slurm refuses the jobs). ``detach``: return once started
     (where the launcher allows it); ``mode``: the launcher's own mode (Slurm: hetjob | two-jobs);
-    ``on_state(states, commits per side)``: a queue's job states as they change (launchers with a queue)."""
+    ``on_state(states, commits per side)``: a queue's job states as they change (launchers with a queue);
+    ``transport_source``: who chose the first transport (session.json and summary.json keep it)."""
     if detach:
         launcher_for(launcher).check_detach()
     with private_umask():  # the run directory, the ranks' files and Slurm's own files: private to the user
         impl, job = _prepare(inp, transports, iterations=iterations, warmup=warmup, baseline=baseline, out=out,
                              checkpoint=checkpoint, full_check=full_check, argv=argv, launcher=launcher,
                              inject=inject, retries=retries, on_failure=on_failure, timeout_s=timeout_s,
-                             force=force, mode=mode, detach=detach)
+                             force=force, mode=mode, detach=detach, transport_source=transport_source)
         outcome = impl.run(job, progress=progress, stop=stop, on_state=on_state)
         if outcome.detached:
             return SessionResult(job.run_dir, None, None, dict(job.plans), launched=outcome.handle)

@@ -252,3 +252,75 @@ def test_a_run_refused_for_its_inputs_prints_the_error_alone(tmp_path, small, ca
     assert io.out == "" and io.err.startswith("error: ") and needle in io.err
     assert "transports" not in io.err and len(io.err.strip().splitlines()) <= 2
     assert sorted(p.name for p in full.iterdir()) == ["old"]
+
+
+def _reshard_site(tmp_path) -> tuple[str, "Path"]:
+    """A site whose profile says reshard, with its own ledger (state_dir)."""
+    import yaml
+
+    from helpers.runbook_helpers import site_profile
+
+    state = tmp_path / "state"
+    path = site_profile(tmp_path, "follow", budget_s=60, state_dir=state)
+    data = yaml.safe_load(open(path))
+    data["refit"]["transport"] = "reshard"
+    open(path, "w").write(yaml.safe_dump(data))
+    return path, state
+
+
+def test_run_and_bench_without_transport_follow_the_ledger_and_the_flag_still_wins(tmp_path, small, capsys):
+    """After `rollback --site S` a run without --transport runs gather_broadcast first (the profile says
+    reshard) and its summary, session.json and printed summary name the ledger entry; --transport wins."""
+    site, state = _reshard_site(tmp_path)
+    layout = ["--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1", "--warmup", "0"]
+    assert main(["rollback", "--site", site, "--reason", "drill"]) == 0
+    entry = json.loads((state / "local.ledger.jsonl").read_text().splitlines()[0])
+    capsys.readouterr()
+
+    out = tmp_path / "followed"
+    assert main(["run", *layout, "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert list(summary["transports"]) == ["gather_broadcast", "reshard"]  # the active one, then the comparison
+    want = {"transport": "gather_broadcast", "decided_by": "ledger", "note": None,
+            "ledger_entry": {"line": 1, "action": "rollback", "time": entry["time"], "user": entry["user"],
+                             "transport": "gather_broadcast"}}
+    assert summary["transport_source"] == want
+    assert json.loads((out / "session.json").read_text())["transport_source"] == want
+    from reshardctl.runs.records import read_summary
+
+    assert read_summary(out).transport_source == want
+    commits = [json.loads(line) for f in (out / "events").glob("rank-*.jsonl") for line in f.read_text().splitlines()
+               if '"phase":"commit"' in line]
+    first = min(c["step"] for c in commits)
+    assert {c["transport"] for c in commits if c["step"] == first} == {"gather_broadcast"}
+
+    assert main(["run", *layout, "--transport", "reshard", "--out", str(tmp_path / "flag")]) == 0
+    printed = capsys.readouterr().out
+    assert "transport reshard: chosen by --transport" in printed
+    flagged = json.loads((tmp_path / "flag" / "summary.json").read_text())
+    assert set(flagged["transports"]) == {"reshard"}
+    assert flagged["transport_source"] == {"transport": "reshard", "decided_by": "flag", "ledger_entry": None,
+                                           "note": None}
+
+    assert main(["bench", *layout, "--out", str(tmp_path / "bench")]) == 0
+    printed = capsys.readouterr().out
+    assert "transport gather_broadcast: the site's active transport, from its ledger (line 1: rollback by" in printed
+    bench = json.loads((tmp_path / "bench" / "summary.json").read_text())
+    assert list(bench["transports"]) == ["reshard", "gather_broadcast", "hybrid"]  # every candidate measured
+    assert bench["transport_source"] == want
+
+
+def test_run_with_an_unusable_ledger_warns_and_runs_the_profiles_transport(tmp_path, small, capsys):
+    site, state = _reshard_site(tmp_path)
+    state.mkdir()
+    (state / "local.ledger.jsonl").write_text('{"v": 1, "torn\n')
+    out = tmp_path / "r"
+    assert main(["run", "--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
+                 "--warmup", "0", "--transport", "reshard", "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err  # the flag decided: the ledger was not read
+    assert main(["run", "--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
+                 "--warmup", "0", "--out", str(tmp_path / "r2"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: ledger") == 1 and "line 1" in err and "using the profile's refit.transport" in err
+    src = json.loads((tmp_path / "r2" / "summary.json").read_text())["transport_source"]
+    assert src["transport"] == "reshard" and src["decided_by"] == "profile" and "line 1" in src["note"]
