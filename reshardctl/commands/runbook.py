@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -20,10 +21,18 @@ WRITE = typer.Option(None, "--write", help="Also write the matching framework se
 LAYOUT_FLAGS = opt.refit_options(tuple(opt.RUNBOOK_OPTIONS), options=opt.RUNBOOK_OPTIONS, given=True)
 
 
-def _settings(transport: str, site: str, origin: str, write: Optional[str], show: bool = True) -> None:
+def site_ref(site: str) -> str:
+    """How a job's workers name the site (``RESHARDCTL_SITE``): a profile file as an absolute path (the
+    job runs elsewhere), a profile name as given."""
+    p = Path(site)
+    return str(p.resolve()) if p.is_file() else site
+
+
+def _settings(transport: str, site: str, origin: str, write: Optional[str], show: bool = True,
+              layouts: tuple = (None, None)) -> None:
     from reshardctl.runbook import framework, operations
 
-    text = framework.nemo_rl_settings(transport, site=site, origin=origin)
+    text = framework.nemo_rl_settings(transport, site=site, origin=origin, train=layouts[0], infer=layouts[1])
     if show and not output.quiet():
         output.console().print(text.rstrip("\n"), markup=False, highlight=False)
     if write:
@@ -82,6 +91,7 @@ def promote_cmd(
     """Make reshard (or hybrid) the site's refit transport, if the run proves it: verified, within budget,
     faster than gather-and-broadcast in the same run, same site/model/layouts, today's plan."""
     from reshardctl.runbook import framework, operations
+    from reshardctl.runbook.run_record import load_run
 
     if transport not in ("reshard", "hybrid"):
         raise InputError(f"--transport {transport!r}: promote takes reshard or hybrid (gather_broadcast is "
@@ -89,13 +99,23 @@ def promote_cmd(
     if force and not (reason and reason.strip()):
         raise InputError("--force needs --reason TEXT: an override is recorded with its reason")
     operations.check_writable(write)
+    ref = site_ref(site)
+    if write:  # settings NeMo RL could not run as measured: refused before anything is recorded
+        train, infer = load_run(run).layouts
+        framework.nemo_rl_settings(transport, site=ref, origin="check", train=train, infer=infer)
     res = operations.promote(site, run, transport, force=force, reason=reason, expected=request)
     d = res.decision
     origin = f"promoted {d.time} from {d.run_dir}"
+    settings, no_settings = None, None
+    if not res.refused:
+        try:
+            settings = framework.nemo_rl_settings(transport, site=ref, origin=origin, train=res.run.layouts[0],
+                                                  infer=res.run.layouts[1])
+        except InputError as exc:
+            no_settings = exc.message
     if as_json:  # stdout is the JSON object alone; the settings ride in it
-        output.print_json({"decision": d.to_json(), "checks": d.details["checks"],
-                           "framework_settings": None if res.refused else
-                           framework.nemo_rl_settings(transport, site=res.profile.name, origin=origin)})
+        output.print_json({"decision": d.to_json(), "checks": d.details["checks"], "framework_settings": settings,
+                           "framework_settings_refused": no_settings})
     else:
         con = output.console()
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -114,7 +134,10 @@ def promote_cmd(
                  f"stays {res.active_before}. --force --reason TEXT overrides (recorded as such)")
     verb = "promoted (FORCED past: " + ", ".join(c.name for c in bad) + ")" if bad else "promoted"
     output.info(f"site {res.profile.name}: {res.active_before} -> {transport} {verb}; recorded at {d.time}")
-    _settings(transport, res.profile.name, origin, write, show=not as_json)
+    if no_settings:
+        output.info(no_settings)
+        return
+    _settings(transport, ref, origin, write, show=not as_json, layouts=res.run.layouts)
 
 
 @LAYOUT_FLAGS
@@ -157,7 +180,7 @@ def rollback_cmd(
                       f"infer {i.get('infer') or i.get('infer_layout')}", markup=False)
         con.print(f"would record a rollback entry in {operations.ledger.ledger_path(res.profile)}"
                   + (f" and write {write}" if write else "") + "; settings it would give:", markup=False)
-        con.print(framework.nemo_rl_settings("gather_broadcast", site=name, origin="dry run").rstrip("\n"),
+        con.print(framework.nemo_rl_settings("gather_broadcast", site=site_ref(site), origin="dry run").rstrip("\n"),
                   markup=False, highlight=False)
         return
     d = res.decision
@@ -173,4 +196,4 @@ def rollback_cmd(
             hint=f"recorded as verify_failed in {operations.ledger.ledger_path(res.profile)}; the active transport "
                  f"stays {res.active_before}. Without --verify the rollback is recorded unproven")
     output.info(f"site {name}: {res.active_before} -> gather_broadcast rolled back; recorded at {d.time}")
-    _settings("gather_broadcast", name, f"rolled back {d.time}", write)
+    _settings("gather_broadcast", site_ref(site), f"rolled back {d.time}", write)

@@ -28,3 +28,10 @@ def site_profile(tmp_path: Path, name: str, *, budget_s: float, state_dir: Path,
 def ledger_lines(state_dir: Path, site: str = "local") -> list[dict]:
     f = state_dir / f"{site}.ledger.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+
+
+def api_settings(site: str) -> dict:
+    """The NeMo RL settings of a job that refits through reshardctl.api (``RESHARDCTL_SITE``: ``site``)."""
+    env = {"env_vars": {"RESHARDCTL_SITE": site}}
+    return {"policy": {"megatron_cfg": env, "generation": {"colocated": {"enabled": False}, "refit_transport": None,
+                                                           "vllm_cfg": env}}}

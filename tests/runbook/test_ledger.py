@@ -113,7 +113,8 @@ def test_promote_refuses_runs_of_another_site_model_or_plan_and_force_is_recorde
     assert main(["promote", "--site", stale, "--run", run, "--force", "--reason", "known-good plan change",
                  "--json"]) == 0
     forced = json.loads(capsys.readouterr().out)  # the JSON alone on stdout, the settings inside it
-    assert forced["decision"]["verdict"] == "forced" and "refit_transport: nccl_reshard" in forced["framework_settings"]
+    assert forced["decision"]["verdict"] == "forced" and "refit_transport: nccl_reshard" not in forced["framework_settings"]
+    assert "RESHARDCTL_SITE" in forced["framework_settings"] and forced["framework_settings_refused"] is None
     last = ledger_lines(state)[-1]
     assert last["verdict"] == "forced" and last["reason"] == "known-good plan change"
     assert "plan fingerprint" in last["details"]["failed"] and last["details"]["forced"] is True
