@@ -88,7 +88,7 @@ class LedgerTransport:
         self.path = ledger.ledger_path(self.profile)
         self.reads = 0
         self._warn = warn or _stderr
-        self._warned: set[str] = set()
+        self._warned: set[tuple] = set()  # the problems already warned of
         self._key: tuple | None = None  # the stat key of the last call
         self._decision: Decision | None = None  # what the last call returned (for that key)
         self._good: Decision | None = None  # the last decision read from a usable ledger
@@ -131,7 +131,10 @@ class LedgerTransport:
         note = f"{text}; {keeps}: {base.transport}"
         if kind not in self._warned:
             self._warned.add(kind)
-            self._warn(note)
+            try:
+                self._warn(note)
+            except OSError:  # a closed stderr: the note still rides in the decision
+                pass
         decision = Decision(base.transport, base.ledger_entry, note)
         self._key, self._decision = key, decision
         return decision
