@@ -28,7 +28,11 @@ stage (the draft model ``DeepSeekMTP`` runs there next to the lm_head). Block-FP
 ``fp8_rules.check_vllm_fp8``. fp8 ``scale_inv`` follows its weight (``shard_rules.scale_template``).
 
 ``local_params`` offsets: a 3-D fused expert param (``w13_weight [E_local, 2*I_tp, H]``) holds 2-D HF boxes;
-the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``).
+the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``); an
+expert an EPLB map puts in two slots of one rank has a segment per slot (same ``(hf_name, box)``, the first the
+primary). A block-fp8 scale of a fused weight is a segment of the fused parameter's ``weight_scale_inv`` at the
+weight's offset in blocks (``_scale_param``). ``tests/layout/test_vllm_modules.py`` checks every name, shape,
+dtype and offset against vLLM's own parameters and loaders (``tests/helpers/vllm_modules.py``).
 MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
 (``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
 prefix, since the draft is a separate module next to the target model on the same rank.
