@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from reshardctl.layout.parallel_spec import parse_parallel
 from reshardctl.layout.vllm import VllmLayout
@@ -37,7 +38,8 @@ GRID = [
     ("qwen3-moe", D(tp=2, expert_parallel=True)), ("qwen3-moe", D(tp=1, dp=3, expert_parallel=True)),
     ("qwen3-moe", D(tp=2, dp=2, expert_parallel=True)),
     ("qwen3-moe", D(tp=4, expert_parallel=True, placement="round_robin")),  # no n_group: vLLM uses linear
-    ("qwen3-moe", D(tp=2, expert_parallel=True, redundant=2)), ("qwen3-moe", D(tp=4, expert_parallel=True, redundant=4)),
+    ("qwen3-moe", D(tp=2, expert_parallel=True, redundant=2)),
+    ("qwen3-moe", D(tp=4, expert_parallel=True, redundant=4)),
     ("qwen3-moe", D(tp=2, expert_parallel=True, redundant=16)),  # 24 slots, 12 a rank: experts 0-3 twice on rank 0
     ("qwen3-moe", D(tp=2, pp=2, expert_parallel=True)),
     ("deepseek", D(tp=1)), ("deepseek", D(tp=2)), ("deepseek", D(tp=4)), ("deepseek", D(tp=2, pp=2)),
@@ -77,15 +79,11 @@ def layout_for(model, dep: Deployment, tmp_path=None) -> VllmLayout:
     return VllmLayout(model, parse_parallel(dep.spec(map_file)), world_size=dep.world)
 
 
-def fill_by_segments(lps) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
-    """Each parameter zero, each segment ``param[offset...] = hf[box]``; also how often each element was
-    written."""
-    return {p.name: torch.zeros(p.shape, dtype=torch.float64) for p in lps}, \
-        {p.name: torch.zeros(p.shape, dtype=torch.int32) for p in lps}, {p.name: p for p in lps}
-
-
 def apply_segments(lps, hf) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    vals, counts, _ = fill_by_segments(lps)
+    """Each parameter zero, then each segment ``param[offset...] = hf[box]``; also how often each element
+    was written."""
+    vals = {p.name: torch.zeros(p.shape, dtype=torch.float64) for p in lps}
+    counts = {p.name: torch.zeros(p.shape, dtype=torch.int32) for p in lps}
     for p in lps:
         for s in p.segments:
             lead = len(s.offset) - len(s.box)
@@ -160,10 +158,30 @@ def test_module_named_parameters_are_the_table():
     model = tiny_deepseek(fp8=False)
     dep = D(tp=2, pp=2)
     want = vllm_params(model, dep, 3)
-    got = {n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in vllm_module(model, dep, 3).named_parameters()}
-    got.update({"draft/" + n: (tuple(p.shape), str(p.dtype).removeprefix("torch."))
-                for n, p in vllm_module(model, dep, 3, draft=True).named_parameters()})
+    got = {}
+    for prefix, draft in (("", False), ("draft/", True)):
+        got.update({prefix + n: (tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                    for n, p in vllm_module(model, dep, 3, draft=draft).named_parameters()})
     assert got == want
     assert "draft/model.layers.3.mtp_block.mlp.experts.w13_weight" in got
     assert got["model.layers.2.mlp.gate.e_score_correction_bias"] == ((8,), "float32")
     assert not any(n.startswith("model.layers.0.") for n in got)  # stage 0's layers are PPMissingLayer here
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), ep=st.sampled_from([1, 2, 4]), per_extra=st.integers(0, 5))
+def test_any_eplb_map_lands_like_vllm(tmp_path_factory, data, ep, per_extra):
+    """Any physical -> logical map (every expert somewhere, repeats anywhere, a rank may hold one expert in
+    several slots): the layout's segments fill w13 / w2 as vLLM's loaders do, each slot exactly once."""
+    model = tiny_qwen3_moe(layers=1)  # E = 8
+    E, R = 8, ep * per_extra
+    phys = data.draw(st.permutations(list(range(E)))) + data.draw(
+        st.lists(st.integers(0, E - 1), min_size=R, max_size=R))
+    order = data.draw(st.permutations(list(range(E + R))))
+    dep = D(tp=ep, expert_parallel=ep > 1, redundant=R, phys_map=tuple(phys[i] for i in order))
+    if ep == 1:  # no expert parallel: every expert, no map
+        dep = D(tp=1)
+    lay = layout_for(model, dep, tmp_path_factory.mktemp("maps"))
+    hf = hf_tensors("qwen3-moe-1", model)
+    for rank in range(dep.world):
+        check_rank(model, dep, lay, rank, hf)
