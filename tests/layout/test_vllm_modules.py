@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from reshardctl.layout.parallel_spec import parse_parallel
 from reshardctl.layout.vllm import VllmLayout
+from reshardctl.models.catalog import load_model
 from helpers.parallel_models import (
     tiny_deepseek, tiny_deepseek_grouped, tiny_deepseek_v2_lite, tiny_llama, tiny_qwen3_moe,
 )
@@ -185,3 +186,27 @@ def test_any_eplb_map_lands_like_vllm(tmp_path_factory, data, ep, per_extra):
     hf = hf_tensors("qwen3-moe-1", model)
     for rank in range(dep.world):
         check_rank(model, dep, lay, rank, hf)
+
+
+CATALOG = [
+    ("llama-3.1-70b", {}, D(tp=8, pp=2)),
+    ("qwen3-235b-a22b", {}, D(tp=8, expert_parallel=True, redundant=8)),  # 4 kv heads at tp=8: replicated
+    ("deepseek-v3", {"include_mtp": True, "include_scales": True},
+     D(tp=8, pp=2, expert_parallel=True, placement="round_robin")),  # fp8 checkpoint view, n_group=8
+    ("tiny-llama", {}, D(tp=2, pp=2)), ("tiny-qwen3-moe", {}, D(tp=2, dp=2, expert_parallel=True)),
+    ("tiny-deepseek", {"include_mtp": True}, D(tp=2, pp=2)),
+]
+
+
+@pytest.mark.parametrize("case", CATALOG, ids=lambda c: f"{c[0]}-{c[2].spec()}")
+def test_catalog_models_at_real_shapes(case):
+    """The catalog's presets at their real shapes (names, shapes, dtypes; no tensor data): the first and
+    the last rank, which between them hold the embedding, the head, the MTP draft and every kind of layer."""
+    name, view, dep = case
+    model = load_model(name, **view)
+    lay = layout_for(model, dep)
+    for rank in (0, dep.world - 1):
+        got = {p.name: (tuple(p.shape), p.dtype) for p in lay.local_params(rank)}
+        want = vllm_params(model, dep, rank)
+        assert got == want, (rank, sorted(set(got) ^ set(want))[:6],
+                             [(n, got[n], want[n]) for n in set(got) & set(want) if got[n] != want[n]][:6])
