@@ -275,7 +275,7 @@ def _layer_params(model: ModelSpec, dep: Deployment, rank: int, layer: int, pre:
     # fused_moe/config.py FusedMoEParallelConfig.make: the MoE world is flattened over DP x TP; with EP,
     # ep = dp*tp (ep_rank = dp_rank*tp + tp_rank) and moe tp = 1; without, moe tp = dp*tp.
     flat, flat_rank = dep.dp * TP, dpr * TP + tpr
-    if dep.expert_parallel and flat > 1:
+    if dep.expert_parallel:  # (a world of one: ep 1, all E + R physical slots local)
         slots, i_tp, mtp_rank = local_experts(model, dep, flat_rank, flat), Im, 0
     else:
         slots, i_tp, mtp_rank = list(range(E)), Im // flat, flat_rank

@@ -43,6 +43,7 @@ GRID = [
     ("qwen3-moe", D(tp=4, expert_parallel=True, redundant=4)),
     ("qwen3-moe", D(tp=2, expert_parallel=True, redundant=16)),  # 24 slots, 12 a rank: experts 0-3 twice on rank 0
     ("qwen3-moe", D(tp=2, pp=2, expert_parallel=True)),
+    ("qwen3-moe", D(tp=1, expert_parallel=True, redundant=4)),  # ep 1: all 12 slots here, experts 0-3 twice
     ("deepseek", D(tp=1)), ("deepseek", D(tp=2)), ("deepseek", D(tp=4)), ("deepseek", D(tp=2, pp=2)),
     ("deepseek", D(tp=2, expert_parallel=True)), ("deepseek", D(tp=2, expert_parallel=True, redundant=2)),
     ("deepseek", D(tp=2, dp=2, expert_parallel=True)),  # sequence-parallel MoE: shared experts replicated
