@@ -16,7 +16,9 @@ vLLM (``vllm/model_executor/layers/fused_moe/layer.py``):
 SGLang (``python/sglang/srt/layers/moe``): contiguous blocks of ``E // ep`` (must divide).
 
 An ``ExpertMap`` is per MoE layer (EPLB maps may differ per layer): ``holders(layer, e)`` is the tuple of
-``(ep_rank, local_slot)`` pairs that hold logical expert ``e``.
+``(ep_rank, local_slot)`` pairs that hold logical expert ``e``. One rank may hold an expert in several
+slots (the initial map wraps when R > E; a rebalanced map may do it too): the plan sends it to the rank
+once, the layout's ``local_params`` lists every slot (the first the primary, the others copies of it).
 """
 
 from __future__ import annotations
@@ -170,17 +172,7 @@ def build_vllm_expert_map(*, num_experts: int, ep: int, strategy: str, redundant
             got = load_expert_map_file(map_file, num_experts, num_phys, moe_layers, problems)
             if got is not None:
                 phys = got
-        emap = ExpertMap(ep, num_experts, "eplb", phys)
-        if not problems:
-            for layer in phys:
-                for j, experts in enumerate(emap.slots_per_rank(layer)):
-                    dup = sorted({e for e in experts if experts.count(e) > 1})
-                    if dup:
-                        problems.append(f"expert_map: EP rank {j} holds logical expert(s) {dup[:5]} twice"
-                                        + (f" (layer {layer})" if layer >= 0 else "")
-                                        + "; reshardctl keeps one copy per rank")
-                        break
-        return emap
+        return ExpertMap(ep, num_experts, "eplb", phys)
     if num_experts < ep:
         problems.append(f"vLLM expert parallel over ep={ep} ranks needs num_experts >= {ep} (has {num_experts})")
     return ExpertMap(ep, num_experts, strategy, {-1: tuple(range(num_experts))})

@@ -28,7 +28,11 @@ stage (the draft model ``DeepSeekMTP`` runs there next to the lm_head). Block-FP
 ``fp8_rules.check_vllm_fp8``. fp8 ``scale_inv`` follows its weight (``shard_rules.scale_template``).
 
 ``local_params`` offsets: a 3-D fused expert param (``w13_weight [E_local, 2*I_tp, H]``) holds 2-D HF boxes;
-the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``).
+the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``); an
+expert an EPLB map puts in two slots of one rank has a segment per slot (same ``(hf_name, box)``, the first the
+primary). A block-fp8 scale of a fused weight is a segment of the fused parameter's ``weight_scale_inv`` at the
+weight's offset in blocks (``_scale_param``). ``tests/layout/test_vllm_modules.py`` checks every name, shape,
+dtype and offset against vLLM's own parameters and loaders (``tests/helpers/vllm_modules.py``).
 MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
 (``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
 prefix, since the draft is a separate module next to the target model on the same rank.
@@ -40,7 +44,7 @@ from reshardctl.errors import LayoutError
 from reshardctl.layout.expert_maps import (
     ALL2ALL_BACKENDS, SP_ALL2ALL, ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges,
 )
-from reshardctl.layout.fp8_rules import check_vllm_fp8
+from reshardctl.layout.fp8_rules import check_vllm_fp8, fp8_block_size
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.pipeline import vllm_pp_parts
 from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, ShardTemplate, box_shape
@@ -336,14 +340,14 @@ class VllmLayout(StagedPlacements, SideLayout):
                                   [self._mtp_of[j] if self._ep_of[j] in block else None for j in range(M)])
         return replicated_template(shape, M)
 
-    def _local_expert_slot(self, t: TensorSpec, ep_rank: int) -> tuple[int, int]:
-        """(local slot of expert ``t.expert`` on ``ep_rank``, number of local slots)."""
+    def _local_expert_slots(self, t: TensorSpec, ep_rank: int) -> tuple[list[int], int]:
+        """(local slots of expert ``t.expert`` on ``ep_rank``, number of local slots). An EPLB map may put
+        one logical expert in several physical slots of one rank: all of them, in slot order."""
         if self.expert_map is None:
-            return t.expert, self.model.dims.num_experts
-        for j, k in self.expert_map.holders(t.layer, t.expert):
-            if j == ep_rank:
-                return k, self.expert_map.local_count(t.layer, ep_rank)
-        raise AssertionError((t.name, ep_rank))
+            return [t.expert], self.model.dims.num_experts
+        slots = [k for j, k in self.expert_map.holders(t.layer, t.expert) if j == ep_rank]
+        assert slots, (t.name, ep_rank)
+        return slots, self.expert_map.local_count(t.layer, ep_rank)
 
     def local_params(self, rank: int) -> list[LocalParam]:
         d = self.model.dims
@@ -362,51 +366,83 @@ class VllmLayout(StagedPlacements, SideLayout):
                 entry = params[name] = (shape, dtype, [])
             entry[2].append(LocalSegment(hf, box, name, offset))
 
-        own = self._stage_ranks[stage]
-        for i, t in enumerate(self.model.tensors):
-            pl = self.placement(i)
-            if pl.ranks is own:  # the common case: a placement over this rank's stage, slot j
-                boxes = pl.template.holdings[j]
-            elif len(pl.ranks) > len(own):  # the tied embedding: first and last stage
-                boxes = pl.holding(rank)
-            else:
-                continue
-            if not boxes:
-                continue
-            box = boxes[0]
+        def where(t: TensorSpec, box) -> tuple[str, tuple[int, ...], list[tuple[int, ...]]]:
+            """(vLLM parameter name, its local shape, the offsets of ``box`` in it) of a weight."""
             kind = t.kind
-            mtp = t.layer is not None and t.layer >= d.num_layers
             pre = t.name.rsplit(".", 2)[0] + "." if t.layer is not None else ""
             lp = f"model.layers.{t.layer}." if t.layer is not None else ""
             zero = (0,) * len(t.shape)
             if kind in ("q", "k", "v") and runs:
-                name, shape, off = pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), (runs[kind], 0)
-            elif kind in _FUSED:
+                return pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), [(runs[kind], 0)]
+            if kind in _FUSED:
                 per = box[0][1] - box[0][0]
-                name, shape, off = lp + _FUSED[kind], (2 * per, t.shape[1]), (per if kind.endswith("up") else 0, 0)
-            elif kind in ("q_a", "kv_a") and d.q_lora_rank:
+                return lp + _FUSED[kind], (2 * per, t.shape[1]), [(per if kind.endswith("up") else 0, 0)]
+            if kind in ("q_a", "kv_a") and d.q_lora_rank:
                 rows = d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim
-                name, shape = pre + self.fused_qkv_a, (rows, t.shape[1])
-                off = (0 if kind == "q_a" else d.q_lora_rank, 0)
-            elif kind in EXPERT_KINDS:
-                k, n_local = self._local_expert_slot(t, self._ep_of[j])
+                return pre + self.fused_qkv_a, (rows, t.shape[1]), [(0 if kind == "q_a" else d.q_lora_rank, 0)]
+            if kind in EXPERT_KINDS:
+                slots, n_local = self._local_expert_slots(t, self._ep_of[j])
                 if kind == "expert_down":
-                    name, shape, off = lp + "mlp.experts.w2_weight", (n_local, t.shape[0], i_tp), (k, 0, 0)
+                    name, shape, off = lp + "mlp.experts.w2_weight", (n_local, t.shape[0], i_tp), (0, 0)
                 else:
                     name, shape = lp + "mlp.experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
-                    off = (k, i_tp if kind == "expert_up" else 0, 0)
-            elif kind in ("embed", "lm_head"):
+                    off = (i_tp if kind == "expert_up" else 0, 0)
+                # the first slot is the primary; the others duplicate copies (LocalSegment)
+                return name, shape, [(k,) + off for k in slots]
+            if kind in ("embed", "lm_head"):
                 head = kind == "lm_head" or (self._tied_pp and t.layer is None and stage == self.pp - 1)
                 vsplit = self._vocab_split("lm_head" if head else "embed")
                 name = self.tied_last_name if head and kind == "embed" else t.name
                 shape = (vllm_padded_vocab(d.vocab) // vsplit[0],) + t.shape[1:] if vsplit else box_shape(box)
-                off = zero
-            else:
-                name, shape, off = t.name, box_shape(box), zero
-            if mtp:
-                name = self._mtp_name(name, t)
-            add(name, shape, t.dtype, t.name, box, off)
+                return name, shape, [zero]
+            return t.name, box_shape(box), [zero]
+
+        own = self._stage_ranks[stage]
+
+        def boxes_of(pl: Placement):
+            if pl.ranks is own:  # the common case: a placement over this rank's stage, slot j
+                return pl.template.holdings[j]
+            if len(pl.ranks) > len(own):  # the tied embedding: first and last stage
+                return pl.holding(rank)
+            return ()
+
+        for i, t in enumerate(self.model.tensors):
+            boxes = boxes_of(self.placement(i))
+            if not boxes:
+                continue
+            box = boxes[0]
+            w = self.model.tensor(t.scale_of) if t.kind == "scale_inv" else None
+            if w is None:
+                name, shape, offsets = where(t, box)
+            else:  # a block-fp8 scale: placed like its weight (same ranks, same slots)
+                wbox = boxes_of(self.placement(self.model.index(w.name)))[0]
+                name, shape, offsets = self._scale_param(t, box, w, where(w, wbox))
+            if t.layer is not None and t.layer >= d.num_layers:
+                name = self._mtp_name(name, w or t)
+            for off in offsets:
+                add(name, shape, t.dtype, t.name, box, off)
         return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
+
+    def _scale_param(self, t: TensorSpec, box, w: TensorSpec, weight_param) -> tuple[str, tuple[int, ...], list]:
+        """A block-fp8 ``weight_scale_inv`` of a weight fused into a vLLM parameter lives in that parameter's
+        ``weight_scale_inv`` (``Fp8LinearMethod.create_weights``: ``[ceil(out_per_rank / block_n),
+        ceil(in_per_rank / block_k)]``; ``Fp8MoEMethod.create_weights``: ``w13_weight_scale_inv
+        [E_local, 2 * ceil(I_tp / block_n), ceil(H / block_k)]``, ``w2_weight_scale_inv [E_local,
+        ceil(H / block_n), ceil(I_tp / block_k)]``), at the weight's offsets in blocks (the merged and QKV
+        loaders' ``(shard_offset + block_n - 1) // block_n``). Any other scale keeps its HF name."""
+        name, wshape, woffs = weight_param
+        if name == w.name:
+            return t.name, box_shape(box), [(0,) * len(t.shape)]
+        bn, bk = fp8_block_size(self.model)  # not None: the model has scales
+        lead = len(wshape) - 2
+        rows, cols = wshape[lead:]
+        if w.kind in ("expert_gate", "expert_up"):  # two halves of ceil(I_tp / block_n) rows each
+            half = ceil_div(rows // 2, bn)
+            return name + "_scale_inv", wshape[:lead] + (2 * half, ceil_div(cols, bk)), \
+                [o[:lead] + (half if o[lead] else 0, 0) for o in woffs]
+        shape = wshape[:lead] + (ceil_div(rows, bn), ceil_div(cols, bk))
+        return name + "_scale_inv", shape, [o[:lead] + (ceil_div(o[lead], bn), ceil_div(o[lead + 1], bk))
+                                            for o in woffs]
 
     def _mtp_name(self, name: str, t: TensorSpec) -> str:
         """vLLM's MTP draft names (``DeepSeekMTP._rewrite_spec_layer_name``), under ``draft/``."""

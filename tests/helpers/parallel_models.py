@@ -4,6 +4,7 @@ reshardctl/models/architectures.py) for the layout tests; independent of the mod
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil
 
 from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
@@ -124,3 +125,26 @@ def tiny_deepseek(layers: int = 3, fp8: bool = True) -> ModelSpec:
     return build_model("tiny-deepseek", arch="deepseek_v3", H=256, L=layers, nh=8, nkv=8, hd=24, V=1111, I=512,
                        E=8, Im=128, shared=1, first_dense=1, mla=dict(q_lora=128, kv_lora=64, nope=16, rope=8, v=16),
                        mtp=1, fp8=fp8)
+
+
+# --------------------------------------------------------------------------- vLLM binding models (engineer "vllm")
+def tiny_deepseek_v2_lite(layers: int = 3) -> ModelSpec:
+    """A DeepSeek-V2-Lite-like MLA model without q_lora (``q_proj`` + ``kv_a_proj_with_mqa``; HF modeling:
+    ``q_lora_rank: null``), shared experts, MTP; bf16."""
+    m = build_model("tiny-deepseek-v2-lite", arch="deepseek_v3", H=256, L=layers, nh=8, nkv=8, hd=24, V=1111,
+                    I=512, E=8, Im=128, shared=2, first_dense=1,
+                    mla=dict(q_lora=64, kv_lora=64, nope=16, rope=8, v=16), mtp=1)
+    out: list[TensorSpec] = []
+    for t in m.tensors:
+        if t.kind in ("q_a", "q_a_norm"):
+            continue
+        if t.kind == "q_b":
+            t = TensorSpec(t.name.replace("q_b_proj", "q_proj"), (t.shape[0], 256), t.dtype, t.role, "q", t.layer)
+        out.append(t)
+    return ModelSpec(m.name, replace(m.dims, q_lora_rank=0), tuple(out), source="test")
+
+
+def tiny_deepseek_grouped(layers: int = 3) -> ModelSpec:
+    """tiny_deepseek (bf16) with grouped routing (``n_group: 2``), which vLLM's round_robin placement needs."""
+    m = tiny_deepseek(layers, fp8=False)
+    return replace(m, config={"n_group": 2, "topk_group": 1})

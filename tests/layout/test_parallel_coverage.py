@@ -106,7 +106,8 @@ def check_local_params(lay, rank):
             for k, n in enumerate(box_shape(s.box)):
                 assert 0 <= s.offset[lead + k] and s.offset[lead + k] + n <= p.shape[lead + k], (p, s)
             regions.append((s.offset[:lead], tuple((o, o + n) for o, n in zip(s.offset[lead:], box_shape(s.box)))))
-            seen[(s.hf_name, s.box)] += 1
+        # one param may hold an (hf_name, box) in several slots (an EPLB duplicate): counted once
+        seen.update({(s.hf_name, s.box) for s in p.segments})
         for a, b in ((x, y) for k, x in enumerate(regions) for y in regions[k + 1:]):
             overlap = a[0] == b[0] and all(max(p0, q0) < min(p1, q1) for (p0, p1), (q0, q1) in zip(a[1], b[1]))
             assert not overlap or a == b, (p.name, a, b)  # disjoint, or an exact alias (MTP embed copies)

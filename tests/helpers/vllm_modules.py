@@ -1,0 +1,420 @@
+"""vLLM's own parameters on one rank of a vLLM deployment, and vLLM's weight loaders, for the layout tests.
+
+Written from vLLM's source (``vllm-project/vllm``, main as stored in the code index, late 2025 - 2026:
+``vllm/model_executor/layers/fused_moe/expert_map_manager.py`` at 04d26335ddf7, ``fused_moe/layer.py`` at
+0014ec6c58e1 (``make_expert_params_mapping``), ``models/deepseek_v2.py`` (router bias), the rest as named
+per rule below), independently of ``reshardctl.layout`` (nothing here imports it): a test compares the two.
+vLLM 0.33 itself was not in the index; the rules cited have been stable across the versions read.
+
+``vllm_params(model, dep, rank)``: ``{name: (shape, dtype)}`` of what ``named_parameters()`` yields on that
+rank (the MTP draft model, a separate module next to the target on the last pipeline stage, under
+``draft/``). ``vllm_module`` builds an ``nn.Module`` with exactly those names. ``load_like_vllm`` fills
+the parameters from full HF tensors the way vLLM's ``weight_loader``\\ s do (narrow + copy, padding rows 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from reshardctl.models.spec import ModelSpec
+
+PAD = 64  # vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE = 64; pad_vocab_size rounds up to it
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One vLLM engine: ``tp``, ``pp``, in-engine ``dp``; ``expert_parallel`` (--enable-expert-parallel),
+    ``placement`` (--expert-placement-strategy), EPLB ``redundant`` slots, an EPLB physical->logical map."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
+    placement: str = "linear"
+    redundant: int = 0
+    phys_map: tuple[int, ...] | None = None
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp, pp, tp): parallel_state.initialize_model_parallel builds
+        ``torch.arange(world).reshape(-1, dp, pp, tp)``: TP innermost, then PP, then DP."""
+        return rank // (self.tp * self.pp), (rank // self.tp) % self.pp, rank % self.tp
+
+    def spec(self, map_file: str | None = None) -> str:
+        """The same deployment as a reshardctl ``--infer`` spec."""
+        s = f"tp={self.tp},pp={self.pp},dp={self.dp}"
+        if self.expert_parallel:
+            s += ",expert_parallel=true"
+            if self.placement != "linear":
+                s += f",placement={self.placement}"
+            if self.redundant:
+                s += f",redundant={self.redundant}"
+            if map_file:
+                s += f",expert_map={map_file}"
+        return s
+
+
+def pp_indices(num_layers: int, pp_rank: int, pp: int) -> range:
+    """distributed/utils.py get_pp_indices: ``[L // pp] * pp``, the remainder added to the partitions just
+    before the last (``for i in range(2, remaining_layers + 2): partitions[-i] += 1``)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    start = sum(parts[:pp_rank])
+    return range(start, start + parts[pp_rank])
+
+
+def initial_phys_map(num_experts: int, redundant: int) -> tuple[int, ...]:
+    """eplb_state.py EplbState.build_initial_global_physical_to_logical_map:
+    ``list(range(E)) + [i % E for i in range(R)]``."""
+    return tuple(range(num_experts)) + tuple(i % num_experts for i in range(redundant))
+
+
+def local_experts(model: ModelSpec, dep: Deployment, ep_rank: int, ep_size: int) -> list[int]:
+    """The logical expert at each local slot of ``w13_weight`` / ``w2_weight`` on EP rank ``ep_rank``.
+
+    FusedMoE: ``global_num_experts = E + num_redundant_experts`` (physical ids). expert_map_manager.py
+    determine_expert_map: ``base, rem = divmod(global, ep)``; ``local = base + 1 if ep_rank < rem``;
+    linear: physical ``[ep_rank*base + min(ep_rank, rem), + local)``; round_robin:
+    ``arange(ep_rank, global, ep)``. determine_expert_placement_strategy: round_robin only with
+    ``num_expert_group > 1``, no redundant experts, no EPLB, and no all2all kernels (dp > 1 with EP)
+    unless DeepEP low-latency; else linear. layer.py make_expert_params_mapping: physical slot ``p`` loads
+    the checkpoint's ``experts.{physical_to_logical_map[p]}``."""
+    E = model.dims.num_experts
+    R = dep.redundant if dep.phys_map is None else len(dep.phys_map) - E
+    phys = dep.phys_map if dep.phys_map is not None else initial_phys_map(E, R)
+    n = len(phys)
+    if ep_size == 1:
+        return list(phys)
+    placement = dep.placement
+    if placement == "round_robin" and (int(model.config.get("n_group") or 1) <= 1 or R or dep.phys_map
+                                       or dep.dp > 1):
+        placement = "linear"
+    base, rem = divmod(n, ep_size)
+    count = base + (1 if ep_rank < rem else 0)
+    if placement == "round_robin":
+        ids = list(range(ep_rank, n, ep_size))
+    else:
+        start = ep_rank * base + min(ep_rank, rem)
+        ids = list(range(start, start + count))
+    assert len(ids) == count
+    return [phys[p] for p in ids]
+
+
+# --------------------------------------------------------------------------- loaders
+# A loader fills a local parameter from one full HF tensor (``shard``: which part of a fused parameter).
+Loader = Callable[[torch.Tensor, torch.Tensor, object], None]
+
+
+def replicated() -> Loader:
+    """ReplicatedLinear / RMSNorm / nn.Linear / nn.Parameter: the whole tensor."""
+    def load(p, w, shard):
+        p.copy_(w)
+    return load
+
+
+def column(rank: int) -> Loader:
+    """linear.py ColumnParallelLinear.weight_loader: ``narrow(output_dim=0, tp_rank * shard_size, shard_size)``."""
+    def load(p, w, shard):
+        n = p.shape[0]
+        p.copy_(w.narrow(0, rank * n, n))
+    return load
+
+
+def row(rank: int) -> Loader:
+    """linear.py RowParallelLinear.weight_loader: ``narrow(input_dim=1, tp_rank * shard_size, shard_size)``."""
+    def load(p, w, shard):
+        n = p.shape[1]
+        p.copy_(w.narrow(1, rank * n, n))
+    return load
+
+
+def merged(parts: list[int], rank: int) -> Loader:
+    """linear.py MergedColumnParallelLinear.weight_loader: shard ``i`` (local size ``parts[i] = size_i // tp``)
+    at rows ``sum(parts[:i])``, from ``loaded.narrow(0, tp_rank * parts[i], parts[i])`` (``disable_tp``: rank
+    0). A block-fp8 ``weight_scale_inv`` the same in blocks: ``(shard_offset + block_n - 1) // block_n``."""
+    def load(p, w, shard):
+        off, n = sum(parts[:shard]), parts[shard]
+        p[off:off + n].copy_(w.narrow(0, rank * n, n))
+    return load
+
+
+def qkv(parts: list[int], rank: int, reps: int) -> Loader:
+    """linear.py QKVParallelLinear: ``num_heads = nh / tp``; ``tp >= nkv``: ``num_kv_heads = 1``,
+    ``num_kv_head_replicas = tp / nkv``, else ``nkv / tp`` and 1; weight_loader: q at 0, k at
+    ``num_heads*hd``, v at ``(num_heads + num_kv_heads)*hd`` (``parts``: local q, k, v rows); the shard
+    index is ``tp_rank`` for q and ``tp_rank // num_kv_head_replicas`` for k and v;
+    ``start_idx = shard_id * shard_size``."""
+    def load(p, w, shard):
+        i = "qkv".index(shard)
+        off, n = sum(parts[:i]), parts[i]
+        p[off:off + n].copy_(w.narrow(0, (rank if shard == "q" else rank // reps) * n, n))
+    return load
+
+
+def vocab(vocab_size: int, tp: int, rank: int) -> Loader:
+    """vocab_parallel_embedding.py VocabParallelEmbedding: ``org_vocab_size_padded = pad_vocab_size(V, 64)``,
+    ``num_embeddings_per_partition = divide(padded, tp)``; _get_indices / vocab_range_from_global_vocab_size:
+    rank r holds ``[r*per, min((r+1)*per, V))``; weight_loader: ``param[:n].copy_(loaded.narrow(0, start, n))``,
+    ``param[n:].fill_(0)``."""
+    def load(p, w, shard):
+        per = p.shape[0]
+        start = rank * per
+        n = max(0, min(start + per, vocab_size) - start)
+        p[:n].copy_(w.narrow(0, start, n))
+        p[n:].fill_(0)
+    return load
+
+
+def experts(slots: list[int], tp_rank: int) -> Loader:
+    """fused_moe/layer.py FusedMoE.weight_loader: the physical id -> local slot by ``expert_map`` (-1: not
+    here); _load_w13: ``shard_size = expert_data.shape[1] // 2``, w1 (gate) rows ``[0, shard_size)``, w3
+    (up) ``[shard_size, 2*shard_size)``, each ``loaded.narrow(0, shard_size * tp_rank, shard_size)``;
+    _load_w2: ``narrow(1, shard_size * tp_rank, shard_size)`` (block-fp8 scales alike, in blocks).
+    ``shard = (logical expert, "w1" | "w2" | "w3")``; every local slot holding that expert is loaded."""
+    def load(p, w, shard):
+        e, sid = shard
+        for k, logical in enumerate(slots):
+            if logical != e:
+                continue
+            if sid == "w2":
+                n = p.shape[2]
+                p[k].copy_(w.narrow(1, tp_rank * n, n))
+            else:
+                n = p.shape[1] // 2
+                off = 0 if sid == "w1" else n
+                p[k, off:off + n].copy_(w.narrow(0, tp_rank * n, n))
+    return load
+
+
+# --------------------------------------------------------------------------- parameters of one rank
+@dataclass(frozen=True)
+class VParam:
+    shape: tuple[int, ...]
+    dtype: str
+    loader: Loader
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Linears:
+    """Adds a vLLM LinearBase layer's parameters: ``weight`` ``[sum(parts), cols]`` (local sizes) and, with a
+    block-fp8 checkpoint, ``weight_scale_inv`` float32 ``[ceil(sum(parts)/block_n), ceil(cols/block_k)]``
+    (quantization/fp8.py Fp8LinearMethod.create_weights, BlockQuantScaleParameter), the weight then
+    float8_e4m3fn. ``make(parts)`` builds the loader for partitions of those local sizes."""
+
+    def __init__(self, out: dict[str, VParam], dt: str, block: tuple[int, int] | None):
+        self.out, self.dt, self.block = out, dt, block
+
+    def add(self, prefix: str, parts: list[int], cols: int, make, quantized: bool = True) -> None:
+        fp8 = quantized and self.block is not None
+        self.out[prefix + "weight"] = VParam((sum(parts), cols), "float8_e4m3fn" if fp8 else self.dt, make(parts))
+        if fp8:
+            bn, bk = self.block
+            sparts = [_ceil(x, bn) for x in parts]
+            self.out[prefix + "weight_scale_inv"] = VParam((_ceil(sum(parts), bn), _ceil(cols, bk)), "float32",
+                                                           make(sparts))
+
+
+def _layer_params(model: ModelSpec, dep: Deployment, rank: int, layer: int, pre: str, dt: str,
+                  out: dict[str, VParam]) -> None:
+    """One decoder layer (LlamaDecoderLayer, Qwen3MoeDecoderLayer, DeepseekV2DecoderLayer) at ``pre``."""
+    d = model.dims
+    dpr, _, tpr = dep.coords(rank)
+    TP, H = dep.tp, d.hidden
+    block = fp8_block(model)
+    lin = _Linears(out, dt, block)
+    col, rw, rep = (lambda parts: column(tpr)), (lambda parts: row(tpr)), (lambda parts: replicated())
+    a = pre + "self_attn."
+    out[pre + "input_layernorm.weight"] = VParam((H,), dt, replicated())
+    out[pre + "post_attention_layernorm.weight"] = VParam((H,), dt, replicated())
+    if d.kv_lora_rank:  # deepseek_v2.py DeepseekV2MLAAttention
+        qk = d.qk_nope_head_dim + d.qk_rope_head_dim
+        h = d.num_heads // TP
+        kva = d.kv_lora_rank + d.qk_rope_head_dim
+        if d.q_lora_rank:  # fused_qkv_a_proj = MergedColumnParallelLinear(H, [q_lora, kv_lora + rope], disable_tp)
+            lin.add(a + "fused_qkv_a_proj.", [d.q_lora_rank, kva], H, lambda parts: merged(parts, 0))
+            out[a + "q_a_layernorm.weight"] = VParam((d.q_lora_rank,), dt, replicated())
+            lin.add(a + "q_b_proj.", [h * qk], d.q_lora_rank, col)  # ColumnParallelLinear
+        else:  # q_proj = ColumnParallelLinear; kv_a_proj_with_mqa = ReplicatedLinear
+            lin.add(a + "q_proj.", [h * qk], H, col)
+            lin.add(a + "kv_a_proj_with_mqa.", [kva], H, rep)
+        out[a + "kv_a_layernorm.weight"] = VParam((d.kv_lora_rank,), dt, replicated())
+        lin.add(a + "kv_b_proj.", [h * (d.qk_nope_head_dim + d.v_head_dim)], d.kv_lora_rank, col)
+        lin.add(a + "o_proj.", [H], h * d.v_head_dim, rw)  # RowParallelLinear
+    else:  # llama.py LlamaAttention / qwen3_moe.py Qwen3MoeAttention: QKVParallelLinear + RowParallelLinear
+        nh, nkv, hd = d.num_heads, d.num_kv_heads, d.head_dim
+        kvh, reps = (1, TP // nkv) if TP >= nkv else (nkv // TP, 1)
+        lin.add(a + "qkv_proj.", [nh // TP * hd, kvh * hd, kvh * hd], H, lambda parts: qkv(parts, tpr, reps))
+        lin.add(a + "o_proj.", [H], nh // TP * hd, rw)
+        if d.arch.startswith("qwen3"):  # Qwen3MoeAttention: q_norm, k_norm = RMSNorm(head_dim)
+            out[a + "q_norm.weight"] = VParam((hd,), dt, replicated())
+            out[a + "k_norm.weight"] = VParam((hd,), dt, replicated())
+    m = pre + "mlp."
+    if layer not in d.moe_layers:  # LlamaMLP / DeepseekV2MLP: gate_up_proj (merged column), down_proj (row)
+        i = d.intermediate // TP
+        lin.add(m + "gate_up_proj.", [i, i], H, lambda parts: merged(parts, tpr))
+        lin.add(m + "down_proj.", [H], i, rw)
+        return
+    E, Im = d.num_experts, d.moe_intermediate
+    # ReplicatedLinear(H, E) router, built with quant_config=None (deepseek_v2.py DeepseekV2MoE, qwen3_moe.py)
+    lin.add(m + "gate.", [E], H, rep, quantized=False)
+    if d.arch == "deepseek_v3":  # deepseek_v2.py: gate.e_score_correction_bias = nn.Parameter(empty(E, float32))
+        out[m + "gate.e_score_correction_bias"] = VParam((E,), "float32", replicated())
+    # fused_moe/config.py FusedMoEParallelConfig.make: the MoE world is flattened over DP x TP; with EP,
+    # ep = dp*tp (ep_rank = dp_rank*tp + tp_rank) and moe tp = 1; without, moe tp = dp*tp.
+    flat, flat_rank = dep.dp * TP, dpr * TP + tpr
+    if dep.expert_parallel:  # (a world of one: ep 1, all E + R physical slots local)
+        slots, i_tp, mtp_rank = local_experts(model, dep, flat_rank, flat), Im, 0
+    else:
+        slots, i_tp, mtp_rank = list(range(E)), Im // flat, flat_rank
+    # unquantized_fused_moe_method.py create_weights: w13 [E_local, 2*I_tp, H], w2 [E_local, H, I_tp];
+    # quantization/fp8.py Fp8MoEMethod.create_weights (block): w13_weight_scale_inv
+    # [E_local, 2 * ceil(I_tp / block_n), ceil(H / block_k)], w2_weight_scale_inv [E_local, ceil(H / block_n),
+    # ceil(I_tp / block_k)], float32; the weights float8_e4m3fn
+    n = len(slots)
+    wdt = "float8_e4m3fn" if block else dt
+    out[m + "experts.w13_weight"] = VParam((n, 2 * i_tp, H), wdt, experts(slots, mtp_rank))
+    out[m + "experts.w2_weight"] = VParam((n, H, i_tp), wdt, experts(slots, mtp_rank))
+    if block:
+        bn, bk = block
+        out[m + "experts.w13_weight_scale_inv"] = VParam((n, 2 * _ceil(i_tp, bn), _ceil(H, bk)), "float32",
+                                                         experts(slots, mtp_rank))
+        out[m + "experts.w2_weight_scale_inv"] = VParam((n, _ceil(H, bn), _ceil(i_tp, bk)), "float32",
+                                                        experts(slots, mtp_rank))
+    if d.num_shared_experts:
+        # DeepseekV2MoE: shared_experts = DeepseekV2MLP(I * n_shared), disable_tp when
+        # ParallelConfig.use_sequence_parallel_moe (EP, tp > 1, dp > 1, an SP all2all backend: the default)
+        sp = dep.expert_parallel and TP > 1 and dep.dp > 1
+        st, sr = (1, 0) if sp else (TP, tpr)
+        si = Im * d.num_shared_experts // st
+        lin.add(m + "shared_experts.gate_up_proj.", [si, si], H, lambda parts: merged(parts, sr))
+        lin.add(m + "shared_experts.down_proj.", [H], si, lambda parts: row(sr))
+
+
+def fp8_block(model: ModelSpec) -> tuple[int, int] | None:
+    """``quantization_config.weight_block_size`` (DeepSeek-V3: [128, 128]) when the checkpoint is block fp8
+    (it has ``weight_scale_inv`` tensors)."""
+    if not any(t.name.endswith("weight_scale_inv") for t in model.tensors):
+        return None
+    bs = (model.config.get("quantization_config") or {}).get("weight_block_size") or (128, 128)
+    return int(bs[0]), int(bs[1])
+
+
+def vllm_param_table(model: ModelSpec, dep: Deployment, rank: int) -> dict[str, VParam]:
+    """Every parameter of one rank, with its loader. The draft (MTP) model's under ``draft/``."""
+    d = model.dims
+    _, ppr, tpr = dep.coords(rank)
+    first, last = ppr == 0, ppr == dep.pp - 1
+    dt = "bfloat16"
+    padded = -(-d.vocab // PAD) * PAD
+    emb = VParam((padded // dep.tp, d.hidden), dt, vocab(d.vocab, dep.tp, tpr))
+    out: dict[str, VParam] = {}
+    # llama.py LlamaModel.__init__: embed_tokens on the first PP rank, or tied and the last; else PPMissingLayer
+    if first or (d.tie_embeddings and last):
+        out["model.embed_tokens.weight"] = emb
+    # make_layers(num_hidden_layers, ...): layers outside get_pp_indices are PPMissingLayer (no parameters),
+    # the others keep their global index in ``model.layers.{i}``
+    for layer in pp_indices(d.num_layers, ppr, dep.pp):
+        _layer_params(model, dep, rank, layer, f"model.layers.{layer}.", dt, out)
+    if last:
+        out["model.norm.weight"] = VParam((d.hidden,), dt, replicated())  # last rank's RMSNorm
+        if not d.tie_embeddings:  # LlamaForCausalLM: ParallelLMHead on the last rank; tied: the same Parameter
+            out["lm_head.weight"] = emb  # (named_parameters() yields it once, as model.embed_tokens.weight)
+        # the MTP draft (deepseek_mtp.py DeepSeekMTP) is built by the drafter on the last PP rank only
+        for k in range(d.num_mtp_layers):
+            layer = d.num_layers + k
+            p = f"draft/model.layers.{layer}."
+            out["draft/model.embed_tokens.weight"] = emb  # DeepSeekMultiTokenPredictor.embed_tokens
+            out[p + "enorm.weight"] = VParam((d.hidden,), dt, replicated())
+            out[p + "hnorm.weight"] = VParam((d.hidden,), dt, replicated())
+            out[p + "eh_proj.weight"] = VParam((d.hidden, 2 * d.hidden), dt, replicated())  # nn.Linear(2H, H)
+            out[p + "shared_head.norm.weight"] = VParam((d.hidden,), dt, replicated())
+            out[p + "shared_head.head.weight"] = emb  # ParallelLMHead
+            _layer_params(model, dep, rank, layer, p + "mtp_block.", dt, out)
+    return out
+
+
+def vllm_params(model: ModelSpec, dep: Deployment, rank: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {n: (p.shape, p.dtype) for n, p in vllm_param_table(model, dep, rank).items()}
+
+
+def vllm_module(model: ModelSpec, dep: Deployment, rank: int, dtype: torch.dtype | None = None,
+                draft: bool = False) -> nn.Module:
+    """An ``nn.Module`` whose ``named_parameters()`` are vLLM's on this rank (the target model, or with
+    ``draft`` the MTP draft model), ``torch.empty`` in vLLM's dtypes (or ``dtype``)."""
+    root = nn.Module()
+    for name, p in vllm_param_table(model, dep, rank).items():
+        if name.startswith("draft/") != draft:
+            continue
+        *path, leaf = name.removeprefix("draft/").split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, nn.Module())
+            mod = getattr(mod, part)
+        t = torch.empty(p.shape, dtype=dtype or DTYPES[p.dtype])
+        mod.register_parameter(leaf, nn.Parameter(t, requires_grad=False))
+    return root
+
+
+# --------------------------------------------------------------------------- load_weights
+_STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+            ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
+            ("fused_qkv_a_proj", "q_a_proj", 0), ("fused_qkv_a_proj", "kv_a_proj_with_mqa", 1))
+
+
+def _target_name(model: ModelSpec, hf: str) -> tuple[str, object]:
+    """HF checkpoint name -> (vLLM parameter name, shard id), as the models' load_weights map it:
+    ``stacked_params_mapping`` (llama.py, qwen3_moe.py, deepseek_v2.py; ``fused_qkv_a_proj`` only with
+    q_lora_rank), ``make_expert_params_mapping`` (``experts.{e}.gate_proj`` -> ``experts.w13_weight`` w1,
+    ``up_proj`` -> w3, ``down_proj`` -> ``experts.w2_weight`` w2) and deepseek_mtp.py
+    ``_rewrite_spec_layer_name`` (MTP layer ``embed_tokens`` -> ``model.embed_tokens``; not enorm / hnorm /
+    eh_proj / shared_head -> ``.mtp_block.``)."""
+    d = model.dims
+    name = hf
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= d.num_layers:
+        pre = ".".join(parts[:3]) + "."
+        rest = name[len(pre):]
+        if rest.startswith("embed_tokens."):
+            name = "draft/model." + rest
+        elif rest.split(".")[0] in ("enorm", "hnorm", "eh_proj", "shared_head"):
+            name = "draft/" + name
+        else:
+            name = "draft/" + pre + "mtp_block." + rest
+    if ".experts." in name and ".shared_experts." not in name:
+        head, tail = name.split(".experts.", 1)
+        e, proj, suffix = tail.split(".", 2)  # suffix: weight | weight_scale_inv
+        sid = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
+        return f"{head}.experts.{'w2' if sid == 'w2' else 'w13'}_{suffix}", (int(e), sid)
+    for param, shard_name, shard in _STACKED:
+        if f".{shard_name}." in name:
+            if param == "fused_qkv_a_proj" and not d.q_lora_rank or param == "qkv_proj" and d.kv_lora_rank:
+                continue  # deepseek_v2.py: no qkv_proj (MLA); fused_qkv_a_proj only with q_lora_rank
+            return name.replace(f".{shard_name}.", f".{param}."), shard
+    return name, None
+
+
+def load_like_vllm(model: ModelSpec, dep: Deployment, rank: int, params: dict[str, torch.Tensor],
+                   hf: dict[str, torch.Tensor]) -> None:
+    """Fill ``params`` (this rank's, by name, draft under ``draft/``) from full HF tensors with vLLM's
+    loaders; HF tensors whose parameter is not on this rank are skipped (PPMissingLayer, tied lm_head)."""
+    table = vllm_param_table(model, dep, rank)
+    with torch.no_grad():
+        for hf_name, w in hf.items():
+            name, shard = _target_name(model, hf_name)
+            if name not in table:
+                continue
+            table[name].loader(params[name], w, shard)
