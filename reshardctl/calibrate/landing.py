@@ -78,12 +78,27 @@ def build(local_params: list[LocalParam], shapes: dict[str, tuple[int, ...]], *,
             loader.setdefault(s.hf_name, []).append((p, off, box))
             if s.hf_name not in full:
                 shape = (1,) * len(s.box) if one_element else shapes[s.hf_name]
-                full[s.hf_name] = torch.ones(shape, dtype=dt, device=device)
-    arena = []
-    for (box, dt), v in zip(boxes, views):
-        arena.append(torch.ones(tuple(hi - lo for lo, hi in box), dtype=dt, device=device))
+                full[s.hf_name] = _random(shape, dt, device)
+    # the arena holds what the loader path narrows out of the whole tensors: both land the same bytes
+    arena = [_narrow(full[lp_hf], box).clone() for lp_hf, (box, _dt) in zip(_hf_names(local_params), boxes)]
     nbytes = sum(v.numel() * v.element_size() for v in views)
     return Landing(params, views, arena, loader, full, nbytes)
+
+
+def _hf_names(local_params: list[LocalParam]) -> list[str]:
+    return [s.hf_name for lp in local_params for s in lp.segments]
+
+
+def _random(shape, dt: torch.dtype, device) -> torch.Tensor:
+    if dt.is_floating_point:
+        return torch.randn(shape, device=device).to(dt)
+    return torch.randint(0, 100, shape, device=device).to(dt)
+
+
+def _narrow(t: torch.Tensor, box) -> torch.Tensor:
+    for d, (lo, hi) in enumerate(box):
+        t = t.narrow(d, lo, hi - lo)
+    return t
 
 
 def land_direct(ld: Landing) -> None:
@@ -94,10 +109,7 @@ def land_direct(ld: Landing) -> None:
 def weight_loader(entries, loaded: torch.Tensor) -> None:
     """One call per HF tensor: its boxes narrowed out of the whole tensor into the parameters."""
     for param, offset, box in entries:
-        w = loaded
-        for d, (lo, hi) in enumerate(box):
-            w = w.narrow(d, lo, hi - lo)
-        _segment_view(param.data, offset, box).copy_(w)
+        _segment_view(param.data, offset, box).copy_(_narrow(loaded, box))
 
 
 def load_weights(ld: Landing, weights) -> None:
