@@ -284,7 +284,11 @@ def _landing(plan: Plan, links: Links) -> dict:
             "loader_s": loader_s, "loader_extra_s": loader_s - direct_s}
 
 
-def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None) -> Prediction:
+def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None, *,
+            land: bool = True) -> Prediction:
+    """The refit's predicted seconds by term. ``land=False``: the ranks commit without landing in framework
+    parameters (``reshardctl run``'s own ranks swap their arena at the commit): the ``landing`` term is 0,
+    ``Prediction.landing`` still says what landing would cost."""
     topo = plan.topology
     num_nodes = int(topo.node_of.max()) + 1
     overlap = not links.cores  # GPU sites: the executor overlaps copies with transfers
@@ -324,6 +328,7 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
                 busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
     total[TERMS.index("sync")] += _sync(plan, links)
     landing = _landing(plan, links)  # after the commit: on the critical path, alone
-    breakdown = {t: float(v) for t, v in zip(STEP_TERMS, total)} | {"landing": landing["seconds"]}
-    return Prediction(plan.transport, float(total.sum()) + landing["seconds"], int(moved), busiest[0], busiest[1], int(busiest[2]),
+    land_s = landing["seconds"] if land else 0.0
+    breakdown = {t: float(v) for t, v in zip(STEP_TERMS, total)} | {"landing": land_s}
+    return Prediction(plan.transport, float(total.sum()) + land_s, int(moved), busiest[0], busiest[1], int(busiest[2]),
                       len(plan.rounds) + len(plan.buckets), breakdown, landing)

@@ -86,6 +86,10 @@ def test_predict_charges_the_busiest_inference_rank_and_reports_the_loader_extra
     assert free.breakdown["landing"] == c.nbytes.max() / GPU.copy
     assert {k: v for k, v in free.breakdown.items() if k != "landing"} == \
         {k: v for k, v in pred.breakdown.items() if k != "landing"}
+    # reshardctl run's ranks commit by swapping their arena: no landing charged, still reported
+    swap = predict(plan, GPU, land=False)
+    assert swap.breakdown["landing"] == 0 and swap.landing == pred.landing
+    assert math.isclose(swap.predicted_s, pred.predicted_s - ld["seconds"], rel_tol=1e-12)
     slow = predict(plan, replace(GPU, land_param=1e-3))
     assert slow.breakdown["landing"] > pred.breakdown["landing"] and slow.predicted_s > pred.predicted_s
 
