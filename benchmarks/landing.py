@@ -1,5 +1,5 @@
 """What landing a refit's committed bytes in framework parameters costs (issue 23 item 6), per plan: the
-inference rank with the most parameter segments (the cost model's busiest landing rank) builds its real
+inference rank with the most parameter segments builds its real
 framework parameters (``layout.local_params``: vLLM's fused ``qkv_proj`` / ``gate_up_proj``, expert
 stacks ``w13_weight`` / ``w2_weight``, MLA) and lands the same bytes two ways, alternating, in one run
 (``reshardctl/calibrate/landing.py``):
@@ -12,8 +12,9 @@ stacks ``w13_weight`` / ``w2_weight``, MLA) and lands the same bytes two ways, a
 Each path runs twice: with the real shapes (seconds), and with one-element stand-ins of the same
 parameters (the host cost alone: µs per segment, µs per loader call); the bytes' cost is the difference
 over the bytes. Both paths are checked to land identical parameters. One process, one thread (a rank).
-Medians of ``--reps``. Also prints the cost model's landing term for the rank (the profile's default constants, the
-measured copy rate).
+Three alternating rounds, each the median of ``--reps`` timed calls after a warm-up; the median round.
+Also prints the cost model's landing term for the rank (the profile's default constants, the measured
+copy rate).
 
     PYTHONPATH=. .venv/bin/python benchmarks/landing.py [--reps 5] [--json]
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 
 import torch
@@ -33,6 +35,7 @@ from reshardctl.plan.cost import Links, landing_seconds
 from reshardctl.plan.stats import landing_counts
 from reshardctl.site import load_profile
 
+ROUNDS = 3  # alternating rounds of both paths; each path's figure: the median of its rounds' medians
 CASES = [  # (model, layers, train, infer)
     ("tiny-llama", None, "tp=2", "tp=2"),
     ("tiny-qwen3-moe", None, "tp=2", "tp=2"),
@@ -60,11 +63,11 @@ def measure(model: str, layers, train: str, infer: str, reps: int) -> dict:
     assert all(torch.equal(direct_params[k], v) for k, v in real.params.items()), "loader and direct differ"
     del direct_params
     t = {}
-    for _ in range(2):  # alternate, so drift on a shared machine hits both
+    for _ in range(ROUNDS):  # alternate, so drift on a shared machine hits both
         for name, fn in (("direct", land_direct), ("loader", land_loader)):
             t.setdefault(("real", name), []).append(timed(fn, real, reps))
             t.setdefault(("host", name), []).append(timed(fn, host, reps))
-    med = {k: sorted(v)[len(v) // 2] if len(v) % 2 else min(v) for k, v in t.items()}
+    med = {k: statistics.median(v) for k, v in t.items()}
     out = {"case": f"{model}{f' layers={layers}' if layers else ''} infer {infer}", "infer_rank": r,
            "segments": real.num_views, "tensors": real.num_tensors, "bytes": real.nbytes,
            "params": len(real.params)}
