@@ -147,3 +147,21 @@ def test_plan_shows_the_term_and_the_loader_extra(capsys):
     assert "landing" in out and f"{ld['params']:,} parameter segments" in out and "a framework loader" in out
     assert "would add" in out
     np.testing.assert_array_equal(sorted(rows), sorted(["reshard", "gather_broadcast", "hybrid"]))
+
+
+def test_run_predicts_without_landing_and_plan_with_it(tmp_path):
+    """``reshardctl run``'s ranks commit by swapping their arena (nothing lands): its summary's prediction
+    charges no landing; ``plan``'s (a refit in an RL job) does, by the same figure."""
+    from reshardctl.plan_report import plan_report
+    from reshardctl.request.request import RefitRequest
+    from reshardctl.request.resolve import prepare
+    from reshardctl.runs.session import plan_transports, session_context
+
+    inp = prepare(RefitRequest(model="tiny-llama", train="tp=2", infer="tp=2"))
+    plans = plan_transports(inp, ["reshard"])
+    ctx = session_context(inp, plans, iterations=1, warmup=0, launcher="local", run_dir=tmp_path, command="run")
+    run_row = ctx["transports"]["reshard"]
+    plan_row = plan_report(inp)[1]["transports"]["reshard"]
+    assert run_row["predicted_breakdown_s"]["landing"] == 0
+    assert plan_row["predicted_breakdown_s"]["landing"] > 0
+    assert math.isclose(plan_row["predicted_s"] - run_row["predicted_s"], plan_row["landing"]["seconds"], rel_tol=1e-9)
