@@ -34,6 +34,7 @@ def transport_report(plan: Plan, links, lb) -> dict:
     return {
         "predicted_s": pred.predicted_s,
         "predicted_breakdown_s": pred.breakdown,
+        "landing": pred.landing,
         "efficiency": (lb.seconds / pred.predicted_s) if pred.predicted_s > 0 else 1.0,
         "bytes_moved": int(pred.bytes_moved),
         "transfers": int(transfers),

@@ -13,7 +13,9 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
   both again on one node's ranks at once (what a refit's senders, then its receivers, get together
   when they share a machine's cores and memory), and the checksum on every rank at once;
 * a control round: the runtime's tree all-reduce of every rank, run in a helper thread as the runtime
-  runs it.
+  runs it;
+* landing (``calibrate/landing.py`` ``host_cost``), on rank 0: the host time of landing committed bytes in
+  framework parameters, per segment directly (one ``_foreach_copy_``) and per HF tensor through a loader call.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from reshardctl.calibrate.landing import host_cost
 from reshardctl.runtime.bounded_wait import start_helper, wait_all
 from reshardctl.runtime.control_tree import tree_all_reduce
 
@@ -100,6 +103,7 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
     if rank == 0:
         res["copy"] = _copy_rate(device, reps)
         res["checksum"] = _checksum_rate(device, reps)
+        res["landing"] = host_cost(device, reps)
     _sync()
     # one node's ranks at once (the other node idle): a refit's senders pack and checksum while its
     # receivers wait, then the receivers unpack and checksum; ranks sharing cores get this much together

@@ -179,6 +179,10 @@ def figures(raw: dict) -> dict:
         out["checksum_world_bytes_per_s"] = raw["checksum_world"]["bytes"] / raw["checksum_world"]["seconds"]
     if "control" in raw:
         out["control_round_s"] = raw["control"]["seconds"]
+    if "landing" in raw:
+        ld = raw["landing"]
+        out["landing_s_per_param"] = max(ld["direct_seconds"] / ld["views"], 1e-12)
+        out["loader_s_per_tensor"] = max(ld["loader_seconds"] / ld["views"], 1e-12)
     assert set(FIGURES) <= set(out) <= set(FIGURES) | set(OPTIONAL_FIGURES)
     return out
 
@@ -200,6 +204,6 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
         "format": FORMAT, "site": site.name, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "hosts": raw["hosts"],
         "versions": versions, "ranks": raw["world"], "cores": cores, "figures": figures(raw),
         "samples": {k: raw[k] for k in ("p2p", "aggregate", "grouped", "broadcast", "copy", "checksum", "copy_side",
-                                          "checksum_side", "checksum_world", "control") if k in raw},
+                                          "checksum_side", "checksum_world", "control", "landing") if k in raw},
         "launcher": "slurm" if extra else "local", **extra,
     }

@@ -99,6 +99,10 @@ def render(result: dict, con=None) -> None:
               markup=False)
     for name, r in result["transports"].items():
         con.print(f"  {name}: " + ", ".join(f"{k} {_s(v)}" for k, v in r["predicted_breakdown_s"].items()), markup=False)
+    ld = next(iter(result["transports"].values()))["landing"]  # the inference layout's: the same for every transport
+    con.print(f"landing: infer{ld['infer_rank']} writes {ld['params']:,} parameter segments ({_b(ld['bytes'])}) in "
+              f"{_s(ld['seconds'])} (one _foreach_copy_); a framework loader ({ld['tensors']:,} per-tensor calls) "
+              f"would add {_s(ld['loader_extra_s'])}", markup=False)
     if len(result["transports"]) > 1:
         con.print(f"* = primary transport (fingerprint {result['fingerprint']})", markup=False)
     else:

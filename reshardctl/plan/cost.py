@@ -12,7 +12,11 @@ A step (a p2p round, or a bucket's gather / broadcast / unpack) costs, per term:
   latency (messages of a rank progress ``msg_concurrency`` at a time);
 * ``pack``: bytes copied into / out of packed buffers at the rank's copy rate (memory bandwidth / 2);
 * ``checksum``: bytes checksummed (every region on both sides) at the checksum rate;
-* ``sync``: the collectives that close a refit (the checksum exchange and the all-rank vote).
+* ``sync``: the collectives that close a refit (the checksum exchange and the all-rank vote);
+* ``landing``: after the commit, the committed bytes into the framework's parameters (one
+  ``_foreach_copy_`` of every segment, ``api.Refitter._commit_copy``): the busiest inference rank's
+  segments x the per-segment host cost + its bytes at the copy rate. ``Prediction.landing["loader_s"]`` is
+  the same rank's landing through a framework's loader instead (one call per HF tensor), beside it.
 
 Rounds are synchronous: each lasts as long as its slowest rank. Where the executor overlaps (GPU
 sites: packing step k+1 and unpacking step k-1 while step k is on the wire) a step costs the larger of
@@ -30,10 +34,11 @@ import numpy as np
 from reshardctl.plan.bucket_stats import BucketStats, bucket_stats
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.stats import (
-    MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, p2p_stats,
+    MSGS, NIC_RECV, NIC_SEND, NVL_RECV, NVL_SEND, PACK_RECV, PACK_SEND, PlanStats, landing_counts, p2p_stats,
 )
 
-TERMS = ("wire", "latency", "pack", "checksum", "sync")
+STEP_TERMS = ("wire", "latency", "pack", "checksum", "sync")  # what a step (round, bucket phase) costs
+TERMS = STEP_TERMS + ("landing",)
 NCCL_OPS_PER_CHANNEL = 8  # grouped p2p ops in flight per channel (NVIDIA/nccl #1028)
 NCCL_OPS_PER_GROUP = 2048  # calls per group; larger groups split into several kernels (nccl #1028, #1768)
 
@@ -57,6 +62,8 @@ class Links:
     checksum_all: float | None = None  # cpu_only: checksum rate of one side's ranks together
     checksum_world: float | None = None  # cpu_only: checksum rate of both sides' ranks together (None: checksum_all)
     control: float | None = None  # cpu_only: seconds of one control round, an all-reduce of every rank (None: latencies)
+    land_param: float = 0.0  # host seconds per parameter segment landed directly (one _foreach_copy_ of all)
+    loader_call: float = 0.0  # host seconds per HF tensor through a framework loader call
     msg_concurrency: int = 1  # messages of one rank in flight at once
     ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
     nics_per_node: int = 1
@@ -90,6 +97,7 @@ class Links:
             nics_per_node=lk.nics_per_node, peak_nvlink=lk.nvlink_bytes_per_s, peak_nic=lk.nic_bytes_per_s,
             peak_node_nic=lk.node_nic_bytes_per_s, msg_concurrency=1 if site.cpu_only else NCCL_OPS_PER_CHANNEL,
             ops_per_launch=1 << 30 if site.cpu_only else NCCL_OPS_PER_GROUP,
+            land_param=lk.landing_us_per_param * 1e-6, loader_call=lk.loader_us_per_tensor * 1e-6,
         )
         if site.cpu_only:
             n = max(1, cores or 1)
@@ -103,6 +111,8 @@ class Links:
             node_nic=max(m["node_aggregate_bytes_per_s"], m["cross_node_bytes_per_s"]),
             nvlink_latency=m["intra_node_latency_s"], nic_latency=m["cross_node_latency_s"],
             launch=m["launch_s"], copy=m["copy_bytes_per_s"], checksum=m["checksum_bytes_per_s"],
+            land_param=m.get("landing_s_per_param", kw["land_param"]),
+            loader_call=m.get("loader_s_per_tensor", kw["loader_call"]),
         )
         # a measured rate can beat a datasheet figure; the lower bound takes the higher of the two
         kw.update(peak_nvlink=max(kw["peak_nvlink"], kw["nvlink"]), peak_nic=max(kw["peak_nic"], kw["nic"]),
@@ -126,6 +136,7 @@ class Prediction:
     busiest_link_bytes: int
     num_steps: int  # rounds + buckets
     breakdown: dict = field(default_factory=dict)  # term -> seconds on the critical path (sums to predicted_s)
+    landing: dict = field(default_factory=dict)  # the landing term's counts, and what a loader path would take
 
 
 def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
@@ -242,11 +253,46 @@ def _sync(plan: Plan, links: Links) -> float:
     return steps * (links.launch + lat)
 
 
-def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None) -> Prediction:
+def landing_seconds(views, tensors, nbytes, links: Links):
+    """One inference rank's landing (seconds, per rank where arrays are given): direct (its segments x
+    ``land_param`` + bytes / ``copy``) and through a framework loader (its HF tensors x ``loader_call`` +
+    the same bytes / ``copy``). Linear in every count: zero for a rank that holds nothing, additive over
+    disjoint sets of parameters."""
+    copy_s = np.asarray(nbytes, dtype=np.float64) / links.copy
+    return (np.asarray(views, dtype=np.float64) * links.land_param + copy_s,
+            np.asarray(tensors, dtype=np.float64) * links.loader_call + copy_s)
+
+
+def _landing(plan: Plan, links: Links) -> dict:
+    """The landing term: the busiest inference rank's direct landing (every rank lands at once after the
+    commit; on ``cpu_only`` sites at least all ranks' host work over the cores and all bytes at ``copy_all``)
+    and, for the same counts, the loader path's seconds and what it adds."""
+    c = landing_counts(plan)
+    if not c.views.size:
+        return {"seconds": 0.0, "infer_rank": 0, "params": 0, "tensors": 0, "bytes": 0,
+                "per_param_s": links.land_param, "per_tensor_loader_s": links.loader_call,
+                "loader_s": 0.0, "loader_extra_s": 0.0}
+    direct, loader = landing_seconds(c.views, c.tensors, c.nbytes, links)
+    r = int(direct.argmax())
+    direct_s, loader_s = float(direct.max()), float(loader.max())
+    if links.cores:
+        copy_all = float(c.nbytes.sum()) / (links.copy_all or links.copy * links.cores)
+        direct_s = max(direct_s, float(c.views.sum()) * links.land_param / links.cores + copy_all)
+        loader_s = max(loader_s, float(c.tensors.sum()) * links.loader_call / links.cores + copy_all)
+    return {"seconds": direct_s, "infer_rank": r, "params": int(c.views[r]), "tensors": int(c.tensors[r]),
+            "bytes": int(c.nbytes[r]), "per_param_s": links.land_param, "per_tensor_loader_s": links.loader_call,
+            "loader_s": loader_s, "loader_extra_s": loader_s - direct_s}
+
+
+def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: BucketStats | None = None, *,
+            land: bool = True) -> Prediction:
+    """The refit's predicted seconds by term. ``land=False``: the ranks commit without landing in framework
+    parameters (``reshardctl run``'s own ranks swap their arena at the commit): the ``landing`` term is 0,
+    ``Prediction.landing`` still says what landing would cost."""
     topo = plan.topology
     num_nodes = int(topo.node_of.max()) + 1
     overlap = not links.cores  # GPU sites: the executor overlaps copies with transfers
-    total = np.zeros(len(TERMS))
+    total = np.zeros(len(STEP_TERMS))
     busiest = (0, "none", 0.0, 0.0)  # rank, link, bytes, seconds of the slowest step's wire
     moved = 0
     if plan.rounds:
@@ -281,6 +327,8 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
                 nb = bs.nbytes[k] if name == "broadcast" else bs.root_nic_recv[k] + bs.root_nvl_recv[k]
                 busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
     total[TERMS.index("sync")] += _sync(plan, links)
-    breakdown = {t: float(v) for t, v in zip(TERMS, total)}
-    return Prediction(plan.transport, float(total.sum()), int(moved), busiest[0], busiest[1], int(busiest[2]),
-                      len(plan.rounds) + len(plan.buckets), breakdown)
+    landing = _landing(plan, links)  # after the commit: on the critical path, alone
+    land_s = landing["seconds"] if land else 0.0
+    breakdown = {t: float(v) for t, v in zip(STEP_TERMS, total)} | {"landing": land_s}
+    return Prediction(plan.transport, float(total.sum()) + land_s, int(moved), busiest[0], busiest[1], int(busiest[2]),
+                      len(plan.rounds) + len(plan.buckets), breakdown, landing)

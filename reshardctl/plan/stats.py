@@ -277,3 +277,40 @@ def p2p_stats(plan: Plan) -> PlanStats:
         max_staging=max_staging,
         per_rank=per_rank,
     )
+
+
+@dataclass(frozen=True)
+class LandingCounts:
+    """What each inference rank lands in its parameters after a commit (the cost model's ``landing``):
+    per rank, the segments (one view per box of an HF tensor it holds: the one ``_foreach_copy_``'s list,
+    ``api.Refitter._commit_copy``), the HF tensors it holds a part of (a framework loader's calls) and
+    the bytes. The same for every transport: it depends on the inference layout only."""
+
+    views: np.ndarray  # [infer_world] int64
+    tensors: np.ndarray  # [infer_world] int64
+    nbytes: np.ndarray  # [infer_world] int64
+
+
+def landing_counts(plan: Plan) -> LandingCounts:
+    """Per inference rank, by placement class (a handful of templates even for 44,544 expert tensors)."""
+    I = plan.infer_world
+    classes, reps = plan.infer.placement_classes()
+    n_of = np.bincount(classes, minlength=len(reps)) if len(classes) else np.zeros(len(reps), dtype=np.int64)
+    isz_of = np.bincount(classes, weights=plan.model.itemsizes, minlength=len(reps)) if len(classes) else \
+        np.zeros(len(reps))
+    views, tensors, nbytes = (np.zeros(I, dtype=np.int64) for _ in range(3))
+    for c, p in enumerate(reps):
+        n = int(n_of[c])
+        if not n:
+            continue
+        count = _slot_boxes(p.template)[0]
+        numel = np.fromiter((p.template.slot_numel(s) for s in range(p.template.num_slots)), dtype=np.int64,
+                            count=p.template.num_slots)
+        ranks = np.asarray(p.ranks, dtype=np.int64)
+        np.add.at(views, ranks, count * n)
+        # one loader call per tensor per rank holding any of it (a rank may hold several slots)
+        holders = np.unique(ranks[count > 0])
+        tensors[holders] += n
+        # bytes: the class's tensors may differ in dtype; their itemsizes summed (isz_of) x elements per slot
+        np.add.at(nbytes, ranks, (numel * int(round(isz_of[c]))))
+    return LandingCounts(views, tensors, nbytes)

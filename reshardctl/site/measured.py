@@ -37,6 +37,8 @@ FIGURES = (
 OPTIONAL_FIGURES = (
     "checksum_world_bytes_per_s",  # every rank of the calibration at once (both sides of a refit)
     "control_round_s",  # one control-plane all-reduce of every rank (a refit's vote, its acknowledgement)
+    "landing_s_per_param",  # host time per parameter segment landed directly (one _foreach_copy_ of all)
+    "loader_s_per_tensor",  # host time per HF tensor through a framework loader call (calibrate/landing.py)
 )
 
 

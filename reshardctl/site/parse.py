@@ -20,7 +20,9 @@ from typing import Any
 from reshardctl.errors import ProfileError
 from reshardctl.site.hostlist import MAX_HOSTS, expand_hostlist
 from reshardctl.site.spec import (
+    LANDING_US_PER_PARAM,
     LAUNCHERS,
+    LOADER_US_PER_TENSOR,
     ROLES,
     MAX_BANDWIDTH,
     MAX_GPUS_PER_NODE,
@@ -60,6 +62,10 @@ LINKS = {
     "launch_us": Key("float", None, "a number of microseconds per grouped operation, e.g. 3", 0, high=MAX_SECONDS * 1e6),
     "mem_gbytes_per_s": Key("float", 2000.0, "a number of GB/s of GPU (or host) memory bandwidth, e.g. 3350", 0, True, MAX_BANDWIDTH),
     "checksum_gbytes_per_s": Key("float", None, "a number of GB/s checksummed by one rank, e.g. 800", 0, True, MAX_BANDWIDTH),
+    "landing_us_per_param": Key("float", LANDING_US_PER_PARAM, "microseconds of host time per parameter segment landed "
+                                "directly (one _foreach_copy_ of every segment), e.g. 1.5", 0, high=MAX_SECONDS * 1e6),
+    "loader_us_per_tensor": Key("float", LOADER_US_PER_TENSOR, "microseconds of host time per HF tensor through a "
+                                "framework loader call (vLLM's weight_loader), e.g. 20", 0, high=MAX_SECONDS * 1e6),
 }
 PARTITIONS = {role: Key("str", None, "a partition name") for role in ROLES}
 SLURM = {

@@ -86,6 +86,13 @@ def _raise(problems: list[str], what: str) -> None:
         raise ProfileError(f"{what}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+# Landing defaults (docs/cost-model.md "Landing"): host seconds measured on this repository's 2-core CPU
+# machine by `reshardctl calibrate --site local` (calibrate/landing.py host_cost; benchmarks/landing.py
+# agrees on real plans), never fitted to published refit times. A site's calibration replaces them.
+LANDING_US_PER_PARAM = 1.5
+LOADER_US_PER_TENSOR = 20.0
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """Link figures of one site. Bandwidths per direction; latencies per message."""
@@ -101,6 +108,8 @@ class LinkSpec:
     launch_us: float | None = None  # per grouped operation (one kernel); None: nvlink_latency_us
     mem_gbytes_per_s: float = 2000.0  # memory bandwidth of a rank (pack/unpack copies read + write)
     checksum_gbytes_per_s: float | None = None  # None: mem_gbytes_per_s / 4 (checksum.py reads 4 words per word)
+    landing_us_per_param: float = LANDING_US_PER_PARAM  # host time per segment landed directly (docs/cost-model.md)
+    loader_us_per_tensor: float = LOADER_US_PER_TENSOR  # host time per HF tensor through a framework's loader call
 
     def __post_init__(self) -> None:
         p = []
@@ -117,6 +126,9 @@ class LinkSpec:
                 p.append(f"links.{k} must be a fraction in (0, 1], got {getattr(self, k)!r}")
         if self.launch_us is not None and not self.launch_us >= 0:
             p.append(f"links.launch_us must be >= 0, got {self.launch_us!r}")
+        for k in ("landing_us_per_param", "loader_us_per_tensor"):
+            if not getattr(self, k) >= 0:
+                p.append(f"links.{k} must be >= 0, got {getattr(self, k)!r}")
         if self.checksum_gbytes_per_s is not None and not self.checksum_gbytes_per_s > 0:
             p.append(f"links.checksum_gbytes_per_s must be > 0, got {self.checksum_gbytes_per_s!r}")
         _raise(p, "invalid LinkSpec")
@@ -325,6 +337,8 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "launch_us": l.launch_us,
             "mem_gbytes_per_s": l.mem_gbytes_per_s,
             "checksum_gbytes_per_s": l.checksum_gbytes_per_s,
+            "landing_us_per_param": l.landing_us_per_param,
+            "loader_us_per_tensor": l.loader_us_per_tensor,
         },
         "measured": p.measured,
         "slurm": {

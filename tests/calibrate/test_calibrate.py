@@ -66,6 +66,27 @@ def test_optional_figures_may_be_absent_and_are_checked_when_present():
         parse_measured(new, "cal.json", "local")
 
 
+def test_landing_figures_replace_the_profile_defaults_and_are_checked():
+    """The landing term's constants: the profile's (defaults measured here) until a calibration measured
+    them; a file without them (written before) keeps the profile's; a bad value is named."""
+    from reshardctl.plan.cost import Links
+    from reshardctl.site import load_profile
+
+    site = load_profile("local")
+    old = Links.from_site(site, parse_measured(good(), "cal.json", "local"))
+    assert old.land_param == site.links.landing_us_per_param * 1e-6 > 0
+    assert old.loader_call == site.links.loader_us_per_tensor * 1e-6 > 0
+    new = good()
+    new["figures"] = {**new["figures"], "landing_s_per_param": 3e-7, "loader_s_per_tensor": 9e-6}
+    links = Links.from_site(site, parse_measured(new, "cal.json", "local"))
+    assert (links.land_param, links.loader_call) == (3e-7, 9e-6)
+    new["figures"]["loader_s_per_tensor"] = float("inf")
+    new["figures"]["landing_s_per_param"] = 0
+    with pytest.raises(ProfileError) as e:
+        parse_measured(new, "cal.json", "local")
+    assert "figures.loader_s_per_tensor" in str(e.value) and "figures.landing_s_per_param" in str(e.value)
+
+
 def test_found_in_the_state_directory_and_used_by_plan(capsys):
     code, out, err = run(capsys, *PLAN)
     assert code == 0, err
@@ -83,7 +104,8 @@ def test_found_in_the_state_directory_and_used_by_plan(capsys):
     assert after["cost_figures"].startswith(f"calibration {path}")
     for t in ("reshard", "gather_broadcast"):  # 100x slower measured links: slower predictions
         assert after["transports"][t]["predicted_s"] > before["transports"][t]["predicted_s"]
-        assert set(after["transports"][t]["predicted_breakdown_s"]) == {"wire", "latency", "pack", "checksum", "sync"}
+        assert set(after["transports"][t]["predicted_breakdown_s"]) == {"wire", "latency", "pack", "checksum", "sync",
+                                                                         "landing"}
 
 
 def test_bad_file_is_exit_2_without_traceback(capsys):
@@ -143,6 +165,10 @@ def test_calibrate_local_for_real(capsys, tmp_path):
     assert len(raw["p2p"]["intra_node"]) >= 3 and raw["broadcast"]["receivers"] == 4
     assert raw["checksum_world"]["ranks"] == 8 and m.figures["checksum_world_bytes_per_s"] > 0
     assert raw["control"]["ranks"] == 8 and m.figures["control_round_s"] == raw["control"]["seconds"] > 0
+    # the landing microbenchmark's host costs, per segment and per loader call, as measured
+    ld = raw["landing"]
+    assert ld["views"] > 0 and m.figures["landing_s_per_param"] == ld["direct_seconds"] / ld["views"] > 0
+    assert m.figures["loader_s_per_tensor"] == ld["loader_seconds"] / ld["views"] > 0
     # the same file through the default location: plan and run find it by site name
     default_path("local").parent.mkdir(parents=True)
     default_path("local").write_text(out_file.read_text())
