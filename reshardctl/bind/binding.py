@@ -21,10 +21,10 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from reshardctl.bind.views import segment_problem, segment_view
+from reshardctl.bind.views import segment_index
 from reshardctl.errors import BindingError, ReshardError
 from reshardctl.layout.megatron import MegatronLayout
-from reshardctl.layout.placement import Box, LocalParam, LocalSegment, box_shape
+from reshardctl.layout.placement import Box, LocalParam, box_shape
 from reshardctl.plan.refit_plan import Plan
 
 MEGATRON_SPECS = ("te", "local")
@@ -172,16 +172,17 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
     """The views, in holdings order; a layout whose segments and holdings disagree is an internal error
     (a reshardctl bug, both named)."""
     internal: list[str] = []
-    segments: dict[tuple[str, Box], list[tuple[LocalSegment, LocalParam]]] = {}
+    segments: dict[tuple[str, Box], list[tuple[torch.Tensor, LocalParam]]] = {}  # -> (view, parameter)
     for lp in expected:
+        param, shape = found[lp.name].detach(), tuple(lp.shape)
         for seg in lp.segments:
-            bad = segment_problem(seg, tuple(lp.shape))
-            if bad:
-                internal.append(bad)
+            index = segment_index(seg, shape)
+            if isinstance(index, str):
+                internal.append(index)
             elif seg.param != lp.name:
                 internal.append(f"segment of {seg.hf_name} box {seg.box} names {seg.param}, inside {lp.name}")
             else:
-                segments.setdefault((seg.hf_name, seg.box), []).append((seg, lp))
+                segments.setdefault((seg.hf_name, seg.box), []).append((param[index], lp))
     tensors: dict[str, list[torch.Tensor]] = {}
     casts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     unsupported: list[str] = []
@@ -195,9 +196,8 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
                 internal.append(f"{hf_name} box {box}: held by {where} in the plan, but no parameter segment "
                                 f"of the layout holds it")
                 continue
-            seg, lp = segs[used[key]]
+            view, lp = segs[used[key]]
             used[key] += 1
-            view = segment_view(found[lp.name], seg)
             if lp.dtype != dtypes[hf_name]:
                 if "float8" in lp.dtype or "float8" in dtypes[hf_name]:
                     unsupported.append(f"{lp.name}: holds {hf_name} ({dtypes[hf_name]}) as {lp.dtype}: a cast to "
@@ -214,9 +214,9 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
             internal.append(f"{key[0]} box {key[1]}: a segment in {segs[0][1].name}, but the plan's holdings of "
                             f"{where} do not hold it")
             continue
-        for seg, lp in segs[used[key]:]:  # the same box again on this rank: a duplicate copy
-            copies[0].append(segment_view(found[lp.name], seg))
-            copies[1].append(segment_view(found[segs[0][1].name], segs[0][0]))
+        for view, _ in segs[used[key]:]:  # the same box again on this rank: a duplicate copy
+            copies[0].append(view)
+            copies[1].append(segs[0][0])
     if internal:
         raise ReshardError(f"internal error binding {where} (a reshardctl layout bug, please report):\n"
                            + "\n".join(f"  - {p}" for p in sorted(internal)))
