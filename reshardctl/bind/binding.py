@@ -26,6 +26,7 @@ from reshardctl.errors import BindingError, ReshardError
 from reshardctl.layout.megatron import MegatronLayout
 from reshardctl.layout.placement import Box, LocalParam, box_shape
 from reshardctl.plan.refit_plan import Plan
+from reshardctl.runtime.dtypes import torch_dtype
 
 MEGATRON_SPECS = ("te", "local")
 
@@ -203,7 +204,7 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
                     unsupported.append(f"{lp.name}: holds {hf_name} ({dtypes[hf_name]}) as {lp.dtype}: a cast to "
                                        "or from float8 needs the checkpoint's block scales, which bind does not compute")
                     continue
-                staging = torch.empty(box_shape(box), dtype=getattr(torch, dtypes[hf_name]), device=device)
+                staging = torch.empty(box_shape(box), dtype=torch_dtype(dtypes[hf_name]), device=device)
                 casts[0].append(view)
                 casts[1].append(staging)
                 view = staging
