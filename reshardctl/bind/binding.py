@@ -143,6 +143,8 @@ def _check(expected: list[LocalParam], given: Mapping[str, object], buffers: Map
         if not isinstance(t, torch.Tensor):
             problems.append(f"{lp.name}: expected a tensor, got {type(t).__name__}")
             continue
+        if callable(getattr(t, "to_local", None)):  # a DTensor (FSDP2, a TP plan): its shard on this rank
+            t = t.to_local()
         if tuple(t.shape) != tuple(lp.shape):
             problems.append(f"{lp.name}: shape expected {tuple(lp.shape)}, got {tuple(t.shape)}")
         got_dtype = str(t.dtype).removeprefix("torch.")
