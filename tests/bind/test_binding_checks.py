@@ -4,13 +4,14 @@ parameters that require grad, written in place through the views."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import torch
 
 from reshardctl.bind.binding import bind
-from reshardctl.errors import BindingError, InputError
+from reshardctl.errors import BindingError, InputError, ReshardError
 
 from helpers.bound_modules import module_of, small_plan, zeros_of
 from helpers.parallel_models import tiny_deepseek, tiny_llama
@@ -157,3 +158,27 @@ def test_duplicate_copies_of_a_box_are_landed_from_the_primary(llama_plan, monke
     assert bool((params["model.norm_copy.weight"] == 0).all())
     b.land_copies()
     assert bool((params["model.norm_copy.weight"] == 5).all())
+
+
+@pytest.mark.parametrize("fault", ["segment_dropped", "segment_foreign", "segment_past_end"])
+def test_a_layout_whose_segments_and_holdings_disagree_is_an_internal_error_naming_both(llama_plan, monkeypatch,
+                                                                                         fault):
+    """A layout bug (no real layout produces one on demand: local_params is altered here): a held box no
+    segment places, a segment of a box the rank does not hold, a segment past its parameter's end."""
+    layout = llama_plan.infer
+    real = layout.local_params(0)
+    norm = next(lp for lp in real if lp.name == "model.norm.weight")
+    (seg,) = norm.segments
+    if fault == "segment_dropped":
+        changed = dataclasses.replace(norm, segments=())
+        want = r"model.norm.weight box \(\(0, 64\),\): held by infer rank 0 .* but no parameter segment"
+    elif fault == "segment_foreign":
+        changed = dataclasses.replace(norm, segments=(seg, dataclasses.replace(seg, hf_name="lm_head.weight")))
+        want = r"lm_head.weight box \(\(0, 64\),\): a segment in model.norm.weight, but the plan's holdings"
+    else:
+        changed = dataclasses.replace(norm, segments=(dataclasses.replace(seg, offset=(8,)),))
+        want = r"segment of model.norm.weight box \(\(0, 64\),\) in model.norm.weight: offset \(8,\)"
+    monkeypatch.setattr(layout, "local_params", lambda rank: [changed if lp is norm else lp for lp in real])
+    with pytest.raises(ReshardError, match="internal error binding infer rank 0") as e:
+        bind(llama_plan, "infer", 0, zeros_of(llama_plan.infer, 0))
+    assert not isinstance(e.value, BindingError) and re.search(want, str(e.value)), str(e.value)
