@@ -34,8 +34,8 @@ CONFIGS = [
     (lambda: tiny_qwen3_moe(2), "tp=2,ep=2,vocab_divisor=128", "megatron", "tp=2,ep=2", "vllm"),
     (lambda: tiny_qwen3_moe(2), "tp=2,ep=4,etp=1,vocab_divisor=128", "megatron", "tp=1,ep=4", "vllm"),
     (lambda: tiny_qwen3_moe(2), "tp=2,ep=2,etp=2,vocab_divisor=128", "megatron", "tp=2,ep=2,redundant=2", "vllm"),
-    # EPLB: 4 redundant slots on one EP rank hold every expert twice (land_copies writes the second)
-    (lambda: tiny_qwen3_moe(2), "tp=1,vocab_divisor=128", "megatron", "tp=1,ep=1,expert_parallel=true,redundant=4", "vllm"),
+    # EPLB: 8 + 16 slots over 2 EP ranks, 12 each: experts 0-3 twice on rank 0 (land_copies writes the second)
+    (lambda: tiny_qwen3_moe(2), "tp=1,vocab_divisor=128", "megatron", "tp=2,ep=2,redundant=16", "vllm"),
     (lambda: _grouped(tiny_qwen3_moe(2), 2), "tp=2,vocab_divisor=128", "megatron", "tp=2,ep=2,placement=round_robin", "vllm"),
     (lambda: tiny_deepseek(2, fp8=False), "tp=2,ep=2,vocab_divisor=128", "megatron", "tp=2", "vllm"),
     (lambda: tiny_deepseek(2, fp8=False), "tp=1,pp=2,ep=2,vocab_divisor=128", "megatron", "tp=2,ep=2", "vllm"),
