@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
