@@ -207,6 +207,8 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
                                        "or from float8 needs the checkpoint's block scales, which bind does not compute")
                     continue
                 staging = torch.empty(box_shape(box), dtype=torch_dtype(dtypes[hf_name]), device=device)
+                with torch.no_grad():
+                    staging.copy_(view)  # the parameter's current values, on either side
                 casts[0].append(view)
                 casts[1].append(staging)
                 view = staging

@@ -126,7 +126,11 @@ def test_a_float32_router_is_staged_as_the_checkpoint_dtype():
     router = params["decoder.layers.1.mlp.router.weight"]
     assert router.dtype == torch.float32
     router.copy_(torch.arange(router.numel(), dtype=torch.float32).reshape(router.shape) / 7)
+    at_bind = bind(plan, "train", 0, params)._tensors["model.layers.1.mlp.gate.weight"][0]  # no tensors() call
+    assert torch.equal(at_bind, router.to(torch.bfloat16))  # staged from the parameter when bound
+    router.mul_(3)
     b = bind(plan, "train", 0, params)
+    router.mul_(2)  # the optimizer's step after binding: tensors() casts the current values
     (staged,) = b.tensors()["model.layers.1.mlp.gate.weight"]
     assert staged.dtype == torch.bfloat16 and torch.equal(staged, router.to(torch.bfloat16))
     staged.fill_(2.0)
