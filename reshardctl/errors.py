@@ -89,3 +89,21 @@ class LedgerError(InputError):
 class RefusedError(ReshardError):
     """A runbook step refused on the evidence (a promotion that fails a condition, a rollback whose
     validation refit was not verified). Names the condition and its numbers. Exit code 1."""
+
+
+class BindingError(InputError):
+    """A framework's parameters that do not match the side's layout (reshardctl/bind/binding.py): names
+    missing or unexpected, shapes, dtypes, devices. Lists every problem at once, one line each
+    (``name: expected X, got Y``), sorted, at most ``MAX_LINES`` of them. Exit code 2."""
+
+    MAX_LINES = 50
+
+    def __init__(self, problems: list[str], *, where: str, hint: str | None = None):
+        self.problems = sorted(problems)
+        self.where = where
+        n = len(self.problems)
+        lines = [f"  - {p}" for p in self.problems[:self.MAX_LINES]]
+        if n > self.MAX_LINES:
+            lines.append(f"  ... and {n - self.MAX_LINES} more")
+        head = f"{n} binding problem{'s' if n != 1 else ''} on {where}:"
+        super().__init__("\n".join([head, *lines]), hint=hint)
