@@ -129,7 +129,8 @@ def test_local_spec_names_shapes_dtypes_equal_megatron_core(path):
     lay = layout(doc, model, mla_down_proj="column")
     problems = []
     for rank in range(len(doc["ranks"])):
-        problems += [f"rank {rank}: {p}" for p in diff(built(doc, rank), names_of(lay.local_params(rank, spec="local")))]
+        got = names_of(lay.local_params(rank, spec="local"))
+        problems += [f"rank {rank}: {p}" for p in diff(built(doc, rank), got)]
     assert not problems, "\n".join(problems)
 
 

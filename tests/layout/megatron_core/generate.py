@@ -189,7 +189,8 @@ def generate(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(rank_main, args=(world, name, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
         ranks = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(world)]
-    doc = {"megatron_core": megatron.core.__version__, "torch": torch.__version__, "layer_spec": "local", "wrapped": "Float16Module (bf16)",
+    doc = {"megatron_core": megatron.core.__version__, "torch": torch.__version__, "layer_spec": "local",
+           "wrapped": "Float16Module (bf16)",
            "builder": builder, "builder_kwargs": bkw, "parallel": spec, "dims": dims, "layers": layers,
            "sizes": {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp}, "extra": extra, "ranks": ranks}
     (HERE / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
