@@ -42,6 +42,8 @@ CONFIGS = {
                              2, 2, 1, None, 2, 2, {}),
     "mla_moe_mtp_tp2_ep2": ("tiny_deepseek", {"layers": 2, "fp8": False},
                             "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1}),
+    "mla_moe_mtp_tp2_pp2_ep2": ("tiny_deepseek", {"layers": 2, "fp8": False},
+                                "tp=2,pp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 2, None, 2, 1, {"mtp": 1}),
     "mla_no_q_lora_tp2": ("tiny_deepseek", {"layers": 2, "fp8": False, "q_lora": 0},
                           "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1, "q_lora": 0}),
 }
