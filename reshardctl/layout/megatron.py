@@ -220,8 +220,10 @@ class MegatronLayout(StagedPlacements, SideLayout):
             p = self._placements.get(key, lambda: self._build_placement(kind, t.shape, stage, block, t.layer))
         return p
 
-    def local_params(self, rank: int) -> list[LocalParam]:
-        return megatron_local_params(self, rank)
+    def local_params(self, rank: int, spec: str = "te") -> list[LocalParam]:
+        """Parameters of ``rank`` as megatron-core names them with the ``"te"`` (Transformer Engine) or
+        ``"local"`` layer spec (layout/megatron_params.py)."""
+        return megatron_local_params(self, rank, spec)
 
     # ------------------------------------------------------------------ internals
     def stage_tensor_indices(self, stage: int) -> list[int]:

@@ -1,23 +1,34 @@
 """Megatron-Core parameter names on one rank, with the HF segments inside them; the row runs of ``linear_qkv``.
 
-The names are those of ``model.named_parameters()`` on the rank with the Transformer Engine layer spec
-(``megatron/core/models/gpt/gpt_layer_specs.py``, ``get_gpt_layer_with_transformer_engine_spec``) in
-``megatron/core/models/gpt/gpt_model.py`` (``embedding.word_embeddings``, ``decoder.layers``,
-``decoder.final_layernorm``, ``output_layer``), as Megatron-Bridge's HF mappings name them.
+The names are those of ``model.named_parameters()`` (plus the router's ``expert_bias`` buffer) on the rank, as
+megatron-core 0.19 builds ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py``: ``embedding.word_embeddings``,
+``decoder.layers``, ``decoder.final_layernorm``, ``output_layer``, ``mtp.layers``) with one of two layer specs
+(``megatron/core/models/gpt/gpt_layer_specs.py``):
 
-Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices
-(``mlp.experts.linear_fc1.weight{i}``, global expert ``= ep_rank*E_local + i``), TE fused norms
-(``linear_qkv.layer_norm_weight``, ``mlp.linear_fc1.layer_norm_weight``), and, with vpp > 1, a
-``model{chunk}.`` prefix per virtual pipeline chunk. MTP layers are ``mtp.layers.{k}.`` with the inner
-transformer layer under ``mtp_model_layer.`` (``transformer/multi_token_prediction.py``,
-``MultiTokenPredictionLayer.__init__``; older Megatron-LM releases named it ``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
-Dtypes: router weight and expert bias fp32; fp8 HF weights are bf16 in the trainer.
+- ``spec="te"``: ``get_gpt_layer_with_transformer_engine_spec`` with grouped-GEMM experts (the names
+  Megatron-Bridge's HF mappings use): TE fused norms (``linear_qkv.layer_norm_weight``,
+  ``mlp.linear_fc1.layer_norm_weight``; MLA ``input_layernorm.weight`` and ``linear_q_up_proj.layer_norm_weight``
+  / ``linear_kv_up_proj.layer_norm_weight``), experts ``mlp.experts.linear_fc1.weight{i}`` (TEGroupedMLP);
+- ``spec="local"``: ``get_gpt_layer_local_spec`` (megatron-core modules only): ``input_layernorm.weight``,
+  ``pre_mlp_layernorm.weight``, MLA ``self_attention.q_layernorm.weight`` / ``kv_layernorm.weight`` and column
+  parallel down projections (the layout must be built with ``mla_down_proj="column"``), experts
+  ``mlp.experts.local_experts.{i}.linear_fc1.weight`` (SequentialMLP).
+
+Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices (global expert
+``= ep_rank*E_local + i``), and, with vpp > 1, a ``model{chunk}.`` prefix per virtual pipeline chunk (the list of
+model chunks a training loop holds). MTP layers are ``mtp.layers.{k}.`` with the inner transformer layer under
+``mtp_model_layer.`` (0.19 ``transformer/multi_token_prediction.py``; 0.16 and older named it
+``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
+Dtypes are those of a bf16 job's model (wrapped in ``Float16Module``, which casts every parameter to the model
+dtype): the router's ``expert_bias`` buffer is fp32 (``TopKRouter._maintain_float32_expert_bias``); fp8 HF
+weights are bf16 in the trainer. tests/layout/megatron_core/ holds what megatron-core builds, per rank.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reshardctl.errors import LayoutError
 from reshardctl.layout.placement import LocalParam, LocalSegment, box_shape
 from reshardctl.layout.shard_rules import ceil_div
 
@@ -47,8 +58,13 @@ _MTP_OUTER = {
 }
 
 
+# the local spec's names where they differ from the TE spec's
+_ATTN_LOCAL = dict(_ATTN, q_a_norm="self_attention.q_layernorm.weight", kv_a_norm="self_attention.kv_layernorm.weight")
+MEGATRON_SPECS = ("te", "local")
+
+
 def _dtype(kind: str, dtype: str) -> str:
-    if kind in ("router", "router_bias"):
+    if kind == "router_bias":
         return "float32"
     return "bfloat16" if dtype.startswith("float8") else dtype
 
@@ -74,7 +90,15 @@ def megatron_qkv_runs(np_: int, ng: int, hn: int, tp: int, r: int) -> list[tuple
     return runs
 
 
-def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
+def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") -> list[LocalParam]:
+    if spec not in MEGATRON_SPECS:
+        raise LayoutError(f"megatron layer spec {spec!r}: expected one of {', '.join(MEGATRON_SPECS)}")
+    local_spec = spec == "local"
+    if local_spec and lay.mla and lay.mla_down_proj != "column":
+        raise LayoutError(f"megatron layer spec 'local' builds MLA linear_q_down_proj / linear_kv_down_proj as "
+                          f"ColumnParallelLinear (split over tp={lay.tp}), but this layout has "
+                          f"mla_down_proj={lay.mla_down_proj!r}", hint="build the layout with mla_down_proj='column'")
+    attn = _ATTN_LOCAL if local_spec else _ATTN
     d = lay.model.dims
     c = lay.coords(rank)
     stage, tp, etp, epr = c["pp"], c["tp"], c["etp"], c["ep"]
@@ -126,11 +150,12 @@ def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
             elif kind == "final_norm":
                 add(f"{vp_last}decoder.final_layernorm.weight", t.shape, dt, t.name, box, zero)
             elif kind == "input_norm":
-                sfx = "input_layernorm.weight" if lay.mla else "self_attention.linear_qkv.layer_norm_weight"
+                fused = not (local_spec or lay.mla)
+                sfx = "self_attention.linear_qkv.layer_norm_weight" if fused else "input_layernorm.weight"
                 add(inner + sfx, t.shape, dt, t.name, box, zero)
             elif kind == "post_attn_norm":
                 moe = t.layer in lay._moe_layers or (t.layer is not None and t.layer >= L and lay.moe)
-                sfx = "pre_mlp_layernorm.weight" if moe else "mlp.linear_fc1.layer_norm_weight"
+                sfx = "pre_mlp_layernorm.weight" if (moe or local_spec) else "mlp.linear_fc1.layer_norm_weight"
                 add(inner + sfx, t.shape, dt, t.name, box, zero)
             elif kind in ("q", "k", "v") and not lay.mla:
                 add(inner + "self_attention.linear_qkv.weight", (qkv_rows, t.shape[1]), dt, t.name, box,
@@ -144,17 +169,18 @@ def megatron_local_params(lay: "MegatronLayout", rank: int) -> list[LocalParam]:
                 add(inner + sfx, (2 * per, t.shape[1]), dt, t.name, box, (off, 0))
             elif kind in ("expert_gate", "expert_up", "expert_down"):
                 li = t.expert - epr * lay.experts_per_rank
+                fc1, fc2 = ((f"mlp.experts.local_experts.{li}.linear_fc1.weight",
+                             f"mlp.experts.local_experts.{li}.linear_fc2.weight") if local_spec else
+                            (f"mlp.experts.linear_fc1.weight{li}", f"mlp.experts.linear_fc2.weight{li}"))
                 if kind == "expert_down":
                     per = t.shape[1] // ETP
-                    add(f"{inner}mlp.experts.linear_fc2.weight{li}", (t.shape[0], per), dt, t.name, box,
-                        (0, box[1][0] - etp * per))
+                    add(inner + fc2, (t.shape[0], per), dt, t.name, box, (0, box[1][0] - etp * per))
                 else:
                     per = t.shape[0] // ETP
                     off = box[0][0] - etp * per + (per if kind == "expert_up" else 0)
-                    add(f"{inner}mlp.experts.linear_fc1.weight{li}", (2 * per, t.shape[1]), dt, t.name, box,
-                        (off, 0))
-            elif kind in _ATTN:
-                add(inner + _ATTN[kind], box_shape(box), dt, t.name, box, zero)
+                    add(inner + fc1, (2 * per, t.shape[1]), dt, t.name, box, (off, 0))
+            elif kind in attn:
+                add(inner + attn[kind], box_shape(box), dt, t.name, box, zero)
             elif kind in _MTP_OUTER:
                 add(outer + _MTP_OUTER[kind], box_shape(box), dt, t.name, box, zero)
             else:  # scale_inv and anything unknown: one unfused param per box under the HF name

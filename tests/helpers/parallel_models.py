@@ -38,9 +38,12 @@ def build_model(name: str, *, arch: str, H: int, L: int, nh: int, nkv: int, hd: 
         a = p + "self_attn."
         if mla:
             qr, kr, nope, rope, vd = mla["q_lora"], mla["kv_lora"], mla["nope"], mla["rope"], mla["v"]
-            add(a + "q_a_proj.weight", (qr, H), "attention", "q_a", l, scaled=True)
-            add(a + "q_a_layernorm.weight", (qr,), "norm", "q_a_norm", l)
-            add(a + "q_b_proj.weight", (nh * (nope + rope), qr), "attention", "q_b", l, scaled=True)
+            if qr:
+                add(a + "q_a_proj.weight", (qr, H), "attention", "q_a", l, scaled=True)
+                add(a + "q_a_layernorm.weight", (qr,), "norm", "q_a_norm", l)
+                add(a + "q_b_proj.weight", (nh * (nope + rope), qr), "attention", "q_b", l, scaled=True)
+            else:  # q_lora_rank null (DeepSeek-V2-Lite): one q_proj
+                add(a + "q_proj.weight", (nh * (nope + rope), H), "attention", "q", l, scaled=True)
             add(a + "kv_a_proj_with_mqa.weight", (kr + rope, H), "attention", "kv_a", l, scaled=True)
             add(a + "kv_a_layernorm.weight", (kr,), "norm", "kv_a_norm", l)
             add(a + "kv_b_proj.weight", (nh * (nope + vd), kr), "attention", "kv_b", l, scaled=True)
@@ -121,10 +124,15 @@ def tiny_qwen3_moe(layers: int = 4) -> ModelSpec:
                        E=8, Im=32)
 
 
-def tiny_deepseek(layers: int = 3, fp8: bool = True) -> ModelSpec:
+def tiny_deepseek(layers: int = 3, fp8: bool = True, q_lora: int = 128) -> ModelSpec:
     return build_model("tiny-deepseek", arch="deepseek_v3", H=256, L=layers, nh=8, nkv=8, hd=24, V=1111, I=512,
-                       E=8, Im=128, shared=1, first_dense=1, mla=dict(q_lora=128, kv_lora=64, nope=16, rope=8, v=16),
-                       mtp=1, fp8=fp8)
+                       E=8, Im=128, shared=1, first_dense=1,
+                       mla=dict(q_lora=q_lora, kv_lora=64, nope=16, rope=8, v=16), mtp=1, fp8=fp8)
+
+
+def tiny_qwen3(layers: int = 2) -> ModelSpec:
+    """Dense qwen3 (q/k norms) with one KV head: Megatron tp=2 > num_query_groups=1."""
+    return build_model("tiny-qwen3", arch="qwen3", H=64, L=layers, nh=4, nkv=1, hd=16, V=1000, I=128)
 
 
 # --------------------------------------------------------------------------- vLLM binding models (engineer "vllm")

@@ -79,7 +79,8 @@ def test_experts_ep_blocks_etp_and_local_names():
     p = names["decoder.layers.1.mlp.experts.linear_fc1.weight1"]  # global 5 = 1*4 + 1
     assert {s.hf_name: s.offset for s in p.segments} == {
         "model.layers.1.mlp.experts.5.gate_proj.weight": (0, 0), "model.layers.1.mlp.experts.5.up_proj.weight": (32, 0)}
-    assert names["decoder.layers.1.mlp.router.weight"].dtype == "float32"
+    # bf16 in a bf16 job: built fp32 (moe/router.py), cast by Float16Module (tests/layout/megatron_core/)
+    assert names["decoder.layers.1.mlp.router.weight"].dtype == "bfloat16"
     assert "decoder.layers.1.pre_mlp_layernorm.weight" in names
     # ETP splits inside the expert
     lay2 = MegatronLayout(m, P("tp=2,ep=2,dp=2,vocab_divisor=128"))  # etp defaults to tp=2 -> edp=1
