@@ -3,7 +3,7 @@
 
     binding = bind(plan, "infer", rank, vllm_model)         # an nn.Module, a {name: tensor} or (name, tensor) pairs
     refitter.refit(step, local_dst=binding.tensors())       # exactly the Refitter's local_dst
-    binding.land_copies()                                   # after a commit: duplicates (and casts) written
+    binding.land_copies()                                   # after a commit: duplicate copies written
 
 Nothing is asked of the user: every parameter's name, shape and dtype, and where each HF box sits inside
 it, come from the layout (Megatron-core: reshardctl/layout/megatron_params.py; vLLM: layout/vllm.py;
@@ -24,9 +24,8 @@ import torch
 from reshardctl.bind.views import segment_index
 from reshardctl.errors import BindingError, ReshardError
 from reshardctl.layout.megatron import MegatronLayout
-from reshardctl.layout.placement import Box, LocalParam, box_shape
+from reshardctl.layout.placement import Box, LocalParam
 from reshardctl.plan.refit_plan import Plan
-from reshardctl.runtime.dtypes import torch_dtype
 
 MEGATRON_SPECS = ("te", "local")
 
@@ -38,32 +37,22 @@ class Binding:
 
     def __init__(self, side: str, side_rank: int, tensors: dict[str, list[torch.Tensor]],
                  params: tuple[str, ...], device: torch.device,
-                 copies: tuple[list[torch.Tensor], list[torch.Tensor]],
-                 casts: tuple[list[torch.Tensor], list[torch.Tensor]]):
+                 copies: tuple[list[torch.Tensor], list[torch.Tensor]]):
         self.side, self.side_rank = side, side_rank
         self._tensors = tensors
         self.params = params
         self.device = device
         self._copies = copies  # (duplicate views, their primaries' views)
-        self._casts = casts    # (parameter views, staging tensors of the HF dtype)
 
     def tensors(self) -> dict[str, list[torch.Tensor]]:
         """HF name -> one tensor per box (``local_src`` / ``local_dst`` of ``api.Refitter.refit``); the same
-        dict and lists every call, do not modify them. On a trainer, boxes whose parameter has another dtype
-        than the HF tensor (Megatron's fp32 router) are staged: this call casts them from the parameters."""
-        views, staging = self._casts
-        if views and self.side == "train":
-            with torch.no_grad():
-                torch._foreach_copy_(staging, views)
+        dict and lists every call, do not modify them."""
         return self._tensors
 
     def land_copies(self) -> None:
-        """After a commit: staged boxes cast into their parameters, then every duplicate copy of a box on
-        this rank (an EPLB redundant slot) written from its primary."""
+        """After a commit: every duplicate copy of a box on this rank (an EPLB redundant slot) written from
+        its primary."""
         with torch.no_grad():
-            views, staging = self._casts
-            if views:
-                torch._foreach_copy_(views, staging)
             dups, primaries = self._copies
             if dups:
                 torch._foreach_copy_(dups, primaries)
@@ -187,7 +176,6 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
             else:
                 segments.setdefault((seg.hf_name, seg.box), []).append((param[index], lp))
     tensors: dict[str, list[torch.Tensor]] = {}
-    casts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     unsupported: list[str] = []
     used: Counter = Counter()
     for hf_name, boxes in named.items():
@@ -201,17 +189,12 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
                 continue
             view, lp = segs[used[key]]
             used[key] += 1
-            if lp.dtype != dtypes[hf_name]:
-                if "float8" in lp.dtype or "float8" in dtypes[hf_name]:
-                    unsupported.append(f"{lp.name}: holds {hf_name} ({dtypes[hf_name]}) as {lp.dtype}: a cast to "
-                                       "or from float8 needs the checkpoint's block scales, which bind does not compute")
-                    continue
-                staging = torch.empty(box_shape(box), dtype=torch_dtype(dtypes[hf_name]), device=device)
-                with torch.no_grad():
-                    staging.copy_(view)  # the parameter's current values, on either side
-                casts[0].append(view)
-                casts[1].append(staging)
-                view = staging
+            if lp.dtype != dtypes[hf_name]:  # the refit moves the checkpoint's bytes, never converts them
+                why = ("a cast to or from float8 needs the checkpoint's block scales, which bind does not compute"
+                       if "float8" in lp.dtype or "float8" in dtypes[hf_name] else
+                       "the refit moves the checkpoint dtype's bytes and does not convert them")
+                unsupported.append(f"{lp.name}: holds {hf_name} ({dtypes[hf_name]}) as {lp.dtype}: {why}")
+                continue
             out.append(view)
     copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     for key, segs in segments.items():
@@ -228,4 +211,4 @@ def _build(side: str, side_rank: int, expected: list[LocalParam], found: Mapping
     if unsupported:
         raise BindingError(unsupported, where=where)
     bound = tuple(lp.name for lp in expected)
-    return Binding(side, side_rank, tensors, bound, device, copies, casts)
+    return Binding(side, side_rank, tensors, bound, device, copies)

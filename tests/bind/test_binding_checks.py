@@ -118,26 +118,6 @@ def test_the_same_lists_every_call(llama_plan):
     assert first is second and all(first[n] is second[n] for n in first)
 
 
-def test_a_float32_router_is_staged_as_the_checkpoint_dtype():
-    """Megatron keeps the router in float32; the HF tensor (what the refit moves) is bfloat16: a trainer's
-    tensors() casts it in, land_copies() casts committed bytes out."""
-    plan = small_plan(tiny_deepseek(2, fp8=False), "tp=2,ep=2,vocab_divisor=128", "tp=2")
-    params = zeros_of(plan.train, 0)
-    router = params["decoder.layers.1.mlp.router.weight"]
-    assert router.dtype == torch.float32
-    router.copy_(torch.arange(router.numel(), dtype=torch.float32).reshape(router.shape) / 7)
-    at_bind = bind(plan, "train", 0, params)._tensors["model.layers.1.mlp.gate.weight"][0]  # no tensors() call
-    assert torch.equal(at_bind, router.to(torch.bfloat16))  # staged from the parameter when bound
-    router.mul_(3)
-    b = bind(plan, "train", 0, params)
-    router.mul_(2)  # the optimizer's step after binding: tensors() casts the current values
-    (staged,) = b.tensors()["model.layers.1.mlp.gate.weight"]
-    assert staged.dtype == torch.bfloat16 and torch.equal(staged, router.to(torch.bfloat16))
-    staged.fill_(2.0)
-    b.land_copies()
-    assert bool((router == 2.0).all())
-
-
 def test_float8_checkpoint_weights_are_refused_with_the_reason():
     plan = small_plan(tiny_deepseek(2, fp8=True), "tp=2,ep=2,vocab_divisor=128", "tp=1")
     with pytest.raises(BindingError, match=r"float8_e4m3fn\) as bfloat16: a cast to or from float8 needs the "
