@@ -317,7 +317,7 @@ def release(groups: "Groups") -> None:
     groups are aborted, never destroyed (a destroy finalizes: it waits for every kernel of the
     communicator); gloo groups are destroyed. As reshardctl's own ranks that is every group (the default
     group included); under the API its own data, broadcast and control groups, never the framework's:
-    after a release none of them is left in torch's registry (``_world.pg_map``)."""
+    after a release none of them is left in torch's registry (``update_world.registered``)."""
     cuda = groups.device.type == "cuda"
     if cuda:
         abort_data_plane(groups)
