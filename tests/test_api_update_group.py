@@ -1,0 +1,70 @@
+"""api.UpdateGroup: what a caller gets wrong is said before anything is built, and ranks that would
+create different groups (a transport source on some ranks only) fail at once, naming the mistake.
+The two-world refits themselves: tests/test_api_worlds.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from reshardctl import api
+from reshardctl.errors import ReshardError, TransferError
+from reshardctl.launch.local import free_port
+
+from helpers.small_llama import SMALL_LLAMA as SMALL
+from helpers.spawned_ranks import run_ranks
+
+
+@pytest.mark.parametrize("address, why", [
+    ("127.0.0.1", "expected host:port"), ("127.0.0.1:0", "port 1..65535"), (":29500", "expected host:port"),
+    ("host:http", "expected host:port")])
+def test_a_bad_address_is_refused(address, why):
+    with pytest.raises(TransferError, match=why):
+        api.UpdateGroup(address, "t", "train", 0).host_port()
+
+
+def test_an_ipv6_address_in_brackets():
+    assert api.UpdateGroup("[::1]:29500", "t", "train", 0).host_port() == ("::1", 29500)
+
+
+def test_side_and_side_rank_are_checked_against_the_plan():
+    assert api.UpdateGroup("h:1", "t", "train", 1).update_rank(2, 4) == 1
+    assert api.UpdateGroup("h:1", "t", "infer", 3).update_rank(2, 4) == 5
+    with pytest.raises(TransferError, match=r"side_rank 4: the plan has 4 infer ranks \(0..3\)"):
+        api.UpdateGroup("h:1", "t", "infer", 4).update_rank(2, 4)
+    with pytest.raises(TransferError, match="side 'trainer': expected one of train, infer"):
+        api.UpdateGroup("h:1", "t", "trainer", 0).update_rank(2, 4)
+
+
+def _rank(rank: int, port: int, cfg: str, q) -> None:
+    """No default world at all (``dist.is_initialized()`` stays False): trainer 0 passes a transport
+    source, inference rank 0 does not."""
+    try:
+        torch.set_num_threads(1)
+        plan = api.plan_refit(model=cfg, train="tp=1", infer="tp=1")
+        side = "train" if rank == 0 else "infer"
+        ug = api.UpdateGroup(f"127.0.0.1:{port}", "tok", side, 0, backend="gloo")
+        source = (lambda: None) if rank == 0 else None
+        try:
+            api.Refitter(plan, update_group=ug, transport_source=source, timeout_s=60)
+            out = "built"
+        except ReshardError as exc:
+            out = f"{type(exc).__name__}: {exc}"
+        q.put((rank, (out, dist.is_initialized()), None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_a_transport_source_on_some_ranks_only_fails_every_rank_at_once(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMALL))
+    port = free_port()
+    res = run_ranks(_rank, 2, lambda r, _p, q: (r, port, str(cfg), q), timeout_s=300)
+    for r in (0, 1):
+        msg, initialised = res[r]
+        assert msg.startswith("TransferError") and "would create different broadcast groups" in msg, msg
+        assert "a transport source on every rank or on none" in msg
+        assert initialised is False
