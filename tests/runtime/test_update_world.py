@@ -121,3 +121,45 @@ def test_every_private_torch_use_of_the_update_world_is_in_its_module():
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if any(w in p.read_text() for w in ("_new_process_group_helper", "pg_group_ranks", "_world.pg_map")))
     assert users == ["runtime/update_world.py"]
+
+
+@pytest.fixture
+def callers_world(tmp_path):
+    """The caller's own default group (world 1, gloo), destroyed after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _update_groups():
+    from reshardctl.runtime.env import RankEnv
+    from reshardctl.runtime.groups import Groups
+
+    world = UpdateWorld(dist.HashStore(), 0, 1, "upd-abort", timedelta(seconds=5))
+    g = Groups(RankEnv(0, 1, 0, "train", 0, "127.0.0.1", 1, "gloo"), torch.device("cpu"), timedelta(seconds=5))
+    g.ctrl, g.data = world.new_group([0], "gloo"), world.new_group([0], "gloo")
+    g.broadcast = {(0,): world.new_group([0], "gloo")}
+    return g
+
+
+def test_aborts_and_releases_take_only_the_update_worlds_groups(callers_world, monkeypatch):
+    """abort.abort_data_plane on groups made in an update world aborts those (data, sub-group), never the
+    caller's default group (torch's NCCL-only abort recorded: no NCCL here); groups.release destroys
+    every one of ours (gloo) and leaves the caller's group registered and working."""
+    from reshardctl.runtime import abort as abort_module
+    from reshardctl.runtime.groups import release
+
+    before = set(c10d._world.pg_map)
+    g = _update_groups()
+    calls: list = []
+    monkeypatch.setattr(c10d, "_abort_process_group", lambda group=None: calls.append(group))
+    abort_module.abort_data_plane(g)
+    assert calls == [g.data, g.broadcast[(0,)]]
+    monkeypatch.undo()
+    g.aborted = False
+    release(g)
+    assert set(c10d._world.pg_map) == before
+    assert dist.group.WORLD is callers_world
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 1.0
