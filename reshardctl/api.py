@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 import warnings
 from datetime import timedelta
 from itertools import chain
@@ -354,25 +353,31 @@ class Refitter:
         over the control group (two bounded broadcasts), so both sides always run the same plan. A
         source that fails, or names a transport this Refitter has no plan for, fails the refit on every
         rank before any byte moves."""
-        if self._source is None:
-            transport, entry = self.plan.transport, None
-        else:
-            payload = b""
-            if self.env.global_rank == 0:
-                payload = json.dumps(self._ask_source(), default=str).encode()
-            n = torch.tensor([len(payload)], dtype=torch.int64)
-            wait_works([dist.broadcast(n, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
-                       self.timeout_s, "transport decision", device=False)
-            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(
-                int(n.item()), dtype=torch.uint8)
-            wait_works([dist.broadcast(buf, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
-                       self.timeout_s, "transport decision", device=False)
-            got = json.loads(bytes(buf.numpy()).decode())
-            if "error" in got:
-                raise TransferError(f"refit of step {step} not started (nothing moved): {got['error']}")
-            transport, entry = got["transport"], got["ledger_entry"]
-        self.events.record("decide", time.time(), 0.0, step=step, transport=transport, ledger_entry=entry)
+        with self.events.phase("decide", step=step) as ph:
+            if self._source is None:
+                transport, entry = self.plan.transport, None
+            else:
+                transport, entry = self._receive_decision(step)
+            ph.update(transport=transport, ledger_entry=entry)
         return transport, entry
+
+    def _receive_decision(self, step: int) -> tuple[str, dict | None]:
+        """Update rank 0's decision on every rank: its length, then its JSON, broadcast over the control
+        group, each wait bounded by ``timeout_s`` (a dead rank 0 fails the refit, nothing moved)."""
+        payload = b""
+        if self.env.global_rank == 0:
+            payload = json.dumps(self._ask_source(), default=str).encode()
+        n = torch.tensor([len(payload)], dtype=torch.int64)
+        wait_works([dist.broadcast(n, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
+                   self.timeout_s, "transport decision", device=False)
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(
+            int(n.item()), dtype=torch.uint8)
+        wait_works([dist.broadcast(buf, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
+                   self.timeout_s, "transport decision", device=False)
+        got = json.loads(bytes(buf.numpy()).decode())
+        if "error" in got:
+            raise TransferError(f"refit of step {step} not started (nothing moved): {got['error']}")
+        return got["transport"], got["ledger_entry"]
 
     def _ask_source(self) -> dict:
         """Update rank 0: its transport source's decision, as sent to every rank. A note (the ledger could

@@ -93,7 +93,7 @@ def _world_ok(default_pg) -> bool:
     return dist.group.WORLD is default_pg and default_pg in c10d._world.pg_map and int(t.item()) == 2
 
 
-def _side(rank: int, ports: dict, cfg: str) -> dict:
+def _side(rank: int, ports: dict, cfg: str, events: str) -> dict:
     side, side_rank = ("train", rank) if rank < 2 else ("infer", rank - 2)
     # this side's own world: its own store and port, world 2 (the other side is not in it)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[side]}", rank=side_rank, world_size=2)
@@ -111,7 +111,8 @@ def _side(rank: int, ports: dict, cfg: str) -> dict:
     out: dict = {"steps": []}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        refitter = api.Refitter(plan, binding=bound, update_group=ug, transport_source=source, timeout_s=60)
+        refitter = api.Refitter(plan, binding=bound, update_group=ug, transport_source=source, timeout_s=60,
+                                events_dir=events)
         for step in (1, 2, 3, 4, 5):
             if side == "train":
                 with torch.no_grad():
@@ -140,6 +141,9 @@ def _side(rank: int, ports: dict, cfg: str) -> dict:
     out["world_after_close"] = _world_ok(default_pg)
     out["source_calls"] = source.calls
     out["landed"] = bound.landed
+    with open(f"{events}/events/rank-{rank}.jsonl") as fh:
+        out["decided"] = [(e["step"], e["transport"], e.get("ledger_entry")) for e in map(json.loads, fh)
+                          if e["phase"] == "decide"]
     out["warnings"] = [str(w.message) for w in caught if "transport source" in str(w.message)]
     dist.destroy_process_group()
     return out
@@ -156,10 +160,10 @@ def _intruder(ports: dict, cfg: str) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-def _rank(rank: int, ports: dict, cfg: str, q) -> None:
+def _rank(rank: int, ports: dict, cfg: str, events: str, q) -> None:
     try:
         torch.set_num_threads(1)
-        q.put((rank, _side(rank, ports, cfg) if rank < 4 else _intruder(ports, cfg), None))
+        q.put((rank, _side(rank, ports, cfg, events) if rank < 4 else _intruder(ports, cfg), None))
     except BaseException as exc:  # noqa: BLE001
         q.put((rank, None, repr(exc)))
 
@@ -177,7 +181,8 @@ def worlds(tmp_path_factory) -> dict:
     cfg = tmp_path_factory.mktemp("worlds") / "config.json"
     cfg.write_text(json.dumps(SMALL))
     ports = _ports()
-    return run_ranks(_rank, 5, lambda r, _port, q: (r, ports, str(cfg), q), timeout_s=600)
+    events = str(tmp_path_factory.mktemp("events"))
+    return run_ranks(_rank, 5, lambda r, _port, q: (r, ports, str(cfg), events, q), timeout_s=600)
 
 
 def test_two_worlds_refit_bit_exact_and_follow_rank0_source(worlds):
@@ -192,6 +197,8 @@ def test_two_worlds_refit_bit_exact_and_follow_rank0_source(worlds):
         assert [s[1] for s in steps[:3]] == [True, True, True]
     for r in (2, 3):
         assert [s[4] for s in worlds[r]["steps"][:3]] == [1, 2, 3]
+    for r in range(4):  # every refit's events say which transport and which ledger entry, on every rank
+        assert worlds[r]["decided"][:3] == [(i + 1, t, e) for i, (t, e) in enumerate(want)], worlds[r]["decided"]
 
 
 def test_only_update_rank_0_source_is_consulted_and_a_note_is_warned_once(worlds):
