@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from reshardctl import api
-from reshardctl.errors import ReshardError
+from reshardctl.errors import ReshardError, TransferError
 from reshardctl.launch.local import free_port
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
@@ -232,3 +232,56 @@ def test_close_releases_only_reshardctl_groups(worlds):
 def test_a_process_without_the_token_is_refused(worlds):
     msg = worlds[4]
     assert msg.startswith("LaunchError") and "refused at rendezvous" in msg and "run token" in msg, msg
+
+
+def _killed(rank: int, ports: dict, cfg: str, q) -> None:
+    """Step 1 commits; then inference rank 1 (update rank 3) dies between refits, as a crashed engine
+    does. Every surviving rank's step 2 fails; the trainers' own world still all-reduces, inference
+    rank 0's own world is still its registered default group (its peer is dead: not all-reduced);
+    close() leaves nothing of reshardctl's."""
+    import os
+
+    try:
+        torch.set_num_threads(1)
+        side, side_rank = ("train", rank) if rank < 2 else ("infer", rank - 2)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[side]}", rank=side_rank, world_size=2)
+        default_pg = dist.group.WORLD
+        before = set(c10d._world.pg_map)
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        by_name = {t.name: t for t in plan.model.tensors}
+        ug = api.UpdateGroup(address=f"127.0.0.1:{ports['update']}", token=TOKEN, side=side, side_rank=side_rank)
+        refitter = api.Refitter(plan, update_group=ug, timeout_s=30)
+        local = {n: [synthetic_region(by_name[n], b, 1) for b in bs] for n, bs in refitter.holdings().items()}
+        arg = "local_src" if side == "train" else "local_dst"
+        refitter.refit(1, **{arg: local})
+        if rank == 3:
+            q.put((rank, "killed", None))
+            q.close()
+            q.join_thread()
+            os._exit(1)
+        try:
+            refitter.refit(2, **{arg: local})
+            out = {"step2": "committed"}
+        except TransferError as exc:  # the root cause, or a knock-on Abandoned (a TransferError)
+            out = {"step2": "TransferError"}
+        out["default_registered"] = dist.group.WORLD is default_pg and default_pg in c10d._world.pg_map
+        if side == "train":
+            out["world_ok"] = _world_ok(default_pg)
+        refitter.close()
+        out["left_after_close"] = len(set(c10d._world.pg_map) - before)
+        q.put((rank, out, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_a_killed_inference_process_fails_the_refit_and_leaves_the_callers_worlds(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMALL))
+    ports = _ports()
+    res = run_ranks(_killed, 4, lambda r, _port, q: (r, ports, str(cfg), q), timeout_s=300)
+    assert res[3] == "killed"
+    for r in (0, 1, 2):
+        assert res[r]["step2"] == "TransferError", (r, res[r])
+        assert res[r]["default_registered"] is True
+        assert res[r]["left_after_close"] == 0
+    assert res[0]["world_ok"] is True and res[1]["world_ok"] is True
