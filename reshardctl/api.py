@@ -52,6 +52,7 @@ from reshardctl.runtime.run_store import CHECK_KEY, for_torch, scoped
 from reshardctl.runtime import update_world
 from reshardctl.topology import side_of_global
 
+_DECISION_BYTES = 1024  # one control-plane broadcast carries update rank 0's transport decision (api.Refitter)
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
 
@@ -350,7 +351,7 @@ class Refitter:
     def _decide(self, step: int) -> tuple[str, dict | None]:
         """The transport of this refit and the ledger entry it came from: without a transport source the
         plan's own; with one, update rank 0 asks its source and sends (transport, entry) to every rank
-        over the control group (two bounded broadcasts), so both sides always run the same plan. A
+        over the control group (one bounded broadcast), so both sides always run the same plan. A
         source that fails, or names a transport this Refitter has no plan for, fails the refit on every
         rank before any byte moves."""
         with self.events.phase("decide", step=step) as ph:
@@ -362,22 +363,34 @@ class Refitter:
         return transport, entry
 
     def _receive_decision(self, step: int) -> tuple[str, dict | None]:
-        """Update rank 0's decision on every rank: its length, then its JSON, broadcast over the control
-        group, each wait bounded by ``timeout_s`` (a dead rank 0 fails the refit, nothing moved)."""
+        """Update rank 0's decision on every rank: one broadcast over the control group of a fixed-size
+        buffer (its length, then its JSON), a second one only for a decision longer than that; each wait
+        bounded by ``timeout_s`` (a dead rank 0 fails the refit, nothing moved)."""
         payload = b""
         if self.env.global_rank == 0:
             payload = json.dumps(self._ask_source(), default=str).encode()
-        n = torch.tensor([len(payload)], dtype=torch.int64)
-        wait_works([dist.broadcast(n, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
-                   self.timeout_s, "transport decision", device=False)
-        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(
-            int(n.item()), dtype=torch.uint8)
-        wait_works([dist.broadcast(buf, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
-                   self.timeout_s, "transport decision", device=False)
-        got = json.loads(bytes(buf.numpy()).decode())
+        head = torch.zeros(_DECISION_BYTES, dtype=torch.uint8)
+        if payload:
+            head[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
+            first = payload[:_DECISION_BYTES - 8]
+            head[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+        self._broadcast_ctrl(head)
+        n = int(head[:8].view(torch.int64).item())
+        data = bytes(head[8:8 + n].numpy())
+        if n > _DECISION_BYTES - 8:  # a long ledger entry: the rest in a second broadcast
+            rest = torch.empty(n - len(data), dtype=torch.uint8)
+            if payload:
+                rest.copy_(torch.frombuffer(bytearray(payload[len(data):]), dtype=torch.uint8))
+            self._broadcast_ctrl(rest)
+            data += bytes(rest.numpy())
+        got = json.loads(data.decode())
         if "error" in got:
             raise TransferError(f"refit of step {step} not started (nothing moved): {got['error']}")
         return got["transport"], got["ledger_entry"]
+
+    def _broadcast_ctrl(self, t: torch.Tensor) -> None:
+        wait_works([dist.broadcast(t, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
+                   self.timeout_s, "transport decision", device=False)
 
     def _ask_source(self) -> dict:
         """Update rank 0: its transport source's decision, as sent to every rank. A note (the ledger could

@@ -49,13 +49,16 @@ class Source:
         return d
 
 
-def _entry(line: int, action: str, transport: str) -> dict:
-    return {"line": line, "action": action, "time": "2026-12-01T22:00:00Z", "user": "ops", "transport": transport}
+def _entry(line: int, action: str, transport: str, user: str = "ops") -> dict:
+    return {"line": line, "action": action, "time": "2026-12-01T22:00:00Z", "user": user, "transport": transport}
+
+
+LONG = "ops-" + "x" * 3000  # a decision longer than one control broadcast (api._DECISION_BYTES): sent in two
 
 
 NOTE = "the ledger cannot be read (permission denied): the last good decision stands"
 # update rank 0's source, call by call (step 1, 2, 3, 4 (corrupted), 5)
-RANK0 = [Decision("reshard", None), Decision("gather_broadcast", _entry(3, "rollback", "gather_broadcast")),
+RANK0 = [Decision("reshard", None), Decision("gather_broadcast", _entry(3, "rollback", "gather_broadcast", LONG)),
          Decision("reshard", _entry(4, "promote", "reshard"), NOTE),
          Decision("reshard", _entry(4, "promote", "reshard"), NOTE)]
 # every other rank's: it would disagree, and must never be asked
@@ -189,7 +192,7 @@ def test_two_worlds_refit_bit_exact_and_follow_rank0_source(worlds):
     """Steps 1-3 commit on both inference ranks, bit-exact; the transport switches at the next refit
     when rank 0's source changes (reshard -> gather_broadcast -> reshard), on every rank alike, and the
     report carries the ledger entry it came from."""
-    want = [("reshard", None), ("gather_broadcast", _entry(3, "rollback", "gather_broadcast")),
+    want = [("reshard", None), ("gather_broadcast", _entry(3, "rollback", "gather_broadcast", LONG)),
             ("reshard", _entry(4, "promote", "reshard"))]
     for r in range(4):
         steps = worlds[r]["steps"]
