@@ -10,6 +10,13 @@
     report = refitter.refit(step, local_src=...)  # trainer ranks: {hf_name: [tensor per box]}
     report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, only once committed
 
+Two worlds (trainer job and inference engines each with their own default world, or none), joined by
+an update group built from a store address and the run's token (runtime/update_world.py):
+
+    ug = api.UpdateGroup(address="10.0.0.1:29600", token=token, side="train", side_rank=rank)  # or "infer"
+    refitter = api.Refitter(plan, update_group=ug, binding=binding, transport_source=ledger)
+    report = refitter.refit(step)  # report.transport, report.ledger_entry
+
 The same executor, checksums, two-phase commit and events as ``reshardctl run`` (reshardctl/runtime/).
 On an inference rank ``local_dst`` is written only after EVERY rank verified its bytes and this rank
 learned that every rank knows it; a failed refit raises ``VerificationError``/``TransferError`` and
