@@ -39,32 +39,51 @@ def test_side_and_side_rank_are_checked_against_the_plan():
         api.UpdateGroup("h:1", "t", "trainer", 0).update_rank(2, 4)
 
 
-def _rank(rank: int, port: int, cfg: str, q) -> None:
-    """No default world at all (``dist.is_initialized()`` stays False): trainer 0 passes a transport
-    source, inference rank 0 does not."""
+def _rank(rank: int, ports: tuple[int, int], cfg: str, q) -> None:
+    """No default world at all (``dist.is_initialized()`` stays False). First trainer 0 passes a
+    transport source, inference rank 0 does not: refused, and no group of that attempt stays registered.
+    Then both without: a refit commits, bit-exact."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from reshardctl.runtime.synthetic_weights import synthetic_region
+
     try:
         torch.set_num_threads(1)
         plan = api.plan_refit(model=cfg, train="tp=1", infer="tp=1")
         side = "train" if rank == 0 else "infer"
-        ug = api.UpdateGroup(f"127.0.0.1:{port}", "tok", side, 0, backend="gloo")
+        ug = api.UpdateGroup(f"127.0.0.1:{ports[0]}", "tok", side, 0, backend="gloo")
         source = (lambda: None) if rank == 0 else None
         try:
             api.Refitter(plan, update_group=ug, transport_source=source, timeout_s=60)
             out = "built"
         except ReshardError as exc:
             out = f"{type(exc).__name__}: {exc}"
-        q.put((rank, (out, dist.is_initialized()), None))
+        left = len(c10d._world.pg_map)
+        refitter = api.Refitter(plan, update_group=api.UpdateGroup(f"127.0.0.1:{ports[1]}", "tok", side, 0,
+                                                                   backend="gloo"), timeout_s=60)
+        by_name = {t.name: t for t in plan.model.tensors}
+        held = refitter.holdings()
+        local = {n: [synthetic_region(by_name[n], b, 1 if side == "train" else 0) for b in bs] for n, bs in held.items()}
+        report = refitter.refit(1, **({"local_src": local} if side == "train" else {"local_dst": local}))
+        exact = all(torch.equal(t.view(torch.uint8), synthetic_region(by_name[n], b, 1).view(torch.uint8))
+                    for n, bs in held.items() for b, t in zip(bs, local[n]))
+        refitter.close()
+        q.put((rank, (out, dist.is_initialized(), left, report.committed, report.transport, exact,
+                      len(c10d._world.pg_map)), None))
     except BaseException as exc:  # noqa: BLE001
         q.put((rank, None, repr(exc)))
 
 
-def test_a_transport_source_on_some_ranks_only_fails_every_rank_at_once(tmp_path):
+def test_without_any_default_world_a_mismatch_is_refused_then_a_refit_commits(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(SMALL))
-    port = free_port()
-    res = run_ranks(_rank, 2, lambda r, _p, q: (r, port, str(cfg), q), timeout_s=300)
+    ports = (free_port(), free_port())
+    res = run_ranks(_rank, 2, lambda r, _p, q: (r, ports, str(cfg), q), timeout_s=300)
     for r in (0, 1):
-        msg, initialised = res[r]
+        msg, initialised, left, committed, transport, exact, left_at_end = res[r]
         assert msg.startswith("TransferError") and "would create different broadcast groups" in msg, msg
         assert "a transport source on every rank or on none" in msg
         assert initialised is False
+        assert left == 0  # the control group made before the refusal was released
+        assert committed is True and transport == "reshard" and exact is True
+        assert left_at_end == 0

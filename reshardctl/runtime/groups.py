@@ -253,8 +253,8 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
         new_group = default_world_groups(device, timeout)
     elif not own_data:
         raise TransferError("groups of an update world need their own data group (own_data=True)")
+    groups = Groups(env, device, timeout)
     try:
-        groups = Groups(env, device, timeout)
         ranks = list(range(env.world_size))
         groups.ctrl = new_group(ranks, "gloo")
         wanted = broadcast_groups(plan)
@@ -276,8 +276,12 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
             p = torch.ones(1, device=device)
             wait_works([dist.all_reduce(p, group=groups.data, async_op=True)], groups, timeout_s, "group check")
         return groups
-    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:  # torch's own checks (a bound device)
-        raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+    except BaseException as exc:
+        if own_data:  # the groups made so far are the API's own: none stays in torch's registry
+            release(groups)
+        if isinstance(exc, (RuntimeError, ValueError, TypeError, AssertionError)):  # torch's own checks
+            raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+        raise
 
 
 def _check_same_groups(ctrl, env: RankEnv, wanted: list[tuple[int, ...]]) -> None:
@@ -321,7 +325,7 @@ def release(groups: "Groups") -> None:
     cuda = groups.device.type == "cuda"
     if cuda:
         abort_data_plane(groups)
-    if groups.data is dist.group.WORLD:
+    if groups.data is not None and groups.data is dist.group.WORLD:
         shutdown()
         return
     for pg in [groups.ctrl] if cuda else [*own_groups(groups), groups.ctrl]:
