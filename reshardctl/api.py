@@ -101,6 +101,9 @@ class UpdateGroup:
         return host, int(port)
 
     def update_rank(self, train_world: int, infer_world: int) -> int:
+        if not self.token:
+            raise TransferError("UpdateGroup token is empty: the update world admits only processes that hold the "
+                                "run's secret token (the same non-empty string on every process)")
         if self.side not in SIDES:
             raise TransferError(f"UpdateGroup side {self.side!r}: expected one of {', '.join(SIDES)}")
         n = train_world if self.side == "train" else infer_world

@@ -37,6 +37,8 @@ def test_side_and_side_rank_are_checked_against_the_plan():
         api.UpdateGroup("h:1", "t", "infer", 4).update_rank(2, 4)
     with pytest.raises(TransferError, match="side 'trainer': expected one of train, infer"):
         api.UpdateGroup("h:1", "t", "trainer", 0).update_rank(2, 4)
+    with pytest.raises(TransferError, match="UpdateGroup token is empty"):
+        api.UpdateGroup("h:1", "", "train", 0).update_rank(2, 4)
 
 
 def _rank(rank: int, ports: tuple[int, int], cfg: str, q) -> None:
