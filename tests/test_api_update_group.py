@@ -70,22 +70,44 @@ def _rank(rank: int, ports: tuple[int, int], cfg: str, q) -> None:
         exact = all(torch.equal(t.view(torch.uint8), synthetic_region(by_name[n], b, 1).view(torch.uint8))
                     for n, bs in held.items() for b, t in zip(bs, local[n]))
         refitter.close()
-        q.put((rank, (out, dist.is_initialized(), left, report.committed, report.transport, exact,
-                      len(c10d._world.pg_map)), None))
+        at_end = len(c10d._world.pg_map)
+
+        def broken():
+            raise RuntimeError("ledger exploded")
+        refitter = api.Refitter(plan, update_group=api.UpdateGroup(f"127.0.0.1:{ports[2]}", "tok", side, 0,
+                                                                   backend="gloo"),
+                                transport_source=broken if rank == 0 else (lambda: None), timeout_s=60)
+        try:
+            refitter.refit(2, **({"local_src": local} if side == "train" else {"local_dst": local}))
+            failing = "committed"
+        except ReshardError as exc:
+            failing = f"{type(exc).__name__}: {exc}"
+        untouched = all(torch.equal(t.view(torch.uint8), synthetic_region(by_name[n], b, 1).view(torch.uint8))
+                        for n, bs in held.items() for b, t in zip(bs, local[n]))
+        refitter.close()
+        q.put((rank, (out, dist.is_initialized(), left, report.committed, report.transport, exact, at_end,
+                      failing, untouched), None))
     except BaseException as exc:  # noqa: BLE001
         q.put((rank, None, repr(exc)))
 
 
-def test_without_any_default_world_a_mismatch_is_refused_then_a_refit_commits(tmp_path):
+def test_without_any_default_world_a_mismatch_is_refused_a_refit_commits_a_failing_source_stops_all(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(SMALL))
-    ports = (free_port(), free_port())
+    ports: set[int] = set()
+    while len(ports) < 3:
+        ports.add(free_port())
+    ports = tuple(sorted(ports))
     res = run_ranks(_rank, 2, lambda r, _p, q: (r, ports, str(cfg), q), timeout_s=300)
     for r in (0, 1):
-        msg, initialised, left, committed, transport, exact, left_at_end = res[r]
+        msg, initialised, left, committed, transport, exact, left_at_end, failing, untouched = res[r]
         assert msg.startswith("TransferError") and "would create different broadcast groups" in msg, msg
         assert "a transport source on every rank or on none" in msg
         assert initialised is False
         assert left == 0  # the control group made before the refusal was released
         assert committed is True and transport == "reshard" and exact is True
         assert left_at_end == 0
+        # a transport source that raises on update rank 0 fails that refit on every rank, nothing moved
+        assert failing == ("TransferError: refit of step 2 not started (nothing moved): the transport source "
+                           "of update rank 0 failed: RuntimeError: ledger exploded"), failing
+        assert untouched is True
