@@ -10,6 +10,13 @@
     report = refitter.refit(step, local_src=...)  # trainer ranks: {hf_name: [tensor per box]}
     report = refitter.refit(step, local_dst=...)  # inference ranks: updated in place, only once committed
 
+Two worlds (trainer job and inference engines each with their own default world, or none), joined by
+an update group built from a store address and the run's token (runtime/update_world.py):
+
+    ug = api.UpdateGroup(address="10.0.0.1:29600", token=token, side="train", side_rank=rank)  # or "infer"
+    refitter = api.Refitter(plan, update_group=ug, binding=binding, transport_source=ledger)
+    report = refitter.refit(step)  # report.transport, report.ledger_entry
+
 The same executor, checksums, two-phase commit and events as ``reshardctl run`` (reshardctl/runtime/).
 On an inference rank ``local_dst`` is written only after EVERY rank verified its bytes and this rank
 learned that every rank knows it; a failed refit raises ``VerificationError``/``TransferError`` and
@@ -18,8 +25,11 @@ leaves ``local_dst`` untouched. Reference: docs/api.md.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import warnings
+from datetime import timedelta
 from itertools import chain
 from typing import Mapping, Sequence
 
@@ -28,23 +38,28 @@ import torch.distributed as dist
 
 from reshardctl.errors import ReshardError, TransferError
 from reshardctl.layout.placement import Box
-from reshardctl.plan.refit_plan import Plan
+from reshardctl.plan.planner import build_plan, plan_for
+from reshardctl.plan.refit_plan import TRANSPORTS, Plan
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.device import data_plane_backend
-from reshardctl.runtime.env import RankEnv
+from reshardctl.runtime.bounded_wait import wait_works
+from reshardctl.runtime.env import SIDES, RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime import nccl_watchdog
-from reshardctl.runtime.groups import attach_groups, release
+from reshardctl.runtime.groups import attach_groups, release, rendezvous
 from reshardctl.runtime.preconnect import preconnect
 from reshardctl.runtime.settle import settle
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
+from reshardctl.runtime.run_store import CHECK_KEY, for_torch, scoped
+from reshardctl.runtime import update_world
 from reshardctl.topology import side_of_global
 
+_DECISION_BYTES = 1024  # one control-plane broadcast carries update rank 0's transport decision (api.Refitter)
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
 
@@ -54,8 +69,6 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
                bucket_mb: float | None = None, relay: str = "auto", mtp: bool = False) -> Plan:
     """Build a plan from the same inputs as ``reshardctl plan`` (the same ``RefitRequest``, validated the
     same way)."""
-    from reshardctl.plan.planner import build_plan
-
     request = RefitRequest(site=site, model=model, layers=layers, mtp=mtp, train=train, infer=infer,
                            train_style=train_style, infer_style=infer_style, train_layout=train_layout,
                            infer_layout=infer_layout, transport=transport, bucket_mb=bucket_mb, relay=relay)
@@ -64,42 +77,127 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
 
 
-class Refitter:
-    """This process's part of every refit of ``plan`` on the initialised default process group."""
+@dataclasses.dataclass(frozen=True)
+class UpdateGroup:
+    """How this process joins the refit's update world when trainer and inference processes each keep
+    their own default world (or none), as NeMo RL / OpenRLHF / verl run them: ``address`` ("host:port")
+    is where update rank 0 (trainer ``side_rank`` 0) hosts the store, listening on that address only;
+    ``token`` the run's secret (a process without it is refused at the rendezvous, and the records the
+    ranks act on are sealed with keys derived from it); update ranks are ``side_rank`` for trainers and
+    ``T + side_rank`` for inference ranks. ``backend``: "gloo", "nccl", or "auto" (NCCL when the bound
+    parameters, else the caller's default group, else this machine's devices are CUDA)."""
 
-    def __init__(self, plan: Plan, *, events_dir: str | None = None, timeout_s: float = 300.0,
+    address: str
+    token: str
+    side: str
+    side_rank: int
+    backend: str = "auto"
+
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.address.rpartition(":")
+        host = host.strip("[]")  # "[::1]:29500"
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise TransferError(f"UpdateGroup address {self.address!r}: expected host:port (port 1..65535)")
+        return host, int(port)
+
+    def update_rank(self, train_world: int, infer_world: int) -> int:
+        if not self.token:
+            raise TransferError("UpdateGroup token is empty: the update world admits only processes that hold the "
+                                "run's secret token (the same non-empty string on every process)")
+        if self.side not in SIDES:
+            raise TransferError(f"UpdateGroup side {self.side!r}: expected one of {', '.join(SIDES)}")
+        n = train_world if self.side == "train" else infer_world
+        if not 0 <= self.side_rank < n:
+            raise TransferError(f"UpdateGroup side_rank {self.side_rank}: the plan has {n} {self.side} ranks "
+                                f"(0..{n - 1})")
+        return self.side_rank if self.side == "train" else train_world + self.side_rank
+
+
+def _update_backend(wanted: str, binding) -> str:
+    """The data plane of an update world: ``wanted``, or for "auto" the bound parameters' device, else
+    the caller's default group's data plane, else NCCL where CUDA is available."""
+    if wanted in ("gloo", "nccl"):
+        return wanted
+    if wanted != "auto":
+        raise TransferError(f"UpdateGroup backend {wanted!r}: expected 'gloo', 'nccl' or 'auto'")
+    device = getattr(binding, "device", None)
+    if device is not None:
+        return "nccl" if torch.device(device).type == "cuda" else "gloo"
+    if dist.is_available() and dist.is_initialized():
+        return data_plane_backend(dist.get_backend())
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class Refitter:
+    """This process's part of every refit of ``plan``: on the initialised default process group
+    (trainer ranks first), or with ``update_group`` in an update world of reshardctl's own that joins
+    two worlds (docs/api.md, "Two worlds")."""
+
+    def __init__(self, plan: Plan, *, binding=None, update_group: UpdateGroup | None = None,
+                 transport_source=None, events_dir: str | None = None, timeout_s: float = 300.0,
                  unsafe_monitor: str = "refuse"):
-        """``unsafe_monitor``: what to do when the framework's NCCL settings let torch's monitor kill this
-        process after a failed refit (``nccl_watchdog.monitor_risk``): ``"refuse"`` (a ``TransferError``,
-        before any group is built) or ``"warn"`` (a ``RuntimeWarning``, then go on)."""
-        if not dist.is_initialized():
-            raise TransferError("Refitter needs torch.distributed initialised (init_process_group) first")
+        """``binding``: the framework's own parameters bound to the plan (reshardctl.bind: ``tensors()``
+        is what ``refit`` moves, ``land_copies()`` runs after each commit on inference ranks);
+        ``transport_source``: a callable returning a decision (``.transport``, ``.ledger_entry``,
+        ``.note``; runbook.transport_source.LedgerTransport reads the site's ledger), asked by update
+        rank 0 before each refit, its choice sent to every rank before any byte moves (every rank passes
+        one, or none; only rank 0's is consulted). ``unsafe_monitor``: what to do when the framework's
+        NCCL settings let torch's monitor kill this process after a failed refit
+        (``nccl_watchdog.monitor_risk``): ``"refuse"`` (a ``TransferError``, before any group is built)
+        or ``"warn"`` (a ``RuntimeWarning``, then go on)."""
         if unsafe_monitor not in ("refuse", "warn"):
             raise TransferError(f"unsafe_monitor={unsafe_monitor!r}: use 'refuse' or 'warn'")
-        world, rank = dist.get_world_size(), dist.get_rank()
         T, I = plan.train_world, plan.infer_world
-        if world != T + I:
-            raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} inference = {T + I}")
-        # "nccl", "gloo" or a composite "cpu:gloo,cuda:nccl": the data plane is NCCL when CUDA tensors go to NCCL
-        backend = data_plane_backend(dist.get_backend())
+        if update_group is None:
+            if not dist.is_initialized():
+                raise TransferError("Refitter needs torch.distributed initialised (init_process_group) first, "
+                                    "or an update_group (api.UpdateGroup) joining two worlds")
+            world, rank = dist.get_world_size(), dist.get_rank()
+            if world != T + I:
+                raise TransferError(f"the default group has {world} ranks; the plan needs {T} trainer + {I} "
+                                    f"inference = {T + I}")
+            # "nccl", "gloo" or a composite "cpu:gloo,cuda:nccl": the data plane is NCCL when CUDA tensors go to NCCL
+            backend = data_plane_backend(dist.get_backend())
+            side, side_rank = side_of_global(rank, T)
+            # the caller already rendezvoused: address and port are only recorded (from the usual variables)
+            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = int(os.environ.get("MASTER_PORT", "1") or 1)
+        else:
+            if update_world.INCOMPATIBLE is not None:
+                raise TransferError(f"two worlds (UpdateGroup) cannot be joined with torch {torch.__version__}: "
+                                    f"{update_world.INCOMPATIBLE}")
+            world, rank = T + I, update_group.update_rank(T, I)
+            side, side_rank = update_group.side, update_group.side_rank
+            addr, port = update_group.host_port()
+            backend = _update_backend(update_group.backend, binding)
         check_monitor(backend, os.environ, unsafe_monitor)
-        side, side_rank = side_of_global(rank, T)
         # the framework already chose this process's GPU (torch.cuda.set_device): it is used as it is
         local = torch.cuda.current_device() if backend == "nccl" else 0
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-        self.plan, self.model = plan, plan.model
-        # the caller already rendezvoused: address and port are only recorded (from the usual variables)
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = int(os.environ.get("MASTER_PORT", "1") or 1)
+        self.plan, self.model, self.binding = plan, plan.model, binding
         self.env = RankEnv(rank, world, local, side, side_rank, addr, port, backend, source="api",
                            cuda_index=local if backend == "nccl" else None)
         self.options = RunOptions(run_dir=events_dir, timeout_s=timeout_s)
-        self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
         self.device, self.timeout_s = device, timeout_s
+        # one plan per transport this Refitter may run: the plan's own, and with a transport source every
+        # transport it can name (their broadcast groups are all built now: groups are collective)
+        self._plans = {plan.transport: plan}
+        if transport_source is not None:
+            for t in TRANSPORTS:
+                self._plans.setdefault(t, plan_for(plan, t))
+        self._source, self._noted = transport_source, None
+        self._run_store = self._world_name = None
+        if update_group is not None:  # the update world's store, hosted by update rank 0; the token checked
+            self._run_store = rendezvous(self.env, timeout_s, token=update_group.token)
+            nonce = self._run_store.underlying_store.get(CHECK_KEY).decode(errors="replace").partition(":")[0]
+            # torch registers groups by name in this process and prefixes their store keys with it: the
+            # same on every rank of this update world, unique among this process's update worlds
+            self._world_name = f"reshardctl-update-{nonce[:16]}"
+        self.events = EventLog(events_dir, rank, side, fingerprint=plan.fingerprint)
         _instances[0] += 1
         self._uid = _instances[0]
         self._attempt = 0
-        self.pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
+        self.pool = BufferPool(device, limit_bytes=max(4 * max(p.bucket_bytes for p in self._plans.values()), 64 << 20))
         self._build()
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
         self._names = [self.model.tensors[i].name for i in self._holdings]
@@ -110,6 +208,10 @@ class Refitter:
         self._broken = False
 
     def _store(self):
+        """The store failures and settling go through: the update world's (sealed with the token's keys),
+        or the caller's default store."""
+        if self._run_store is not None:
+            return scoped(self._run_store, "refitter/")
         try:
             from torch.distributed.distributed_c10d import _get_default_store
 
@@ -118,15 +220,35 @@ class Refitter:
             return None
 
     def _build(self) -> None:
-        """Own control and data groups (collective), so a failed refit can be followed by fresh ones."""
-        self.groups = attach_groups(self.env, self.plan, self.device, self.timeout_s, own_data=True)
+        """Own control and data groups (collective), so a failed refit can be followed by fresh ones: over
+        the caller's default group, or in the update world."""
+        new_group = None
+        if self._run_store is not None:
+            # kept on self: torch holds only the C++ side of the Python store it is given (run_store.for_torch)
+            self._torch_store = for_torch(scoped(self._run_store, f"groups/attempt-{self._attempt}/"))
+            world = update_world.UpdateWorld(
+                self._torch_store, self.env.global_rank, self.env.world_size,
+                f"{self._world_name}-a{self._attempt}", timedelta(seconds=self.timeout_s),
+                self.device if self.device.type == "cuda" else None)
+            new_group = world.new_group
+        plans = list(self._plans.values())
+        self.groups = attach_groups(self.env, plans, self.device, self.timeout_s, own_data=True,
+                                    new_group=new_group)
         store = self._store()
-        self.groups.store = None if store is None else dist.PrefixStore(f"attempt-{self._attempt}/", store)
+        self.groups.store = None if store is None else scoped(store, f"attempt-{self._attempt}/")
         # every path of the refits connected now, bounded (preconnect.preconnect): the first refit, and the
         # first after a rebuild, do not meet a peer for the first time inside an unbounded post
         with self.events.phase("connect", attempt=self._attempt) as ph:
-            ph.update(preconnect(self.groups, self.plan, self.timeout_s))
-        self.executor = Executor(self.plan, self.groups, self.events, self.pool)
+            ph.update(preconnect(self.groups, plans, self.timeout_s))
+        self._executors: dict[str, Executor] = {}
+        self.executor = self._executor(self.plan.transport)
+
+    def _executor(self, transport: str) -> Executor:
+        """The executor of ``transport``'s plan on the current groups (made at its first refit)."""
+        ex = self._executors.get(transport)
+        if ex is None:
+            ex = self._executors[transport] = Executor(self._plans[transport], self.groups, self.events, self.pool)
+        return ex
 
     def holdings(self) -> dict[str, tuple[Box, ...]]:
         """The boxes (global HF coordinates) this rank holds, by HF tensor name; one local tensor per box."""
@@ -161,7 +283,8 @@ class Refitter:
         weights = LocalWeights(self.model, self._holdings,
                                {i: list(tensors[self.model.tensors[i].name]) for i in self._holdings})
         if got is not None:  # new tensors: views of the old ones must not keep them alive
-            self.executor.pieces.forget(got[1].data)
+            for ex in self._executors.values():
+                ex.pieces.forget(got[1].data)
         self._bound[what] = (key, weights, flat)
         return weights.alias()
 
@@ -179,6 +302,9 @@ class Refitter:
               producer: "torch.cuda.Stream | torch.cuda.Event | None" = None) -> IterationReport:
         """One refit (collective over every rank). Trainer ranks pass ``local_src``, inference ranks
         ``local_dst``; tensors per HF name in the order of ``holdings()``, each of its box's shape.
+        With a ``binding`` both default to its ``tensors()`` (the framework's parameters themselves).
+        With a ``transport_source`` update rank 0's choice is made and sent to every rank first; the
+        report says which transport ran and the ledger entry it came from.
         A failed attempt is retried up to ``retries`` times (every rank passes the same value), after
         every rank settled, on fresh groups; the error of the last attempt is raised. After a failure the
         Refitter stays usable: the next call rebuilds its groups first.
@@ -197,11 +323,18 @@ class Refitter:
                 current.wait_stream(producer)
             else:
                 raise TransferError(f"producer must be a torch.cuda.Stream or torch.cuda.Event, got {type(producer).__name__}")
+        if self.binding is not None:
+            if self.env.side == "train" and local_src is None:
+                local_src = self.binding.tensors()
+            elif self.env.side == "infer" and local_dst is None:
+                local_dst = self.binding.tensors()
         for attempt in range(retries + 1):
             if self._broken:
                 self._rebuild(step)
             try:
-                return self._refit_once(step, local_src, local_dst)
+                transport, entry = self._decide(step)
+                report = self._refit_once(step, local_src, local_dst, transport)
+                return dataclasses.replace(report, ledger_entry=entry)
             except TransferError as exc:
                 self._broken = True
                 self.events.record("attempt", 0.0, 0.0, error=exc, step=step, attempt=attempt)
@@ -225,7 +358,67 @@ class Refitter:
         self._build()
         self._broken = False
 
-    def _refit_once(self, step, local_src, local_dst) -> IterationReport:
+    def _decide(self, step: int) -> tuple[str, dict | None]:
+        """The transport of this refit and the ledger entry it came from: without a transport source the
+        plan's own; with one, update rank 0 asks its source and sends (transport, entry) to every rank
+        over the control group (one bounded broadcast), so both sides always run the same plan. A
+        source that fails, or names a transport this Refitter has no plan for, fails the refit on every
+        rank before any byte moves."""
+        with self.events.phase("decide", step=step) as ph:
+            if self._source is None:
+                transport, entry = self.plan.transport, None
+            else:
+                transport, entry = self._receive_decision(step)
+            ph.update(transport=transport, ledger_entry=entry)
+        return transport, entry
+
+    def _receive_decision(self, step: int) -> tuple[str, dict | None]:
+        """Update rank 0's decision on every rank: one broadcast over the control group of a fixed-size
+        buffer (its length, then its JSON), a second one only for a decision longer than that; each wait
+        bounded by ``timeout_s`` (a dead rank 0 fails the refit, nothing moved)."""
+        payload = b""
+        if self.env.global_rank == 0:
+            payload = json.dumps(self._ask_source(), default=str).encode()
+        head = torch.zeros(_DECISION_BYTES, dtype=torch.uint8)
+        if payload:
+            head[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
+            first = payload[:_DECISION_BYTES - 8]
+            head[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+        self._broadcast_ctrl(head)
+        n = int(head[:8].view(torch.int64).item())
+        data = bytes(head[8:8 + n].numpy())
+        if n > _DECISION_BYTES - 8:  # a long ledger entry: the rest in a second broadcast
+            rest = torch.empty(n - len(data), dtype=torch.uint8)
+            if payload:
+                rest.copy_(torch.frombuffer(bytearray(payload[len(data):]), dtype=torch.uint8))
+            self._broadcast_ctrl(rest)
+            data += bytes(rest.numpy())
+        got = json.loads(data.decode())
+        if "error" in got:
+            raise TransferError(f"refit of step {step} not started (nothing moved): {got['error']}")
+        return got["transport"], got["ledger_entry"]
+
+    def _broadcast_ctrl(self, t: torch.Tensor) -> None:
+        wait_works([dist.broadcast(t, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
+                   self.timeout_s, "transport decision", device=False)
+
+    def _ask_source(self) -> dict:
+        """Update rank 0: its transport source's decision, as sent to every rank. A note (the ledger could
+        not be read: the last good decision stands) is warned once per distinct note."""
+        try:
+            d = self._source()
+            transport, entry, note = d.transport, d.ledger_entry, d.note
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, not hang in the broadcast
+            return {"error": f"the transport source of update rank 0 failed: {type(exc).__name__}: {exc}"}
+        if note and note != self._noted:
+            self._noted = note
+            warnings.warn(f"reshardctl: transport source: {note}", RuntimeWarning, stacklevel=4)
+        if transport not in self._plans:
+            return {"error": f"the transport source named transport {transport!r}; this Refitter has plans "
+                             f"for {', '.join(self._plans)}"}
+        return {"transport": transport, "ledger_entry": None if entry is None else dict(entry)}
+
+    def _refit_once(self, step, local_src, local_dst, transport: str) -> IterationReport:
         st = State(committed_step=self._committed)
         local_error: ReshardError | None = None
         try:
@@ -244,7 +437,8 @@ class Refitter:
         except ReshardError as exc:
             # still take part: the readiness vote at the common start makes every rank raise at once
             local_error, st = exc, State(committed_step=self._committed)
-        ctx = RefitContext(self.plan, self.groups, self.executor, self.options, self.events)
+        ctx = RefitContext(self._plans[transport], self.groups, self._executor(transport), self.options,
+                           self.events)
         try:
             report = refit_once(ctx, st, None, step, not_ready=None if local_error is None else local_error.message)
         except TransferError:
@@ -259,14 +453,23 @@ class Refitter:
         if st.current is not None:
             # refit_once swapped: st.current holds the new bytes, st.staged the caller's tensors.
             self._commit_copy(st.current)
+            if self.binding is not None:  # duplicate copies inside the rank (an EPLB redundant slot)
+                self.binding.land_copies()
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # written before it is reported done
             self._staged = st.current  # the arena with the new bytes: the next refit's staging copy
         self._committed = step
 
     def close(self) -> None:
+        """Events flushed, buffers freed; in an update world its groups released (only reshardctl's: the
+        caller's default group is never touched) and the store dropped (update rank 0 stops hosting it)."""
         self.events.close()
         self.pool.clear()
+        if self._run_store is not None and self.groups is not None:
+            release(self.groups)
+            self.groups = self._run_store = self._torch_store = None
+            self._executors.clear()
+            self.executor = None
 
 
 def check_monitor(backend: str, environ: Mapping[str, str], unsafe_monitor: str = "refuse") -> None:

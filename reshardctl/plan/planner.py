@@ -74,7 +74,26 @@ def build_plan(
     )
     object.__setattr__(plan, "fingerprint", fingerprint(plan))
     object.__setattr__(plan, "planning_s", time.perf_counter() - t0)
+    plan.__dict__["broadcast_span"] = broadcast_span  # for plan_for (not a field: equality and pickles as before)
     return plan
+
+
+def plan_for(plan: Plan, transport: str) -> Plan:
+    """``plan`` itself when it is for ``transport``, else the plan of ``transport`` rebuilt from the
+    plan's own inputs (model, layouts, topology, bucket, relay, broadcast span): what a refitter switches
+    to when the site's ledger names another transport. Pure; the same plan ``build_plan`` gives for
+    those inputs (the same fingerprint)."""
+    if transport == plan.transport:
+        return plan
+    if not isinstance(plan, Plan):
+        raise PlanError(f"a {type(plan).__name__} cannot be re-planned for transport {transport!r}: only a "
+                        f"planner Plan carries its model, layouts and topology")
+    span = plan.__dict__.get("broadcast_span")
+    if span is None:  # a plan built elsewhere: its buckets say whether other trainer ranks join the group
+        T = plan.train_world
+        span = "stage" if any(sum(r < T for r in b.group) > 1 for b in plan.buckets) else "root"
+    return build_plan(plan.model, plan.train, plan.infer, plan.topology, transport=transport,
+                      bucket_bytes=plan.bucket_bytes, relay=plan.relay, broadcast_span=span)
 
 
 def fingerprint(plan: Plan) -> str:

@@ -31,7 +31,7 @@ def abort_data_plane(groups: "Groups") -> None:
     if abort is None:
         return
     try:
-        if groups.data is dist.group.WORLD:
+        if groups.data is not None and groups.data is dist.group.WORLD:
             abort()
             return
         try:

@@ -126,6 +126,10 @@ class IterationReport:
     bytes_sent: int  # payload bytes (regions), without padding and trailers
     bytes_received: int
     wire_bytes: int  # bytes actually posted (sent + received), padding and trailers included
+    transport: str = ""  # the transport of the plan this refit ran
+    # the ledger entry that made ``transport`` the site's active one ({"line", "action", "time", "user",
+    # "transport"}); None when the profile's default ruled or no ledger was consulted
+    ledger_entry: Mapping | None = None
 
 
 @dataclass(frozen=True)

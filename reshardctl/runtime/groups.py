@@ -36,6 +36,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import os
 import sys
@@ -50,6 +51,7 @@ from reshardctl.runtime import nccl_watchdog
 from reshardctl.runtime.abort import abort_data_plane, own_groups
 from reshardctl.runtime.bounded_wait import wait_works
 from reshardctl.runtime.env import RankEnv
+from reshardctl.runtime.update_world import registered
 from reshardctl.runtime.run_store import (
     CHECK_KEY, RunKeys, RunStore, answers, challenge, for_torch, listen_fd, scoped, seal, unseal,
 )
@@ -223,29 +225,47 @@ def nccl_error_handling(keep_users: bool = False):
 
 
 
-def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *, own_data: bool = False) -> Groups:
-    """On an initialised default group (ours, or an RL framework's): the control group, the data group
-    (the default group, or with ``own_data`` a fresh one, which the API rebuilds after a failure) and the
-    plan's broadcast sub-groups (collective: every rank calls this in the same order); then a check that
-    every rank is there. On NCCL the groups are built with ``nccl_error_handling`` and bound to the
-    device (``device_id``: their communicators are set up now, in the same order on every rank, not
-    lazily at a first broadcast outside any deadline; where torch's ``new_group`` takes no ``device_id``
-    they stay lazy)."""
+def default_world_groups(device: torch.device, timeout: timedelta):
+    """The group factory over the initialised default group (``dist.new_group``: every rank of the
+    default group calls it, members or not; a non-member gets torch's ``NON_GROUP_MEMBER``). NCCL
+    groups are bound to ``device`` where torch's ``new_group`` takes a ``device_id``."""
+    def new_group(members, backend: str):
+        bind = {"device_id": device} if backend == "nccl" and _NEW_GROUP_BINDS else {}
+        return dist.new_group(list(members), timeout=timeout, backend=backend, **bind)
+    return new_group
+
+
+def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *, own_data: bool = False,
+                  new_group=None) -> Groups:
+    """The control group, the data group (the default group, or with ``own_data`` a fresh one, which
+    the API rebuilds after a failure) and the plan's broadcast sub-groups (collective: every rank calls
+    this in the same order); then a check that every rank is there. ``new_group(members, backend)``
+    makes one group over ``env``'s ranks: by default over the initialised default group (ours, or an
+    RL framework's: ``default_world_groups``), or over reshardctl's own update world
+    (``update_world.UpdateWorld.new_group``: two worlds joined, the default group never used; needs
+    ``own_data``). On NCCL the groups are built with ``nccl_error_handling`` and bound to the device
+    (``device_id``: their communicators are set up now, in the same order on every rank, not lazily at
+    a first broadcast outside any deadline; where torch's ``new_group`` takes no ``device_id`` they stay
+    lazy)."""
     timeout = timedelta(seconds=timeout_s)
     nccl = env.backend == "nccl"
-    bind = {"device_id": device} if nccl and _NEW_GROUP_BINDS else {}
+    if new_group is None:
+        new_group = default_world_groups(device, timeout)
+    elif not own_data:
+        raise TransferError("groups of an update world need their own data group (own_data=True)")
+    groups = Groups(env, device, timeout)
     try:
-        groups = Groups(env, device, timeout)
         ranks = list(range(env.world_size))
-        groups.ctrl = dist.new_group(ranks, timeout=timeout, backend="gloo")
+        groups.ctrl = new_group(ranks, "gloo")
+        wanted = broadcast_groups(plan)
+        _check_same_groups(groups.ctrl, env, wanted)
         with nccl_error_handling(keep_users=not own_data) if nccl else contextlib.nullcontext():
-            groups.data = (dist.new_group(ranks, timeout=timeout, backend=env.backend, **bind) if own_data
-                           else dist.group.WORLD)
-            for members in broadcast_groups(plan):
+            groups.data = new_group(ranks, env.backend) if own_data else dist.group.WORLD
+            for members in wanted:
                 if len(members) == env.world_size:
                     pg = groups.data
                 else:
-                    pg = dist.new_group(list(members), timeout=timeout, backend=env.backend, **bind)
+                    pg = new_group(members, env.backend)
                 if env.global_rank in members:
                     groups.broadcast[members] = pg
         probe = torch.ones(1)
@@ -256,9 +276,25 @@ def attach_groups(env: RankEnv, plan, device: torch.device, timeout_s: float, *,
             p = torch.ones(1, device=device)
             wait_works([dist.all_reduce(p, group=groups.data, async_op=True)], groups, timeout_s, "group check")
         return groups
-    except (RuntimeError, ValueError, TypeError, AssertionError) as exc:  # torch's own checks (a bound device)
-        raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+    except BaseException as exc:
+        if own_data:  # the groups made so far are the API's own: none stays in torch's registry
+            release(groups)
+        if isinstance(exc, (RuntimeError, ValueError, TypeError, AssertionError)):  # torch's own checks
+            raise TransferError(f"rank {env.global_rank}: process groups ({env.backend}) failed: {exc}") from exc
+        raise
 
+
+def _check_same_groups(ctrl, env: RankEnv, wanted: list[tuple[int, ...]]) -> None:
+    """Every rank is about to create the same broadcast groups (one all-reduce of a digest of them over
+    the control group), else a ``TransferError`` on every rank now, not a group creation that waits for
+    members that never come (ranks given different plans, or a transport source on some ranks only)."""
+    digest = int.from_bytes(hashlib.sha256(repr(wanted).encode()).digest()[:7], "big")
+    probe = torch.tensor([digest, -digest], dtype=torch.int64)
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=ctrl)
+    if int(probe[0]) != digest or int(-probe[1]) != digest:
+        raise TransferError(f"rank {env.global_rank}: the ranks would create different broadcast groups (this "
+                            f"rank: {len(wanted)}): every rank must pass the same plan, and a transport source "
+                            f"on every rank or on none")
 
 
 def rebuild(groups: Groups, plan, store, timeout_s: float) -> Groups:
@@ -285,16 +321,15 @@ def release(groups: "Groups") -> None:
     groups are aborted, never destroyed (a destroy finalizes: it waits for every kernel of the
     communicator); gloo groups are destroyed. As reshardctl's own ranks that is every group (the default
     group included); under the API its own data, broadcast and control groups, never the framework's:
-    after a release none of them is left in torch's registry (``_world.pg_map``)."""
+    after a release none of them is left in torch's registry (``update_world.registered``)."""
     cuda = groups.device.type == "cuda"
     if cuda:
         abort_data_plane(groups)
-    if groups.data is dist.group.WORLD:
+    if groups.data is not None and groups.data is dist.group.WORLD:
         shutdown()
         return
-    registry = dist.distributed_c10d._world.pg_map
     for pg in [groups.ctrl] if cuda else [*own_groups(groups), groups.ctrl]:
-        if pg is not None and pg in registry:
+        if registered(pg):
             try:
                 dist.destroy_process_group(pg)
             except Exception:  # noqa: BLE001 - best effort: a group half gone must not stop the rebuild

@@ -274,4 +274,5 @@ def _refit_once(ctx: RefitContext, st: State, source, step: int, not_ready: str 
         step=step, committed=True, transfer_s=transfer_s, verify_s=verify_s,
         commit_s=time.perf_counter() - t2, full_check_s=full_s,
         bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received, wire_bytes=stats.wire_bytes,
+        transport=plan.transport,
     )
