@@ -36,12 +36,14 @@ from typing import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from reshardctl.errors import ReshardError, TransferError
+from reshardctl.bind.binding import Binding, bind
+from reshardctl.errors import BindingError, ReshardError, TransferError, VerificationError
 from reshardctl.layout.placement import Box
 from reshardctl.plan.planner import build_plan, plan_for
 from reshardctl.plan.refit_plan import TRANSPORTS, Plan
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
+from reshardctl.runbook.transport_source import Decision, LedgerTransport
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.device import data_plane_backend
 from reshardctl.runtime.bounded_wait import wait_works
@@ -60,6 +62,9 @@ from reshardctl.runtime import update_world
 from reshardctl.topology import side_of_global
 
 _DECISION_BYTES = 1024  # one control-plane broadcast carries update rank 0's transport decision (api.Refitter)
+__all__ = ["plan_refit", "bind", "Binding", "Refitter", "UpdateGroup", "LedgerTransport", "Decision", "IterationReport",
+           "ReshardError", "BindingError", "TransferError", "VerificationError"]
+
 _instances = [0]  # Refitters created in this process (the same count on every rank: construction is collective)
 
 
@@ -134,19 +139,25 @@ class Refitter:
     two worlds (docs/api.md, "Two worlds")."""
 
     def __init__(self, plan: Plan, *, binding=None, update_group: UpdateGroup | None = None,
-                 transport_source=None, events_dir: str | None = None, timeout_s: float = 300.0,
-                 unsafe_monitor: str = "refuse"):
+                 transport_source=None, site: str | None = None, events_dir: str | None = None,
+                 timeout_s: float = 300.0, unsafe_monitor: str = "refuse"):
         """``binding``: the framework's own parameters bound to the plan (reshardctl.bind: ``tensors()``
         is what ``refit`` moves, ``land_copies()`` runs after each commit on inference ranks);
         ``transport_source``: a callable returning a decision (``.transport``, ``.ledger_entry``,
         ``.note``; runbook.transport_source.LedgerTransport reads the site's ledger), asked by update
         rank 0 before each refit, its choice sent to every rank before any byte moves (every rank passes
-        one, or none; only rank 0's is consulted). ``unsafe_monitor``: what to do when the framework's
+        one, or none; only rank 0's is consulted). ``site``: the site profile (name or file) whose
+        ledger decides: ``transport_source=LedgerTransport(site)``, so ``reshardctl rollback --site S``
+        (or ``promote``) takes effect at the next refit. ``unsafe_monitor``: what to do when the framework's
         NCCL settings let torch's monitor kill this process after a failed refit
         (``nccl_watchdog.monitor_risk``): ``"refuse"`` (a ``TransferError``, before any group is built)
         or ``"warn"`` (a ``RuntimeWarning``, then go on)."""
         if unsafe_monitor not in ("refuse", "warn"):
             raise TransferError(f"unsafe_monitor={unsafe_monitor!r}: use 'refuse' or 'warn'")
+        if site is not None:
+            if transport_source is not None:
+                raise TransferError("Refitter: give site= (the site's ledger decides) or transport_source=, not both")
+            transport_source = LedgerTransport(site, warn=_said_by_refit)  # the Refitter warns of a note once
         T, I = plan.train_world, plan.infer_world
         if update_group is None:
             if not dist.is_initialized():
@@ -470,6 +481,10 @@ class Refitter:
             self.groups = self._run_store = self._torch_store = None
             self._executors.clear()
             self.executor = None
+
+
+def _said_by_refit(note: str) -> None:
+    """A ``LedgerTransport`` problem under a Refitter: the Refitter warns of the decision's note once."""
 
 
 def check_monitor(backend: str, environ: Mapping[str, str], unsafe_monitor: str = "refuse") -> None:
