@@ -11,6 +11,7 @@ import typer
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, LayoutError, OutputError
+from reshardctl.layout.megatron import MegatronLayout
 from reshardctl.request.request import RefitRequest
 
 app = typer.Typer(help="Trainer / inference layouts: which rank holds which part of every tensor.",
@@ -55,11 +56,13 @@ def _tensor_rows(layout, pattern: str | None) -> list[dict]:
     return rows
 
 
-def _rank_params(layout, rank: int, pattern: str | None) -> list[dict]:
+def _rank_params(layout, rank: int, pattern: str | None, megatron_spec: str) -> list[dict]:
     if not 0 <= rank < layout.world_size:
         raise LayoutError(f"--rank {rank} is outside {layout.side} world size {layout.world_size}")
     out = []
-    for p in layout.local_params(rank):
+    params = (layout.local_params(rank, spec=megatron_spec) if isinstance(layout, MegatronLayout)
+              else layout.local_params(rank))
+    for p in params:
         segs = [s for s in p.segments if not pattern or fnmatch.fnmatchcase(s.hf_name, pattern)]
         if pattern and not segs:
             continue
@@ -83,6 +86,9 @@ def show(
     rank: Optional[int] = typer.Option(None, "--rank", metavar="N",
                                        help="Show this rank's local (framework) parameters with segments."),
     tensor: Optional[str] = typer.Option(None, "--tensor", metavar="GLOB", help="Only HF tensors matching this glob."),
+    megatron_spec: str = typer.Option("te", "--megatron-spec", metavar="SPEC",
+                                      help="With --rank on a Megatron side: te (Transformer Engine names) | local "
+                                           "(megatron-core local spec names)."),
     as_json: bool = opt.JSON,
     site: Optional[str] = typer.Option(None, "--site", metavar="NAME|FILE", help="Site profile: check the allocation as `plan` does (the nodes "
                              "both sides need must fit in the site's nodes; builds both sides)."),
@@ -127,7 +133,7 @@ def show(
             list(lay.stage_ranks(p)) for p in range(lay.num_stages())]}
         if rank is not None:
             entry["rank"] = rank
-            entry["params"] = _rank_params(lay, rank, tensor)
+            entry["params"] = _rank_params(lay, rank, tensor, megatron_spec)
         else:
             entry["tensors"] = _tensor_rows(lay, tensor)
         result["sides"][s] = entry

@@ -176,3 +176,20 @@ def test_layout_export_creates_missing_parents_like_plan(capsys, tmp_path):
     code, out, err = run(capsys, "layout", "export", "--side", "train", "-o", str(tmp_path / "file" / "t.yaml"))
     assert code == 2 and f"{tmp_path / 'file'} is a file, not a directory" in err and out == ""
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_layout_show_rank_names_parameters_per_megatron_spec(capsys):
+    """`--megatron-spec local` lists the local spec's names (input_layernorm, local_experts.i); te the fused
+    TE names; anything else is exit 2 naming the choices."""
+    base = ["layout", "show", "--model", "tiny-qwen3-moe", "--train", "tp=2,ep=2", "--side", "train", "--rank", "1",
+            "--json"]
+    assert main(base) == 0
+    te = {p["param"] for p in json.loads(capsys.readouterr().out)["sides"]["train"]["params"]}
+    assert main(base + ["--megatron-spec", "local"]) == 0
+    local = {p["param"] for p in json.loads(capsys.readouterr().out)["sides"]["train"]["params"]}
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in te
+    assert "decoder.layers.0.input_layernorm.weight" in local and "decoder.layers.0.input_layernorm.weight" not in te
+    assert any(".mlp.experts.local_experts.0.linear_fc1.weight" in n for n in local)
+    assert not any("local_experts" in n for n in te)
+    assert main(base[:-1] + ["--megatron-spec", "bogus"]) == 2
+    assert "expected one of te, local" in capsys.readouterr().err
