@@ -53,6 +53,9 @@ def signature_problem(helper, world) -> str | None:
     return None
 
 
+# the helper's group_name type (a NewType of str in torch 2.13; plain str in releases before it)
+_GROUP_NAME = getattr(_c10d, "GroupName", str)
+
 # checked once, at import: None, or why an update world cannot be made with this torch
 INCOMPATIBLE = signature_problem(getattr(_c10d, "_new_process_group_helper", None), getattr(_c10d, "_world", None))
 
@@ -106,7 +109,7 @@ class UpdateWorld:
         nccl = backend == "nccl"
         with _no_split_from_default():
             pg, _ = _c10d._new_process_group_helper(
-                len(members), members.index(self.rank), [], backend, self.store, _c10d.GroupName(name),
+                len(members), members.index(self.rank), [], backend, self.store, _GROUP_NAME(name),
                 timeout=self.timeout, device_id=self.device if nccl else None,
             )
         _c10d._world.pg_group_ranks[pg] = {m: i for i, m in enumerate(members)}
