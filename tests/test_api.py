@@ -17,21 +17,9 @@ from reshardctl import api
 from reshardctl.errors import ReshardError
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
+from helpers.executor_taps import corrupt_once
 from helpers.small_llama import SMALL_LLAMA as SMALL  # noqa: E402
 from helpers.spawned_ranks import run_ranks
-
-
-
-def _corrupt_once(step: int):
-    """A byte flipped in what lands on this rank at ``step`` (the executor's tap, set by this test in its
-    own process: the API itself has no fault hooks); a rebuilt Refitter has a fresh executor, no tap."""
-    done = []
-
-    def tap(at, buf, n):
-        if at == step and n > 0 and not done:
-            buf[n // 2] ^= 0x5A
-            done.append(at)
-    return tap
 
 
 def _update(local, holdings, by_name, step: int, how: str) -> dict:
@@ -57,7 +45,7 @@ def _case(rank: int, cfg: str, transport: str, corrupt: int | None, retries: int
     by_name = {t.name: t for t in plan.model.tensors}
     refitter = api.Refitter(plan, timeout_s=60)
     if corrupt is not None and rank == 3:
-        refitter.executor.tap = _corrupt_once(corrupt)
+        refitter.executor.tap = corrupt_once(corrupt)
     holdings = refitter.holdings()
     trainer = rank < plan.train_world
     # the caller's own tensors: inference ranks start on step-0 weights

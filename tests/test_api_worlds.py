@@ -23,6 +23,7 @@ from reshardctl.errors import ReshardError, TransferError
 from reshardctl.launch.local import free_port
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
+from helpers.executor_taps import corrupt_once
 from helpers.small_llama import SMALL_LLAMA as SMALL
 from helpers.spawned_ranks import run_ranks
 
@@ -79,16 +80,6 @@ class Bound:
         self.landed += 1
 
 
-def _corrupt_once(step: int):
-    done = []
-
-    def tap(at, buf, n):
-        if at == step and n > 0 and not done:
-            buf[n // 2] ^= 0x5A
-            done.append(at)
-    return tap
-
-
 def _world_ok(default_pg) -> bool:
     """The caller's own default world is the one it made, alive, and still works (an all-reduce)."""
     t = torch.ones(1)
@@ -123,7 +114,7 @@ def _side(rank: int, ports: dict, cfg: str, events: str) -> dict:
                         for b, t in zip(bs, local[n]):
                             t.copy_(synthetic_region(by_name[n], b, step))
             if step == 4 and rank == 3:
-                refitter.executor.tap = _corrupt_once(4)
+                refitter.executor.tap = corrupt_once(4)
             try:
                 rep = refitter.refit(step)
                 ok, transport, entry = True, rep.transport, rep.ledger_entry
@@ -265,7 +256,7 @@ def _killed(rank: int, ports: dict, cfg: str, q) -> None:
         try:
             refitter.refit(2, **{arg: local})
             out = {"step2": "committed"}
-        except TransferError as exc:  # the root cause, or a knock-on Abandoned (a TransferError)
+        except TransferError:  # the root cause, or a knock-on Abandoned (a TransferError)
             out = {"step2": "TransferError"}
         out["default_registered"] = dist.group.WORLD is default_pg and default_pg in c10d._world.pg_map
         if side == "train":
