@@ -22,6 +22,7 @@ from reshardctl.commands import output
 from reshardctl.plan_files.export import write_outputs
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
+from reshardctl.runbook.transport_source import LedgerTransport
 from reshardctl.plan_report import plan_report
 
 
@@ -136,6 +137,11 @@ def _few_collections() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- command --------------------------------
+def _warn(text: str) -> None:
+    """A site ledger that cannot be used: said on stderr; the plan goes on (with the profile's transport)."""
+    output.err_console().print(f"warning: {text}", markup=False, highlight=False)
+
+
 @opt.refit_options(opt.place(opt.PLAN_FIELDS, "transport", after="mtp"))
 def plan_cmd(
     request: RefitRequest,
@@ -156,6 +162,8 @@ def plan_cmd(
     with _few_collections():  # the plans allocate many small objects
         inp = prepare(request.replace(transport=transport), out=out, export=export,
                       compare=list(compare_infer or []))
+        if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
+            inp.primary = LedgerTransport(request.site, warn=_warn)().transport
         plans, result = plan_report(inp)
     extra = None
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)

@@ -445,3 +445,25 @@ def test_lower_bound_reason_humanized_in_the_table_raw_in_json(capsys):
     (line,) = [ln for ln in out.splitlines() if ln.startswith("lower bound")]
     assert raw[0] not in line and "B" in line
     assert "busiest step: rank, link, bytes" in out
+
+
+def test_plan_marks_the_sites_active_transport_after_a_rollback(capsys, tmp_path):
+    """Without --transport the primary transport (the '*' row, the fingerprint, --export-transfers) is
+    the site's active one: its ledger's after a `rollback`, else the profile's refit.transport."""
+    import yaml
+
+    from helpers.runbook_helpers import site_profile
+
+    site = site_profile(tmp_path, "active", budget_s=60, state_dir=tmp_path / "state")
+    data = yaml.safe_load(open(site))
+    data["refit"]["transport"] = "reshard"
+    open(site, "w").write(yaml.safe_dump(data))
+    args = ["plan", "--site", site, "--model", "tiny-llama", "--train", "tp=2", "--infer", "tp=2", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["primary_transport"] == "reshard"
+    assert main(["rollback", "--site", site, "--reason", "test"]) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["primary_transport"] == "gather_broadcast"
+    assert main(args + ["--transport", "hybrid"]) == 0  # a flag still wins
+    assert json.loads(capsys.readouterr().out)["primary_transport"] == "hybrid"
