@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helpers.runbook_helpers import ledger_lines, site_profile
+from helpers.small_llama import SMALL_LLAMA
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "refit_loop.py"
@@ -23,7 +24,6 @@ sys.path.insert(0, str(EXAMPLE.parent))
 from stand_in_models import MegatronGPT, VllmLlama, reference_weights  # noqa: E402
 
 CLI = [sys.executable, "-m", "reshardctl"]
-LAYOUT = ["--model", "tiny-llama", "--train", "tp=2", "--infer", "tp=2"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -33,10 +33,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 class _Loop:
     """The example running in the background; each JSON line kept with the time it arrived."""
 
-    def __init__(self, site: str, steps: int, sleep_s: float):
-        self.proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--site", site, "--steps", str(steps),
-                                      "--sleep-s", str(sleep_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+    def __init__(self, site: str, model: str, steps: int, sleep_s: float):
+        self.proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--site", site, "--model", model, "--steps",
+                                      str(steps), "--sleep-s", str(sleep_s)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[float, dict]] = []
         self.stderr = ""
         self._out = threading.Thread(target=self._read, daemon=True)
@@ -82,21 +82,27 @@ class _Loop:
 
 @pytest.fixture(scope="module")
 def promoted_site(tmp_path_factory):
-    """A site whose profile says gather_broadcast, promoted to reshard from a real bench run."""
+    """A site whose profile says gather_broadcast, promoted to reshard from a real bench run; a small
+    Llama config (the catalog's tiny-llama is the example's default: its weights cost seconds per step
+    to generate in each of the four processes)."""
     tmp = tmp_path_factory.mktemp("loop-site")
     state = tmp / "state"
     site = site_profile(tmp, "loop", budget_s=60, state_dir=state)
-    bench = _cli("bench", "--site", site, *LAYOUT, "--iters", "1", "--warmup", "0", "--transport", "reshard",
+    (tmp / "small").mkdir()
+    (tmp / "small" / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    model = str(tmp / "small")
+    layout = ["--model", model, "--train", "tp=2", "--infer", "tp=2"]
+    bench = _cli("bench", "--site", site, *layout, "--iters", "1", "--warmup", "0", "--transport", "reshard",
                  "--transport", "gather_broadcast", "--out", str(tmp / "bench"))
     assert bench.returncode == 0, bench.stderr
     promote = _cli("promote", "--site", site, "--run", str(tmp / "bench"), "--force", "--reason", "loop test")
     assert promote.returncode == 0, promote.stderr
-    return site, state, tmp / "bench"
+    return site, state, tmp / "bench", model
 
 
 def test_rollback_and_promote_from_the_cli_switch_the_next_refit_of_a_running_loop(promoted_site):
-    site, state, bench = promoted_site
-    loop = _Loop(site, steps=9, sleep_s=2.5)
+    site, state, bench, model = promoted_site
+    loop = _Loop(site, model, steps=9, sleep_s=1.5)
     first = loop.wait_for(lambda ln: ln["step"] == 1, "step 1")
     promoted = ledger_lines(state)[-1]
     assert promoted["action"] == "promote" and promoted["transport"] == "reshard"
