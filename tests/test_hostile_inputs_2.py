@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.small_llama import SMALL_LLAMA
+
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 300
 SLURM_COMMANDS = ("sbatch", "scancel", "squeue", "sacct", "scontrol")
@@ -54,10 +56,13 @@ def refused(tmp_path: Path, *argv: str, needles: tuple[str, ...], **kw) -> str:
 
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory) -> Path:
-    """One real bench run (tp=2 -> tp=2, one timed refit per transport): summary.json, session.json, events."""
+    """One real bench run (tp=2 -> tp=2, one timed refit per transport) of a small Llama config:
+    summary.json, session.json, events (what the hostile files replace; the model's size is beside the point)."""
     d = tmp_path_factory.mktemp("hostile-bench")
-    code, _, err = cli(d, "bench", "--train", "tp=2", "--infer", "tp=2", "--iters", "1", "--warmup", "0",
-                       "--out", str(d / "bench"), timeout=1800)  # a real run, not a hang probe
+    (d / "small").mkdir()
+    (d / "small" / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    code, _, err = cli(d, "bench", "--model", str(d / "small"), "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
+                       "--warmup", "0", "--out", str(d / "bench"), timeout=1800)  # a real run, not a hang probe
     assert code == 0, err
     return d / "bench"
 
