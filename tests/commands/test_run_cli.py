@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -254,7 +255,7 @@ def test_a_run_refused_for_its_inputs_prints_the_error_alone(tmp_path, small, ca
     assert sorted(p.name for p in full.iterdir()) == ["old"]
 
 
-def _reshard_site(tmp_path) -> tuple[str, "Path"]:
+def _reshard_site(tmp_path) -> tuple[str, Path]:
     """A site whose profile says reshard, with its own ledger (state_dir)."""
     import yaml
 
