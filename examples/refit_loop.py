@@ -102,7 +102,7 @@ def main() -> int:
     ap.add_argument("--sleep-s", type=float, default=0.0, help="pause between steps (time to run a rollback)")
     args = ap.parse_args()
     ports = {"train": _free_port(), "infer": _free_port(), "update": _free_port()}
-    token = secrets.token_hex(16)  # the job's secret: a process without it cannot join the update group
+    token = secrets.token_hex(16)  # GLUE: the job's secret; a process without it cannot join the update group
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=fn, args=(r, args, token, ports, out)) for fn in (trainer, inference) for r in range(TP)]
