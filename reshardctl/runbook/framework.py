@@ -19,7 +19,7 @@ on a dense model it broadcasts every tensor. So only a measured ``hybrid`` of a 
 meet those conditions maps to ``nccl_reshard``; any other hybrid gets the reshardctl.api settings, with
 the reasons as comments. For ``reshard`` (and as the alternative for every
 transport) the settings make the job refit through ``reshardctl.api``: the policy and generation workers
-call ``api.Refitter(..., transport_source=LedgerTransport(os.environ["RESHARDCTL_SITE"]))`` in their refit
+call ``api.Refitter(..., site=os.environ["RESHARDCTL_SITE"])`` in their refit
 (docs/api.md), and the site's ledger decides at each refit, so a later ``promote`` or ``rollback`` takes
 effect at the job's next refit with no config change. ``RESHARDCTL_SITE`` reaches the workers through
 NeMo RL's ``policy.megatron_cfg.env_vars`` (``nemo_rl/models/policy/__init__.py:331``) and
@@ -41,7 +41,7 @@ import re
 from reshardctl.errors import InputError
 
 REFITTER_CALL = ('api.Refitter(plan, binding=..., update_group=..., '
-                 'transport_source=LedgerTransport(os.environ["RESHARDCTL_SITE"]))')
+                 'site=os.environ["RESHARDCTL_SITE"])')
 
 _NCCL_RESHARD = [
     "non-colocated generation: policy.generation.colocated.enabled=false (colocated refits use CUDA IPC)",

@@ -72,7 +72,7 @@ def test_what_nemo_rl_would_not_run_as_measured_gets_the_reshardctl_api_settings
     text = out.read_text()
     assert "nccl_reshard" not in yaml.safe_dump(yaml.safe_load(text)) and why in text
     assert yaml.safe_load(text) == api_settings(str(Path(site[0]).resolve()))
-    assert 'transport_source=LedgerTransport(os.environ["RESHARDCTL_SITE"])' in text
+    assert 'site=os.environ["RESHARDCTL_SITE"]' in text
     assert ledger_lines(site[1])[-1]["transport"] == transport
 
 
