@@ -271,7 +271,8 @@ def _reshard_site(tmp_path) -> tuple[str, Path]:
 
 def test_run_and_bench_without_transport_follow_the_ledger_and_the_flag_still_wins(tmp_path, small, capsys):
     """After `rollback --site S` a run without --transport runs gather_broadcast first (the profile says
-    reshard) and its summary, session.json and printed summary name the ledger entry; --transport wins."""
+    reshard) and its summary, session.json and printed summary name the ledger entry; --transport wins
+    without reading the ledger."""
     site, state = _reshard_site(tmp_path)
     layout = ["--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1", "--warmup", "0"]
     assert main(["rollback", "--site", site, "--reason", "drill"]) == 0
@@ -295,14 +296,6 @@ def test_run_and_bench_without_transport_follow_the_ledger_and_the_flag_still_wi
     first = min(c["step"] for c in commits)
     assert {c["transport"] for c in commits if c["step"] == first} == {"gather_broadcast"}
 
-    assert main(["run", *layout, "--transport", "reshard", "--out", str(tmp_path / "flag")]) == 0
-    printed = capsys.readouterr().out
-    assert "transport reshard: chosen by --transport" in printed
-    flagged = json.loads((tmp_path / "flag" / "summary.json").read_text())
-    assert set(flagged["transports"]) == {"reshard"}
-    assert flagged["transport_source"] == {"transport": "reshard", "decided_by": "flag", "ledger_entry": None,
-                                           "note": None}
-
     assert main(["bench", *layout, "--out", str(tmp_path / "bench")]) == 0
     printed = capsys.readouterr().out
     assert "transport gather_broadcast: the site's active transport, from its ledger (line 1: rollback by" in printed
@@ -310,15 +303,22 @@ def test_run_and_bench_without_transport_follow_the_ledger_and_the_flag_still_wi
     assert list(bench["transports"]) == ["reshard", "gather_broadcast", "hybrid"]  # every candidate measured
     assert bench["transport_source"] == want
 
+    # --transport wins, and the ledger is not even read (a torn line in it: no warning)
+    with open(state / "local.ledger.jsonl", "a") as f:
+        f.write('{"v": 1, "torn\n')
+    assert main(["run", *layout, "--transport", "reshard", "--out", str(tmp_path / "flag")]) == 0
+    io = capsys.readouterr()
+    assert "transport reshard: chosen by --transport" in io.out and "warning" not in io.err
+    flagged = json.loads((tmp_path / "flag" / "summary.json").read_text())
+    assert set(flagged["transports"]) == {"reshard"}
+    assert flagged["transport_source"] == {"transport": "reshard", "decided_by": "flag", "ledger_entry": None,
+                                           "note": None}
+
 
 def test_run_with_an_unusable_ledger_warns_and_runs_the_profiles_transport(tmp_path, small, capsys):
     site, state = _reshard_site(tmp_path)
     state.mkdir()
     (state / "local.ledger.jsonl").write_text('{"v": 1, "torn\n')
-    out = tmp_path / "r"
-    assert main(["run", "--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
-                 "--warmup", "0", "--transport", "reshard", "--out", str(out)]) == 0
-    assert "warning" not in capsys.readouterr().err  # the flag decided: the ledger was not read
     assert main(["run", "--site", site, "--model", small, "--train", "tp=2", "--infer", "tp=2", "--iters", "1",
                  "--warmup", "0", "--out", str(tmp_path / "r2"), "--quiet"]) == 0
     err = capsys.readouterr().err
