@@ -482,7 +482,7 @@ def ended_job(tmp_path_factory) -> str:
     pytest.fail(f"the test cluster's accounting never recorded job {job} as COMPLETED")
 
 
-def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str = "999999") -> None:
+def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str) -> None:
     """Make ``run`` look like a Slurm run of this tool: in the run index, with ``slurm/jobs.json``."""
     _jobs_json(run, job)
     d = tmp_path / "state" / "reshardctl"
@@ -608,7 +608,7 @@ def test_a_truncated_newer_or_special_session_json_is_refused_by_collect(tmp_pat
     assert (run_copy / "summary.json").read_bytes() == before  # nothing written
 
 
-def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp_path, run_copy):
+def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp_path, run_copy, ended_job):
     """One event parser (runs/records.parse_event, bounded): the report read lines with ``json.loads`` (a
     deeply nested line was a RecursionError traceback), and so did collect's Slurm readiness time (when
     accounting has the jobs' start) for lines holding "group_init"; now both skip such a line."""
@@ -617,7 +617,7 @@ def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp
     code, _, err = cli(tmp_path, "report", str(run_copy), "--out", str(tmp_path / "rep"))
     assert code == 0, err
     assert "2 unreadable event lines were skipped" in (tmp_path / "rep" / "report.md").read_text()
-    _unsettled_slurm_run(tmp_path, run_copy)
+    _unsettled_slurm_run(tmp_path, run_copy, ended_job)
     code, _, err = cli(tmp_path, "collect", str(run_copy))
     assert code == 1, err  # the jobs left no reports: a failed run, summarised
     summary = json.loads((run_copy / "summary.json").read_text())
