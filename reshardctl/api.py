@@ -386,7 +386,8 @@ class Refitter:
     def _receive_decision(self, step: int) -> tuple[str, dict | None]:
         """Update rank 0's decision on every rank: one broadcast over the control group of a fixed-size
         buffer (its length, then its JSON), a second one only for a decision longer than that; each wait
-        bounded by ``timeout_s`` (a dead rank 0 fails the refit, nothing moved)."""
+        bounded by ``timeout_s`` through ``wait_works`` (a rank 0 that dies here is not drilled: the
+        control group's gloo timeout is what would end the wait)."""
         payload = b""
         if self.env.global_rank == 0:
             payload = json.dumps(self._ask_source(), default=str).encode()
