@@ -8,6 +8,7 @@ on the command line.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -23,7 +24,7 @@ def _import_numpy_with_one_blas_thread() -> None:
         return
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
-        import numpy  # noqa: F401
+        importlib.import_module("numpy")
     finally:
         del os.environ["OPENBLAS_NUM_THREADS"]
 

@@ -3,11 +3,18 @@ the reference the grouped ``reshardctl.plan.m2n_compat`` must equal (tests/plan/
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from reshardctl.plan.m2n_compat import (
     EXAMPLES, LIMITS, REASONS, TensorCompat, _side_checks, fan_units, layout_mesh,
 )
+
+if TYPE_CHECKING:
+    from reshardctl.layout.side import SideLayout
+    from reshardctl.models.spec import ModelSpec
+    from reshardctl.topology import Topology
 
 
 def _fans(units) -> dict[int, tuple[int, int]]:
