@@ -26,7 +26,6 @@ leaves ``local_dst`` untouched. Reference: docs/api.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from datetime import timedelta
@@ -46,14 +45,15 @@ from reshardctl.request.resolve import prepare
 from reshardctl.runbook.transport_source import Decision, LedgerTransport
 from reshardctl.runtime.contract import IterationReport, RunOptions
 from reshardctl.runtime.device import data_plane_backend
-from reshardctl.runtime.bounded_wait import wait_works
-from reshardctl.runtime.env import SIDES, RankEnv
+from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.executor import Executor
 from reshardctl.runtime import nccl_watchdog
 from reshardctl.runtime.groups import attach_groups, release, rendezvous
 from reshardctl.runtime.preconnect import preconnect
 from reshardctl.runtime.settle import settle
+from reshardctl.runtime.transport_decision import DecisionChannel
+from reshardctl.runtime.update_group import UpdateGroup, update_backend
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -61,7 +61,6 @@ from reshardctl.runtime.run_store import CHECK_KEY, for_torch, scoped
 from reshardctl.runtime import update_world
 from reshardctl.topology import side_of_global
 
-_DECISION_BYTES = 1024  # one control-plane broadcast carries update rank 0's transport decision (api.Refitter)
 __all__ = ["plan_refit", "bind", "Binding", "Refitter", "UpdateGroup", "LedgerTransport", "Decision", "IterationReport",
            "ReshardError", "BindingError", "TransferError", "VerificationError"]
 
@@ -80,57 +79,6 @@ def plan_refit(*, model, train: str | None = None, infer: str | None = None, sit
     inp = prepare(request)
     return build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=transport,
                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateGroup:
-    """How this process joins the refit's update world when trainer and inference processes each keep
-    their own default world (or none), as NeMo RL / OpenRLHF / verl run them: ``address`` ("host:port")
-    is where update rank 0 (trainer ``side_rank`` 0) hosts the store, listening on that address only;
-    ``token`` the run's secret (a process without it is refused at the rendezvous, and the records the
-    ranks act on are sealed with keys derived from it); update ranks are ``side_rank`` for trainers and
-    ``T + side_rank`` for inference ranks. ``backend``: "gloo", "nccl", or "auto" (NCCL when the bound
-    parameters, else the caller's default group, else this machine's devices are CUDA)."""
-
-    address: str
-    token: str
-    side: str
-    side_rank: int
-    backend: str = "auto"
-
-    def host_port(self) -> tuple[str, int]:
-        host, sep, port = self.address.rpartition(":")
-        host = host.strip("[]")  # "[::1]:29500"
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise TransferError(f"UpdateGroup address {self.address!r}: expected host:port (port 1..65535)")
-        return host, int(port)
-
-    def update_rank(self, train_world: int, infer_world: int) -> int:
-        if not self.token:
-            raise TransferError("UpdateGroup token is empty: the update world admits only processes that hold the "
-                                "run's secret token (the same non-empty string on every process)")
-        if self.side not in SIDES:
-            raise TransferError(f"UpdateGroup side {self.side!r}: expected one of {', '.join(SIDES)}")
-        n = train_world if self.side == "train" else infer_world
-        if not 0 <= self.side_rank < n:
-            raise TransferError(f"UpdateGroup side_rank {self.side_rank}: the plan has {n} {self.side} ranks "
-                                f"(0..{n - 1})")
-        return self.side_rank if self.side == "train" else train_world + self.side_rank
-
-
-def _update_backend(wanted: str, binding) -> str:
-    """The data plane of an update world: ``wanted``, or for "auto" the bound parameters' device, else
-    the caller's default group's data plane, else NCCL where CUDA is available."""
-    if wanted in ("gloo", "nccl"):
-        return wanted
-    if wanted != "auto":
-        raise TransferError(f"UpdateGroup backend {wanted!r}: expected 'gloo', 'nccl' or 'auto'")
-    device = getattr(binding, "device", None)
-    if device is not None:
-        return "nccl" if torch.device(device).type == "cuda" else "gloo"
-    if dist.is_available() and dist.is_initialized():
-        return data_plane_backend(dist.get_backend())
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 class Refitter:
@@ -180,7 +128,7 @@ class Refitter:
             world, rank = T + I, update_group.update_rank(T, I)
             side, side_rank = update_group.side, update_group.side_rank
             addr, port = update_group.host_port()
-            backend = _update_backend(update_group.backend, binding)
+            backend = update_backend(update_group.backend, binding)
         check_monitor(backend, os.environ, unsafe_monitor)
         # the framework already chose this process's GPU (torch.cuda.set_device): it is used as it is
         local = torch.cuda.current_device() if backend == "nccl" else 0
@@ -196,7 +144,8 @@ class Refitter:
         if transport_source is not None:
             for t in TRANSPORTS:
                 self._plans.setdefault(t, plan_for(plan, t))
-        self._source, self._noted = transport_source, None
+        self._decisions = (None if transport_source is None else
+                           DecisionChannel(transport_source, self._plans, rank, timeout_s))
         self._run_store = self._world_name = None
         if update_group is not None:  # the update world's store, hosted by update rank 0; the token checked
             self._run_store = rendezvous(self.env, timeout_s, token=update_group.token)
@@ -376,59 +325,12 @@ class Refitter:
         source that fails, or names a transport this Refitter has no plan for, fails the refit on every
         rank before any byte moves."""
         with self.events.phase("decide", step=step) as ph:
-            if self._source is None:
+            if self._decisions is None:
                 transport, entry = self.plan.transport, None
             else:
-                transport, entry = self._receive_decision(step)
+                transport, entry = self._decisions.receive(step, self.groups)
             ph.update(transport=transport, ledger_entry=entry)
         return transport, entry
-
-    def _receive_decision(self, step: int) -> tuple[str, dict | None]:
-        """Update rank 0's decision on every rank: one broadcast over the control group of a fixed-size
-        buffer (its length, then its JSON), a second one only for a decision longer than that; each wait
-        bounded by ``timeout_s`` through ``wait_works`` (a rank 0 that dies here is not drilled: the
-        control group's gloo timeout is what would end the wait)."""
-        payload = b""
-        if self.env.global_rank == 0:
-            payload = json.dumps(self._ask_source(), default=str).encode()
-        head = torch.zeros(_DECISION_BYTES, dtype=torch.uint8)
-        if payload:
-            head[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
-            first = payload[:_DECISION_BYTES - 8]
-            head[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-        self._broadcast_ctrl(head)
-        n = int(head[:8].view(torch.int64).item())
-        data = bytes(head[8:8 + n].numpy())
-        if n > _DECISION_BYTES - 8:  # a long ledger entry: the rest in a second broadcast
-            rest = torch.empty(n - len(data), dtype=torch.uint8)
-            if payload:
-                rest.copy_(torch.frombuffer(bytearray(payload[len(data):]), dtype=torch.uint8))
-            self._broadcast_ctrl(rest)
-            data += bytes(rest.numpy())
-        got = json.loads(data.decode())
-        if "error" in got:
-            raise TransferError(f"refit of step {step} not started (nothing moved): {got['error']}")
-        return got["transport"], got["ledger_entry"]
-
-    def _broadcast_ctrl(self, t: torch.Tensor) -> None:
-        wait_works([dist.broadcast(t, src=0, group=self.groups.ctrl, async_op=True)], self.groups,
-                   self.timeout_s, "transport decision", device=False)
-
-    def _ask_source(self) -> dict:
-        """Update rank 0: its transport source's decision, as sent to every rank. A note (the ledger could
-        not be read: the last good decision stands) is warned once per distinct note."""
-        try:
-            d = self._source()
-            transport, entry, note = d.transport, d.ledger_entry, d.note
-        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, not hang in the broadcast
-            return {"error": f"the transport source of update rank 0 failed: {type(exc).__name__}: {exc}"}
-        if note and note != self._noted:
-            self._noted = note
-            warnings.warn(f"reshardctl: transport source: {note}", RuntimeWarning, stacklevel=4)
-        if transport not in self._plans:
-            return {"error": f"the transport source named transport {transport!r}; this Refitter has plans "
-                             f"for {', '.join(self._plans)}"}
-        return {"transport": transport, "ledger_entry": None if entry is None else dict(entry)}
 
     def _refit_once(self, step, local_src, local_dst, transport: str) -> IterationReport:
         st = State(committed_step=self._committed)

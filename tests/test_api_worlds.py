@@ -54,7 +54,7 @@ def _entry(line: int, action: str, transport: str, user: str = "ops") -> dict:
     return {"line": line, "action": action, "time": "2026-12-01T22:00:00Z", "user": user, "transport": transport}
 
 
-LONG = "ops-" + "x" * 3000  # a decision longer than one control broadcast (api._DECISION_BYTES): sent in two
+LONG = "ops-" + "x" * 3000  # a decision longer than one control broadcast (runtime/transport_decision.py DECISION_BYTES): sent in two
 
 
 NOTE = "the ledger cannot be read (permission denied): the last good decision stands"
