@@ -87,16 +87,22 @@ def _world_ok(default_pg) -> bool:
     return dist.group.WORLD is default_pg and default_pg in c10d._world.pg_map and int(t.item()) == 2
 
 
-def _side(rank: int, ports: dict, cfg: str, events: str) -> dict:
+def _own_world(rank: int, ports: dict, cfg: str):
+    """This process's side, its own default world (its own store and port, world 2: the other side is
+    not in it), the plan, and its UpdateGroup; with what torch had registered before reshardctl."""
     side, side_rank = ("train", rank) if rank < 2 else ("infer", rank - 2)
-    # this side's own world: its own store and port, world 2 (the other side is not in it)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[side]}", rank=side_rank, world_size=2)
     default_pg = dist.group.WORLD
     before = set(c10d._world.pg_map)
     plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+    ug = api.UpdateGroup(address=f"127.0.0.1:{ports['update']}", token=TOKEN, side=side, side_rank=side_rank)
+    return side, side_rank, default_pg, before, plan, ug
+
+
+def _side(rank: int, ports: dict, cfg: str, events: str) -> dict:
+    side, side_rank, default_pg, before, plan, ug = _own_world(rank, ports, cfg)
     by_name = {t.name: t for t in plan.model.tensors}
     source = Source(RANK0 if rank == 0 else OTHERS)
-    ug = api.UpdateGroup(address=f"127.0.0.1:{ports['update']}", token=TOKEN, side=side, side_rank=side_rank)
     # the binding's tensors: held boxes of the plan, step 0 to begin with
     boxes = (plan.src_holdings if side == "train" else plan.dst_holdings)(side_rank)
     local = {plan.model.tensors[i].name: [synthetic_region(plan.model.tensors[i], b, 0) for b in bs]
@@ -237,13 +243,8 @@ def _killed(rank: int, ports: dict, cfg: str, q) -> None:
 
     try:
         torch.set_num_threads(1)
-        side, side_rank = ("train", rank) if rank < 2 else ("infer", rank - 2)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[side]}", rank=side_rank, world_size=2)
-        default_pg = dist.group.WORLD
-        before = set(c10d._world.pg_map)
-        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        side, side_rank, default_pg, before, plan, ug = _own_world(rank, ports, cfg)
         by_name = {t.name: t for t in plan.model.tensors}
-        ug = api.UpdateGroup(address=f"127.0.0.1:{ports['update']}", token=TOKEN, side=side, side_rank=side_rank)
         refitter = api.Refitter(plan, update_group=ug, timeout_s=30)
         local = {n: [synthetic_region(by_name[n], b, 1) for b in bs] for n, bs in refitter.holdings().items()}
         arg = "local_src" if side == "train" else "local_dst"
