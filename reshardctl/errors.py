@@ -68,6 +68,13 @@ class Interrupted(ReshardError):
     exit_code = 130
 
 
+class NotEnded(LaunchError):
+    """A run asked about (``reshardctl collect`` without ``--wait``) has not ended: its jobs are queued or
+    running; nothing was read or written. Says each job's state. Exit code 3 (not a failure of the run)."""
+
+    exit_code = 3
+
+
 class RecordError(ReshardError):
     """A run's record (``summary.json``, ``run.json``, its plan files) could not be written: a full or
     read-only disk. Names the file and says what the ranks did (a refit may have committed). Exit code 1."""

@@ -327,9 +327,11 @@ def test_collect_job_flag_and_the_index_are_checked_before_any_command(tmp_path,
 def test_valid_job_ids_reach_the_commands_after_the_options(tmp_path, run_copy, slurm_recorder):
     env, log = slurm_recorder
     _jobs_json(run_copy, "12+1")
+    squeue = Path(env["PATH"].split(":")[0]) / "squeue"  # the job is running: cancel asks, then cancels it
+    squeue.write_text(f'#!/bin/sh\necho "squeue $*" >> {log}\necho "12+1|RUNNING|None|n1"\n')
     code, _, err = cli(tmp_path, "cancel", str(run_copy), env=env)
     assert code == 0, err
-    assert log.read_text() == "scancel -- 12+1\n"
+    assert log.read_text().splitlines() == ["squeue -h -o %i|%T|%r|%N --jobs=12+1", "scancel -- 12+1"]
 
 
 def test_slurm_cli_validates_too():

@@ -179,10 +179,8 @@ def plan_cmd(
         for p in paths:
             output.info(f"wrote {escape(str(p))}")
         if out is not None:
-            script = next(p for p in paths if p.suffix == ".sbatch")
-            # umask 077: Slurm creates the job's own output file with the submitter's umask
-            output.info(f"to run it on Slurm by hand: (umask 077 && sbatch {escape(shlex.quote(str(script)))}), then "
-                        f"reshardctl collect {escape(shlex.quote(str(out)))} --job <id> --wait")
+            for line in hand_submission(paths, out):
+                output.info(escape(line))
         if export is not None:
             where = "stdout" if export == "-" else escape(str(export))
             output.info(f"wrote {n:,} {escape(result['primary_transport'])} transfer lines to {where}")
@@ -195,3 +193,20 @@ def plan_cmd(
 
 
 __all__ = ["plan_cmd", "render"]
+
+
+def hand_submission(paths, out: str) -> list[str]:
+    """The shell lines that submit `plan --out DIR`'s job scripts by hand and collect the run: a het job,
+    or the two jobs (the inference job held until the trainer job has started: ``--dependency=after``).
+    umask 077: Slurm creates the jobs' own output files with the submitter's umask."""
+    scripts = {p.name: shlex.quote(str(p)) for p in paths if p.suffix == ".sbatch"}
+    collect = f"reshardctl collect {shlex.quote(str(out))}"
+    if "hetjob.sbatch" in scripts:
+        return ["to run it on Slurm by hand:",
+                f"  job=$(umask 077 && sbatch --parsable {scripts['hetjob.sbatch']})",
+                f'  {collect} --job "$job" --wait']
+    return ["to run it on Slurm by hand (two jobs; the inference job starts once the trainer job has started):",
+            f"  train=$(umask 077 && sbatch --parsable {scripts['train.sbatch']})",
+            f'  infer=$(umask 077 && sbatch --parsable --dependency=after:"$train" {scripts["infer.sbatch"]})',
+            f'  {collect} --job "$train,$infer" --wait']
+

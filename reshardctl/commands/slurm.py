@@ -10,7 +10,7 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.errors import InputError
+from reshardctl.errors import InputError, LaunchError
 
 
 def jobs_cmd(
@@ -62,22 +62,29 @@ def jobs_cmd(
 
 
 def cancel_cmd(run_dir: str = typer.Argument(..., help="The run directory of a Slurm run.")) -> None:
-    """Cancel the Slurm jobs of a run (both jobs of a two-jobs run)."""
-    from reshardctl.launch import slurm, slurm_cli
+    """Cancel the Slurm jobs of a run that are still queued or running (both jobs of a two-jobs run); say
+    each job's state. Exit 0 when a job was cancelled, 1 when every job had ended already."""
+    from reshardctl.launch import slurm
 
     run = slurm.SlurmRun.load(run_dir)
-    slurm_cli.scancel(run.ids)
-    output.console().print(f"cancelled Slurm job(s) {', '.join(run.ids)} of {run_dir}", markup=False,
-                           highlight=False)
+    before, cancelled = slurm.cancel_run(run)
+    roles = {j: role for role, j in run.job_ids.items()}
+    lines = [f"Slurm job {j} ({roles[j]}): {before[j]} -> cancelled" if j in cancelled else
+             f"Slurm job {j} ({roles[j]}): {before[j]}, ended already: nothing to cancel" for j in run.ids]
+    if not cancelled:
+        raise LaunchError(f"nothing cancelled in {run_dir}: every job of the run ended already\n  " + "\n  ".join(lines))
+    output.console().print("\n".join(lines) + f"\ncancelled {len(cancelled)} Slurm job(s) of {run_dir}",
+                           markup=False, highlight=False)
 
 
 def collect_cmd(
     run_dir: str = typer.Argument(..., help="The run directory of a Slurm run."),
     wait: bool = typer.Option(False, "--wait", help="Wait until the jobs ended (default: refuse while they run)."),
-    job: Optional[str] = typer.Option(None, "--job", help="Job id of a run submitted by hand from `plan --out DIR` scripts."),
+    job: Optional[str] = typer.Option(None, "--job", help="Job id(s) of a run submitted by hand from `plan --out DIR` scripts: ID (het job) or TRAIN_ID,INFER_ID (two jobs)."),
     as_json: bool = opt.JSON,
 ) -> None:
-    """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table."""
+    """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table. Exit 3
+    (nothing collected) while its jobs are queued or running, unless --wait."""
     from reshardctl.commands.run import show_summary
     from reshardctl.runs.collect import collect_session
 

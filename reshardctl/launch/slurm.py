@@ -29,6 +29,7 @@ from reshardctl.atomic_write import write_json_atomic, write_text_atomic
 from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
 from reshardctl.errors import InputError, LaunchError, RecordError, TransferError
 from reshardctl.launch import slurm_cli
+from reshardctl.launch.cancellation import cancellation, cancelled_text, record_cancel
 from reshardctl.launch.failures import failure_line, knock_on_text, lost_record, order_failures, ranks_text
 from reshardctl.launch.slurm_request import SlurmRequest
 from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
@@ -88,14 +89,52 @@ class SlurmRun:
             raise InputError(f"{path}: {exc}") from None
 
 
+def hand_job_ids(run_dir: Path, job: str) -> tuple[str, dict[str, str]]:
+    """The mode and role -> job id of jobs submitted by hand from `reshardctl plan --out DIR`'s scripts:
+    ``--job ID`` for a het job (``hetjob.sbatch``), ``--job TRAIN_ID,INFER_ID`` for two jobs
+    (``train.sbatch`` then ``infer.sbatch``). ``InputError`` (before any command runs) otherwise."""
+    ids = slurm_cli.check_job_ids([j.strip() for j in job.split(",")], "--job")
+    scripts = {p.name for p in (Path(run_dir) / "slurm").glob("*.sbatch")}
+    if "hetjob.sbatch" in scripts:
+        if len(ids) != 1:
+            raise InputError(f"--job {job}: {run_dir} was planned as one het job (slurm/hetjob.sbatch): give its "
+                             f"one job id, got {len(ids)}")
+        return "hetjob", {"het": ids[0]}
+    if {"train.sbatch", "infer.sbatch"} <= scripts:
+        if len(ids) != 2:
+            raise InputError(f"--job {job}: {run_dir} was planned as two jobs (slurm/train.sbatch, slurm/infer.sbatch): "
+                             f"give both job ids, the trainer job's first: --job TRAIN_ID,INFER_ID",
+                             hint="squeue --me shows them; a job id alone would track one of the two jobs")
+        if ids[0] == ids[1]:
+            raise InputError(f"--job {job}: the trainer and inference jobs are two jobs with two ids")
+        return "two-jobs", {"train": ids[0], "infer": ids[1]}
+    raise InputError(f"--job {job}: {run_dir}/slurm holds no job scripts of `reshardctl plan --out` "
+                     f"(hetjob.sbatch, or train.sbatch and infer.sbatch)")
+
+
 def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
-    """Record a job submitted by hand (from `reshardctl plan --out DIR`'s scripts) as this run's."""
-    slurm_cli.check_job_id(job, "--job")
+    """Record jobs submitted by hand (from `reshardctl plan --out DIR`'s scripts) as this run's
+    (``hand_job_ids``)."""
+    mode, ids = hand_job_ids(run_dir, job)
     scripts = sorted(str(p) for p in (Path(run_dir) / "slurm").glob("*.sbatch"))
-    mode = "hetjob" if any(p.endswith("hetjob.sbatch") for p in scripts) else "two-jobs"
-    run = SlurmRun(str(run_dir), mode, {"het" if mode == "hetjob" else "job": job}, time.time(), scripts, world)
+    run = SlurmRun(str(run_dir), mode, ids, time.time(), scripts, world)
     run.save()
     return run
+
+
+def cancel_run(run: SlurmRun) -> tuple[dict[str, str], list[str]]:
+    """``reshardctl cancel``: each job's state just before (the queue's, else accounting's, else
+    UNKNOWN), and the jobs cancelled: those still pending or running. Who cancelled them and when is
+    recorded first (launch/cancellation.py), so a summary written later says so."""
+    live = job_states(run.ids)
+    ended = [j for j in run.ids if j not in live]
+    acct = final_states(ended, wait_s=0.0) if ended else {}
+    before = {j: (live.get(j) or acct.get(j) or slurm_cli.JobState(j, "UNKNOWN")).state for j in run.ids}
+    cancel = [j for j in run.ids if j in live and not live[j].terminal and live[j].state != "COMPLETING"]
+    if cancel:
+        record_cancel(run.run_dir, {j: before[j] for j in cancel})
+        slurm_cli.scancel(cancel)
+    return before, cancel
 
 
 def write_scripts(request: SlurmRequest) -> list[Path]:
@@ -176,7 +215,8 @@ def _fold(job: str, comps: list[slurm_cli.JobState]) -> slurm_cli.JobState:
     bad = [c for c in comps if c.terminal and c.state != "COMPLETED"]
     if bad:
         return slurm_cli.JobState(job, bad[0].state, bad[0].reason, _nodes(comps), bad[0].exit_code,
-                                  comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s)
+                                  comps[0].submit, comps[0].start, comps[0].end, comps[0].elapsed_s,
+                                  cancelled_by=bad[0].cancelled_by)
     states = {c.state for c in comps}
     state = "PENDING" if "PENDING" in states else ("RUNNING" if states & {"RUNNING", "CONFIGURING", "COMPLETING"}
                                                    else comps[0].state)
@@ -280,7 +320,7 @@ def _tail(path: Path, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _last_words(run_dir: Path, rank: int) -> str:
+def _last_words(run_dir: Path, rank: int, cancelled: bool = False) -> str:
     """What a rank that left no report said last: its stderr's last lines, else its last event."""
     err = _tail(run_dir / "logs" / f"rank-{rank}.err")
     if err:
@@ -289,12 +329,14 @@ def _last_words(run_dir: Path, rank: int) -> str:
     if e:
         step = f" of step {e['step']}" if e.get("step") is not None else ""
         return f" (stopped after its {e.get('phase')} phase{step}; no stderr)"
-    return " and wrote nothing (it never started?)"
+    return " and wrote nothing before the job was cancelled" if cancelled else " and wrote nothing (it never started?)"
 
 
-def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str, list[RankReport]], dict[int, str]]:
+def read_reports(run_dir: Path, world: int, names: list[str], *,
+                 cancelled: bool = False) -> tuple[dict[str, list[RankReport]], dict[int, str]]:
     """The ranks' reports (``reports/rank-N.json``): ``{plan name: reports in rank order}`` of the ranks
-    that reported, and ``{rank: why}`` for those that did not (with their stderr's last lines)."""
+    that reported, and ``{rank: why}`` for those that did not (with their stderr's last lines;
+    ``cancelled``: the run was cancelled, which is why a rank may have written nothing)."""
     by_rank: dict[int, dict[str, RankReport]] = {}
     lost: dict[int, str] = {}
     for r in range(world):
@@ -302,7 +344,7 @@ def read_reports(run_dir: Path, world: int, names: list[str]) -> tuple[dict[str,
         try:
             data = loads_json(read_text(path, MAX_REPORT_BYTES))
         except LoadError:
-            lost[r] = "left no report" + _last_words(run_dir, r)
+            lost[r] = "left no report" + _last_words(run_dir, r, cancelled)
             continue
         if not isinstance(data, dict):
             lost[r] = f"left a report that is not a JSON object ({path})"
@@ -329,6 +371,12 @@ def failure_records(session: Mapping[str, list[RankReport]], lost: Mapping[int, 
     return order_failures(recs, failing) if (recs or failing) else []
 
 
+def who_cancelled(run: SlurmRun, w: Watch) -> dict | None:
+    """Who cancelled the run and when (launch/cancellation.py), unless this tool's own watch cancelled it
+    (Ctrl-C or a signal to an attached run: ``w.interrupted``, said by the interrupt itself)."""
+    return None if w.interrupted else cancellation(run.run_dir, run.ids, w.states, w.cancelled_peer)
+
+
 def slurm_record(run: SlurmRun, w: Watch | None, run_dir: Path) -> dict:
     """The ``slurm`` section of ``summary.json``."""
     rec: dict = {"mode": run.mode, "job_ids": dict(run.job_ids), "submitted_at": run.submitted_at,
@@ -339,6 +387,10 @@ def slurm_record(run: SlurmRun, w: Watch | None, run_dir: Path) -> dict:
     rec["exit_codes"] = {j: s.exit_code for j, s in w.states.items()}
     rec["nodes"] = _side_nodes(run, w)
     rec["interrupted"] = w.interrupted
+    cancelled = who_cancelled(run, w)
+    if cancelled:
+        rec["interrupted"] = True
+        rec["cancelled"] = cancelled
     if w.cancelled_peer:
         rec["cancelled_peer"] = w.cancelled_peer
     started = w.first_running_at
@@ -386,13 +438,15 @@ def _ranks_ready_at(run_dir: Path) -> float | None:
     return max(ends) if ends else None
 
 
-def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: list[RankReport]) -> str | None:
-    """Why the Slurm session failed, in one paragraph, or None when it did not."""
+def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: list[RankReport],
+                    cancelled: Mapping | None = None) -> str | None:
+    """Why the Slurm session failed, in one paragraph, or None when it did not; a run a person
+    cancelled (``cancelled``: launch/cancellation.py) says so first."""
     bad_jobs = {j: s for j, s in w.states.items() if s.state != "COMPLETED"}
     missing = [j for j in run.ids if j not in w.states]
     if not (bad_jobs or lost or failed or w.interrupted):
         return None
-    lines = []
+    lines = [cancelled_text(cancelled)] if cancelled else []
     for j, s in bad_jobs.items():
         extra = f", exit {s.exit_code}" if s.exit_code and s.exit_code != "0:0" else ""
         reason = f", reason {s.reason}" if s.reason and s.reason != "None" else ""
@@ -420,6 +474,8 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
             lines.append(knock_on_text(others))
     if not lines:
         return None
+    if cancelled:
+        return "Slurm run cancelled:\n  " + "\n  ".join(lines)
     batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
     tails = [f"{p.name}:\n      " + _tail(p, 5).replace("\n", "\n      ") for p in batch if _tail(p, 5)]
     if tails and (lost or bad_jobs):

@@ -109,6 +109,7 @@ class JobState:
     start: str = ""
     end: str = ""
     elapsed_s: float | None = None
+    cancelled_by: str = ""  # accounting's "CANCELLED by <uid>": the uid of whoever cancelled the job
 
     @property
     def terminal(self) -> bool:
@@ -117,6 +118,15 @@ class JobState:
 
 def _base_state(state: str) -> str:
     return state.split()[0].rstrip("+") if state else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+
+
+_CANCELLED_BY = re.compile(r"CANCELLED\+? by ([0-9]{1,10})")
+
+
+def _cancelled_by(state: str) -> str:
+    """The uid in accounting's ``CANCELLED by 1000`` ("" for any other state)."""
+    m = _CANCELLED_BY.match(state.strip())
+    return m.group(1) if m else ""
 
 
 def squeue(job_ids: Sequence[str]) -> dict[str, JobState]:
@@ -157,5 +167,5 @@ def sacct(job_ids: Sequence[str]) -> dict[str, JobState]:
         except ValueError:
             elapsed = None
         out[f[0]] = JobState(f[0], _base_state(f[1]), reason=f[8], nodes=f[3], exit_code=f[2], submit=f[4],
-                             start=f[5], end=f[6], elapsed_s=elapsed)
+                             start=f[5], end=f[6], elapsed_s=elapsed, cancelled_by=_cancelled_by(f[1]))
     return out

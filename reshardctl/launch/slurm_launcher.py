@@ -15,15 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from reshardctl.errors import InputError, Interrupted, LaunchError, ReshardError
+from reshardctl.errors import InputError, Interrupted, LaunchError, NotEnded, ReshardError
 from reshardctl.launch import slurm
 from reshardctl.launch.launcher import DryRun, LaunchJob, Outcome, Progress
 from reshardctl.runs.records import commits_by_side, count_commits
-from reshardctl.launch.slurm_cli import check_job_id
 from reshardctl.launch.slurm_request import build_request
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
-from reshardctl.launch.run_index import record_run
+from reshardctl.launch.run_index import list_runs, record_run
 from reshardctl.runs.rundir import DEFAULT_BASE, launcher_alive, mark_run, read_run, settle
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.session_file import SESSION_FILE, session_bytes, write_session
@@ -66,16 +65,18 @@ class _TermAsInterrupt:
 def _outcome(ctx: dict, run: slurm.SlurmRun, w: slurm.Watch, run_dir: Path, wall_s: float) -> Outcome:
     """The ranks' reports read back, why the run failed (if it did), the summary's ``slurm`` section."""
     names = list(ctx["transports"])
-    session, lost = slurm.read_reports(run_dir, ctx["world"], names)
+    cancelled = slurm.who_cancelled(run, w)  # by a person: the summary says who and when
+    session, lost = slurm.read_reports(run_dir, ctx["world"], names, cancelled=cancelled is not None)
     failed = [r for rs in session.values() for r in rs if not r.ok]
-    msg = slurm.failure_message(run, w, lost, failed)
+    msg = slurm.failure_message(run, w, lost, failed, cancelled)
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
     extra = {"slurm": slurm.slurm_record(run, w, run_dir)}
     if lost:
         extra["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
-    return Outcome(session, err, wall_s, slurm.failure_records(session, lost, run_dir), w.interrupted, extra,
+    return Outcome(session, err, wall_s, slurm.failure_records(session, lost, run_dir),
+                   w.interrupted or cancelled is not None, extra,
                    handle=run, started_at=run.submitted_at)
 
 
@@ -174,7 +175,7 @@ class SlurmLauncher:
 
     def check_collect(self, run_dir: Path, job: str | None) -> None:
         if job is not None:
-            check_job_id(job, "--job")  # before anything is read or run
+            slurm.hand_job_ids(run_dir, job)  # job ids checked before anything is read or run
         read_run(run_dir)  # a FIFO or device as run.json: refused (InputError naming it) before anything runs
 
     def collect(self, run_dir: Path, ctx: dict, *, wait: bool, job: str | None,
@@ -183,7 +184,11 @@ class SlurmLauncher:
         ``job``: the job id of a run submitted by hand from `reshardctl plan --out DIR` (recorded in
         ``slurm/jobs.json``). Raises ``LaunchError`` when the jobs still run and ``wait`` is off."""
         if job is not None:
-            slurm.adopt(run_dir, job, world=ctx["world"])
+            adopted = slurm.adopt(run_dir, job, world=ctx["world"])
+            if not any(r["run_dir"] == str(run_dir) and r["job_ids"] == adopted.job_ids for r in list_runs()):
+                record_run({"run_dir": str(run_dir), "site": (ctx.get("inputs") or {}).get("site"), "mode": adopted.mode,
+                            "job_ids": adopted.job_ids, "submitted_at": adopted.submitted_at, "detached": True,
+                            "by_hand": True})  # `reshardctl jobs` lists it from now on
         run = slurm.SlurmRun.load(run_dir)
         t0 = time.perf_counter()
         if wait:
@@ -194,8 +199,8 @@ class SlurmLauncher:
             running = {j: s for j, s in live.items() if not s.terminal}
             if running:
                 states = ", ".join(f"{j} {s.state}" for j, s in running.items())
-                raise LaunchError(f"{run_dir}: the run has not ended (Slurm job {states})",
-                                  hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
+                raise NotEnded(f"{run_dir}: the run has not ended (Slurm job {states}); nothing was collected",
+                               hint="wait with `reshardctl collect --wait`, or stop it with `reshardctl cancel`")
             w = slurm.Watch(slurm.final_states(run.ids, components=run.components()), None, time.time())
         return _outcome(ctx, run, w, run_dir, time.perf_counter() - t0)
 

@@ -123,19 +123,68 @@ def _committed(run_dir: Path) -> bool:
 
 
 def test_a_job_cancelled_mid_run_is_reported_cancelled(cluster, tmp_path, model, capsys):
+    """collect while the job runs: exit 3, nothing written; cancel: says the state it cancelled from;
+    the summary: cancelled by whom and when (interrupted), not a crash; a second cancel: nothing to
+    cancel, exit 1."""
+    import getpass
+
     out = tmp_path / "cancel"
     assert main(["run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters", "2000", "--out", str(out),
                  "--detach"]) == 0
     wait_for(lambda: _committed(out), what="a first commit")
-    assert main(["cancel", str(out)]) == 0
     capsys.readouterr()
+    assert main(["collect", str(out)]) == 3
+    assert "the run has not ended (Slurm job" in capsys.readouterr().err and not (out / "summary.json").exists()
+    assert main(["cancel", str(out)]) == 0
+    said = capsys.readouterr().out
+    (job,) = json.loads((out / "slurm" / "jobs.json").read_text())["job_ids"].values()
+    assert f"Slurm job {job} (het): RUNNING -> cancelled" in said, said
     code = main(["collect", str(out), "--wait"])
     assert code == 1
     err = capsys.readouterr().err
     s = read_summary(out)
-    (job,) = s["slurm"]["job_ids"].values()
-    assert s["slurm"]["states"][job] == "CANCELLED" and not s["ok"]
-    assert f"Slurm job {job}: CANCELLED" in err and f"Slurm job {job}: CANCELLED" in s["error"]
+    assert s["slurm"]["states"][job] == "CANCELLED" and not s["ok"] and s["interrupted"]
+    c = s["slurm"]["cancelled"]
+    assert c["by"] == getpass.getuser() and c["via"] == "reshardctl cancel" and c["jobs"] == {job: "RUNNING"}
+    assert f"cancelled by {c['by']} at {c['at']} (reshardctl cancel)" in err and "it never started?" not in err
+    assert main(["cancel", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"nothing cancelled in {out}" in err and f"Slurm job {job} (het): CANCELLED, ended already" in err
+
+
+def test_a_run_submitted_by_hand_from_plan_out_two_jobs(cluster, tmp_path, model, capsys):
+    """`plan --out DIR` with a two-jobs profile prints the lines that submit both jobs (the inference job
+    held until the trainer job started) and collect them; run literally, the refit is verified, the
+    run is listed by `jobs` and its summary tracks both jobs."""
+    site = _profile(tmp_path, mode="two-jobs")
+    out = tmp_path / "byhand"
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    lines = err[err.index("to run it on Slurm by hand"):].splitlines()[1:4]
+    assert "--dependency=after:" in lines[1] and "infer.sbatch" in lines[1] and "train.sbatch" in lines[0], lines
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["bash", "-euc", "\n".join(line.strip() for line in lines)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = read_summary(out)
+    assert s["ok"] and s["collected"] and s["transports"]["reshard"]["verified"]
+    assert set(s["slurm"]["job_ids"]) == {"train", "infer"} and s["slurm"]["mode"] == "two-jobs"
+    assert main(["jobs", "--all", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["run_dir"] == str(out) and listed["job_ids"] == s["slurm"]["job_ids"]
+
+
+def test_collect_of_a_two_jobs_run_needs_both_job_ids(tmp_path, model, capsys):
+    """Tracking one of the two jobs would read a run half-watched: refused before any command runs."""
+    site = _profile(tmp_path, mode="two-jobs")
+    out = tmp_path / "one-id"
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["collect", str(out), "--job", "12"]) == 2
+    assert "give both job ids, the trainer job's first: --job TRAIN_ID,INFER_ID" in capsys.readouterr().err
+    assert main(["collect", str(out), "--job", "12,12"]) == 2
+    assert "two jobs with two ids" in capsys.readouterr().err
+    assert not (out / "slurm" / "jobs.json").exists()
 
 
 def test_a_bad_python_path_surfaces_the_failing_ranks_stderr(cluster, tmp_path, model, capsys):
@@ -204,6 +253,11 @@ def test_two_jobs_cancelling_one_cancels_the_other(cluster, tmp_path, model, cap
     s = read_summary(out)
     assert s["slurm"]["states"] == {ids["train"]: "CANCELLED", ids["infer"]: "CANCELLED"}
     assert "CANCELLED" in capsys.readouterr().err
+    # cancelled with scancel, not `reshardctl cancel`: who and when come from accounting ("CANCELLED by <uid>")
+    import getpass
+
+    c = s["slurm"]["cancelled"]
+    assert s["interrupted"] and c["by"] == getpass.getuser() and c["via"] == "scancel or Slurm" and c["at"][:2] == "20"
 
 
 def test_a_failing_slurm_command_names_the_command_its_code_and_stderr(cluster):
