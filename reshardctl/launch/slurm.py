@@ -119,6 +119,9 @@ def adopt(run_dir: Path, job: str, *, world: int) -> SlurmRun:
     scripts = sorted(str(p) for p in (Path(run_dir) / "slurm").glob("*.sbatch"))
     run = SlurmRun(str(run_dir), mode, ids, time.time(), scripts, world)
     run.save()
+    if mode == "two-jobs":  # each job's script reads the other's id (cancel it on failure, show its state)
+        for role, j in ids.items():
+            write_text_atomic(Path(run_dir) / "slurm" / f"{role}.jobid", j + "\n", mode=0o600)
     return run
 
 
@@ -148,7 +151,8 @@ def write_scripts(request: SlurmRequest) -> list[Path]:
 
 def submit(request: SlurmRequest) -> SlurmRun:
     """Write the scripts and submit them; ``slurm/jobs.json`` records the ids. Two-jobs: the trainer
-    job first; when the inference job cannot be submitted, the trainer job is cancelled. A file the
+    job first, the inference job held until it started (``--dependency=after``); when the inference job
+    cannot be submitted, the trainer job is cancelled. A file the
     disk refuses once a job is submitted (``jobs.json``, a ``<role>.jobid``: full, read-only) would lose
     its id: the submitted jobs are cancelled, and the ``RecordError`` names the file and the job ids
     (with the ``scancel`` to run by hand should the cancel itself fail)."""
@@ -161,7 +165,9 @@ def submit(request: SlurmRequest) -> SlurmRun:
         else:
             slurm_dir = Path(request.run_dir) / "slurm"
             for role in ("train", "infer"):
-                run.job_ids[role] = slurm_cli.sbatch(request.submit_argv(f"{role}.sbatch"))
+                # the inference job is held until the trainer job has started (which then waits for it)
+                argv = request.submit_argv(f"{role}.sbatch", after=run.job_ids.get("train") if role == "infer" else None)
+                run.job_ids[role] = slurm_cli.sbatch(argv)
                 write_text_atomic(slurm_dir / f"{role}.jobid", run.job_ids[role] + "\n", mode=0o600)
         run.save()
     except LaunchError:

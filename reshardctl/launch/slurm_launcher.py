@@ -102,7 +102,8 @@ class SlurmLauncher:
                             python=sys.executable, timeout_s=timeout_s, retries=retries)
         scripts = req.materialize()
         return DryRun(req.mode, req.run_dir, scripts, {n: str(req.script_path(n)) for n in scripts},
-                      [req.submit_argv(n) for n in scripts])
+                      [req.submit_argv(n, after="<trainer job id>" if n == "infer.sbatch" else None)
+                       for n in scripts])
 
     def files(self, inp: Inputs, plans: Mapping[str, Plan], run_dir: Path, *, iterations: int, warmup: int,
               mode: str | None) -> dict[str, str | bytes]:

@@ -38,6 +38,7 @@ MODES = ("hetjob", "two-jobs")
 ROLE_TEMPLATES = {"hetjob": ("hetjob.sbatch",), "two-jobs": ("train.sbatch", "infer.sbatch")}
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/@+%&|!*\[\]()<>#^~{}-]+$")
 RENDEZVOUS_FILE = "slurm/rendezvous"
+INFER_STARTED_FILE = "slurm/infer.started"  # two jobs: the inference job has started (the trainer job waits for it)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class SlurmRequest:
     ranks_cmd: str
     rendezvous: str
     rendezvous_timeout_s: int
+    peer_wait_s: int
     train_world: int
     infer_world: int
     what: str = "refit"  # the scripts' first comment line
@@ -99,15 +101,20 @@ class SlurmRequest:
                 peer = "infer" if role == "train" else "train"
                 values["peer_file"] = shlex.quote(self.script_path(f"{peer}.jobid"))
                 values["rendezvous_file"] = shlex.quote(str(PurePosixPath(self.run_dir) / RENDEZVOUS_FILE))
+                values["started_file"] = shlex.quote(str(PurePosixPath(self.run_dir) / INFER_STARTED_FILE))
+                if role == "train":
+                    values["peer_wait_s"] = str(self.peer_wait_s)
                 if role == "infer":
                     values["rendezvous_timeout_s"] = str(self.rendezvous_timeout_s)
                     del values["rendezvous"]
             out[name] = render(load_template(name), values, name=name)
         return out
 
-    def submit_argv(self, name: str) -> list[str]:
-        """The argv that submits script ``name`` (``--parsable``: sbatch prints the job id alone)."""
-        return ["sbatch", "--parsable", self.script_path(name)]
+    def submit_argv(self, name: str, *, after: str | None = None) -> list[str]:
+        """The argv that submits script ``name`` (``--parsable``: sbatch prints the job id alone);
+        ``after``: a job id this one is held for until it has started (two jobs: the trainer job's)."""
+        held = [f"--dependency=after:{after}"] if after is not None else []
+        return ["sbatch", "--parsable", *held, self.script_path(name)]
 
 
 def _sbatch_value(key: str, value: object, source: str) -> str:
@@ -286,6 +293,7 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
         prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s),
         ranks_cmd=ranks_command(py, rank_args or worker_args(str(PurePosixPath(run_dir) / SESSION_FILE))),
         rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),
+        peer_wait_s=site.slurm.peer_wait_s,
         train_world=topology.train_world, infer_world=topology.infer_world, what=what or f"refit {label}",
     )
     return req

@@ -87,6 +87,7 @@ SLURM = {
     "port_min": Key("int", 1400, "a TCP port number, e.g. 1400", 1024, high=65535),
     "port_max": Key("int", 1999, "a TCP port number, e.g. 1999", 1024, high=65535),
     "extra_srun": Key("strlist", (), "a list of srun flags, e.g. ['--mpi=pmix']"),
+    "peer_wait_s": Key("int", 1800, "a whole number of seconds, e.g. 1800", 1, high=MAX_SECONDS),
 }
 REFIT = {
     "transport": Key("str", "reshard", "one of " + ", ".join(TRANSPORTS)),

@@ -170,6 +170,7 @@ class SlurmSpec:
     port_min: int = 1400  # rendezvous port range, below the ephemeral range of any common node set-up
     port_max: int = 1999
     extra_srun: tuple[str, ...] = ()
+    peer_wait_s: int = 1800  # two jobs: how long the trainer job waits for the inference job to start
 
     def __post_init__(self) -> None:
         _freeze(self, "partitions", FrozenMap(self.partitions))
@@ -358,6 +359,7 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "python": s.python,
             "port_min": s.port_min,
             "port_max": s.port_max,
+            "peer_wait_s": s.peer_wait_s,
             "extra_srun": list(s.extra_srun),
         },
         "refit": {

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,38 @@ def test_a_run_submitted_by_hand_from_plan_out_two_jobs(cluster, tmp_path, model
     assert main(["jobs", "--all", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["run_dir"] == str(out) and listed["job_ids"] == s["slurm"]["job_ids"]
+
+
+def test_the_trainer_job_waits_for_an_inference_job_held_in_the_queue(cluster, tmp_path, model, capsys):
+    """Two jobs on a busy queue: the inference job pends (held here) well past the ranks' rendezvous
+    timeout; the trainer job waits for it, saying its queue state, and the refit still runs verified
+    once it is released (before, the trainer's ranks gave up after rendezvous_timeout_s)."""
+    site = _profile(tmp_path, mode="two-jobs")
+    data = yaml.safe_load(Path(site).read_text())
+    data["refit"]["rendezvous_timeout_s"] = 5
+    Path(site).write_text(yaml.safe_dump(data))
+    out = tmp_path / "held"
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
+    capsys.readouterr()
+    def sbatch(*argv: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    train = sbatch(str(out / "slurm" / "train.sbatch"))
+    infer = sbatch("--hold", f"--dependency=after:{train}", str(out / "slurm" / "infer.sbatch"))
+    (out / "slurm" / "train.jobid").write_text(train + "\n")
+    (out / "slurm" / "infer.jobid").write_text(infer + "\n")
+    said = out / "slurm" / f"train-{train}.out"
+    wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
+             120, "the trainer job to say it waits for the held inference job")
+    time.sleep(8)  # longer than the ranks' rendezvous timeout (5 s): the trainer job is still there
+    assert subprocess.run(["squeue", "-h", "-j", train, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
+        == "RUNNING"
+    subprocess.run(["scontrol", "release", infer], check=True)
+    assert main(["collect", str(out), "--job", f"{train},{infer}", "--wait", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["ok"] and s["transports"]["reshard"]["verified"], s.get("error")
+    assert "(JobHeldUser)" in said.read_text()
 
 
 def test_collect_of_a_two_jobs_run_needs_both_job_ids(tmp_path, model, capsys):
