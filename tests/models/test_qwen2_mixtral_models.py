@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reshardctl.errors import ModelError
 from reshardctl.models import load_model, spec_from_config
@@ -118,3 +120,38 @@ def test_cli_exit_2_on_a_bad_mixtral_config(tmp_path, capsys):
     assert main(["model", "show", str(tmp_path / "config.json")]) == 2
     err = capsys.readouterr().err
     assert "'num_experts_per_tok' (9) must be between 1 and 'num_local_experts' (8)" in err and "Traceback" not in err
+
+
+def _qwen2_moe_formula(H, L, nh, nkv, V, I, E, Im, S, moe):
+    hd = H // nh
+    attn = 2 * nh * hd * H + 2 * nkv * hd * H + (nh + 2 * nkv) * hd  # q, o, k, v weights + q/k/v biases
+    dense = 3 * H * I
+    sparse = E * H + 3 * E * Im * H + 3 * S * H + H  # router, experts, shared expert, shared-expert gate
+    return 2 * V * H + H + sum(attn + 2 * H + (sparse if l in moe else dense) for l in range(L))
+
+
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 8), step=st.integers(1, 3), only=st.sets(st.integers(0, 7), max_size=3),
+       E=st.integers(1, 16), im=st.sampled_from([16, 32]), k=st.integers(1, 4), nkv=st.sampled_from([1, 2, 4]))
+def test_qwen2_moe_counts_property(L, step, only, E, im, k, nkv):
+    """Any Qwen2-MoE shape: the inventory's parameter count is the closed formula of modeling_qwen2_moe.py."""
+    cfg = dict(preset_config("tiny-qwen2-moe"), hidden_size=64, num_attention_heads=4, num_key_value_heads=nkv,
+               vocab_size=100, intermediate_size=96, num_hidden_layers=L, decoder_sparse_step=step,
+               mlp_only_layers=sorted(only), num_experts=E, num_experts_per_tok=1, moe_intermediate_size=im,
+               shared_expert_intermediate_size=k * im)
+    m = spec_from_config(cfg, "x")
+    moe = {l for l in range(L) if l not in only and (l + 1) % step == 0}
+    assert set(m.dims.moe_layers) == moe
+    assert m.num_params == _qwen2_moe_formula(64, L, 4, nkv, 100, 96, E, im, k * im, moe)
+    assert sum(t.expert is not None for t in m.tensors) == 3 * E * len(moe)
+
+
+@settings(max_examples=30, deadline=None)
+@given(L=st.integers(1, 6), E=st.integers(1, 12), inter=st.sampled_from([32, 48]), tie=st.booleans())
+def test_mixtral_counts_property(L, E, inter, tie):
+    cfg = dict(preset_config("tiny-mixtral"), hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+               vocab_size=100, num_hidden_layers=L, num_local_experts=E, num_experts_per_tok=1,
+               intermediate_size=inter, tie_word_embeddings=tie)
+    m = spec_from_config(cfg, "x")
+    per_layer = 2 * 64 * 64 + 2 * 32 * 64 + E * 64 + 3 * E * inter * 64 + 2 * 64
+    assert m.num_params == (1 if tie else 2) * 100 * 64 + 64 + L * per_layer
