@@ -155,3 +155,25 @@ def test_mixtral_counts_property(L, E, inter, tie):
     m = spec_from_config(cfg, "x")
     per_layer = 2 * 64 * 64 + 2 * 32 * 64 + E * 64 + 3 * E * inter * 64 + 2 * 64
     assert m.num_params == (1 if tie else 2) * 100 * 64 + 64 + L * per_layer
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2-moe", "tiny-mixtral"])
+def test_safetensors_checkpoint_round_trip(tmp_path, preset):
+    """A real sharded checkpoint (headers only read back) gives the config's inventory, biases and shared-expert
+    gate included; a checkpoint without one of the biases is refused naming it."""
+    from helpers.checkpoints import write_checkpoint
+    from reshardctl.models.checkpoint import spec_from_safetensors_index
+
+    config = dict(preset_config(preset), num_hidden_layers=2)
+    expected = spec_from_config(config, "ckpt")
+    index = write_checkpoint(expected, tmp_path / "ckpt", config=config)
+    got = spec_from_safetensors_index(index)
+    assert got.tensors == expected.tensors and got.dims == expected.dims
+    if preset == "tiny-qwen2-moe":
+        from dataclasses import replace
+
+        missing = "model.layers.1.self_attn.v_proj.bias"
+        short = replace(expected, tensors=tuple(t for t in expected.tensors if t.name != missing))
+        index = write_checkpoint(short, tmp_path / "short", config=config)
+        with pytest.raises(ModelError, match=missing.replace(".", r"\.")):
+            spec_from_safetensors_index(index)
