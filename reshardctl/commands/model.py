@@ -67,7 +67,10 @@ def _layers_line(model: ModelSpec) -> str:
     main_moe = [l for l in d.moe_layers if l < d.num_layers]
     if main_moe:
         parts.append(f"{len(main_moe)} MoE ({d.num_experts} experts"
-                     + (f" + {d.num_shared_experts} shared" if d.num_shared_experts else "") + ")")
+                     + (f" + {d.num_shared_experts} shared" if d.num_shared_experts and d.arch != "qwen2_moe" else "")
+                     # Qwen2-MoE: one shared expert, its width held as num_shared_experts x moe_intermediate
+                     + (f" + 1 shared of width {d.num_shared_experts * d.moe_intermediate}"
+                        if d.num_shared_experts and d.arch == "qwen2_moe" else "") + ")")
     if d.num_mtp_layers:
         parts.append(f"+ {d.num_mtp_layers} MTP")
     return ", ".join(parts)

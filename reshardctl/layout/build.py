@@ -25,6 +25,9 @@ DEFAULT_SPEC = {"train": "tp=2,dp=2", "infer": "tp=2,dp=2"}
 _COLUMN = frozenset({"q", "k", "v", "q_b", "kv_b", "mlp_gate", "mlp_up", "shared_gate", "shared_up", "embed",
                      "lm_head", "mtp_eh_proj", "expert_gate", "expert_up"})
 _ROW = frozenset({"o", "mlp_down", "shared_down", "expert_down"})
+# engineer "archs1": a ColwiseParallel linear shards its bias like its weight's rows (torch
+# distributed/tensor/parallel/style.py ColwiseParallel._partition_linear_fn: weight and bias Shard(0))
+_COLUMN = _COLUMN | {"q_bias", "k_bias", "v_bias"}
 
 
 def build_layout(model: ModelSpec, side: str, spec: str | None = None, style: str | None = None,

@@ -55,6 +55,11 @@ ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "
 COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
 QKV_KINDS = frozenset({"q", "k", "v"})
 EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
+# engineer "archs1": Qwen2's linear_qkv bias (megatron-core add_qkv_bias: the bias of the same ColumnParallelLinear,
+# its rows interleaved per query group like the weight's) and Qwen2-MoE's shared-expert gate
+# (transformer/moe/shared_experts.py SharedExpertMLP: gate_weight [1, H], a plain Parameter on every rank)
+QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
+REPLICATED_KINDS = REPLICATED_KINDS | {"shared_expert_gate"}
 
 
 def megatron_padded_vocab(vocab: int, tp: int, divisor: int | None) -> int:
@@ -261,6 +266,10 @@ class MegatronLayout(StagedPlacements, SideLayout):
             for r in range(TP):
                 runs = megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r)
                 per_rank.append(tuple(((a, b), (0, shape[1])) for (n, a, b, _) in runs if n == kind))
+            return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
+        if kind in QKV_BIAS_KINDS:  # archs1: the bias rows of linear_qkv, as the weight's rows
+            runs = [megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r) for r in range(TP)]
+            per_rank = [tuple(((a, b),) for (n, a, b, _) in rr if n == QKV_BIAS_KINDS[kind]) for rr in runs]
             return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
         if kind in ROW_SPLIT_KINDS or kind in ("q_a", "kv_a") or (kind == "q" and self.mla):
             return split_template(shape, 0, TP, self._tp_index())

@@ -49,6 +49,7 @@ _ATTN = {
     "shared_down": "mlp.shared_experts.linear_fc2.weight",
     "router": "mlp.router.weight",
     "router_bias": "mlp.router.expert_bias",
+    "shared_expert_gate": "mlp.shared_experts.gate_weight",  # archs1: Qwen2-MoE moe_shared_expert_gate
 }
 _MTP_OUTER = {
     "mtp_enorm": "enorm.weight",
@@ -160,6 +161,9 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
             elif kind in ("q", "k", "v") and not lay.mla:
                 add(inner + "self_attention.linear_qkv.weight", (qkv_rows, t.shape[1]), dt, t.name, box,
                     (qkv_local[(kind, box[0][0])], 0))
+            elif kind in ("q_bias", "k_bias", "v_bias"):  # archs1: Qwen2 add_qkv_bias, rows as linear_qkv's
+                add(inner + "self_attention.linear_qkv.bias", (qkv_rows,), dt, t.name, box,
+                    (qkv_local[(kind[0], box[0][0])],))
             elif kind == "q":  # MLA without q_lora_rank
                 add(inner + "self_attention.linear_q_proj.weight", box_shape(box), dt, t.name, box, zero)
             elif kind in ("mlp_gate", "mlp_up", "shared_gate", "shared_up"):

@@ -36,6 +36,8 @@ from reshardctl.layout.shard_rules import frac, need_divides
 from reshardctl.layout.vllm import VllmLayout
 
 SGLANG_KEYS = frozenset({"tp", "pp", "dp", "ep", "dp_attention", "pp_partition"})
+# engineer "archs1": SGLang's qwen2.py / qwen2_moe.py / mixtral.py were not read against this layout: refused
+SGLANG_UNMODELLED_ARCHS = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "mixtral": "Mixtral"}
 
 
 class SglangLayout(VllmLayout):
@@ -49,6 +51,9 @@ class SglangLayout(VllmLayout):
         self.dp_attention = bool(spec.dp_attention)
         if d.num_mtp_layers:
             problems.append("SGLang's MTP (NextN) draft layout is not modelled; plan without --mtp")
+        if d.arch in SGLANG_UNMODELLED_ARCHS:
+            problems.append(f"SGLang's {SGLANG_UNMODELLED_ARCHS[d.arch]} layout ({d.arch}) is not modelled; "
+                            "serve it with vLLM (--infer-style vllm) or plan the SGLang side by hand")
         if self.dp_attention:
             self.attn_dp = spec.dp or 1
             if TP % self.attn_dp:

@@ -71,6 +71,17 @@ EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
 _FUSED = {"mlp_gate": "mlp.gate_up_proj.weight", "mlp_up": "mlp.gate_up_proj.weight",
           "shared_gate": "mlp.shared_experts.gate_up_proj.weight", "shared_up": "mlp.shared_experts.gate_up_proj.weight"}
 _MTP_OUTER = frozenset({"mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "lm_head"})
+# engineer "archs1" (vllm/model_executor/models/qwen2.py, qwen2_moe.py, mixtral.py): Qwen2 / Qwen2-MoE
+# qkv_proj = QKVParallelLinear(bias=True), its bias split like the weight's rows; Qwen2-MoE
+# Qwen2MoeSparseMoeBlock.shared_expert = Qwen2MoeMLP (MergedColumnParallelLinear gate_up_proj + RowParallelLinear
+# down_proj: TP-split, no disable_tp, so also under use_sequence_parallel_moe) and shared_expert_gate =
+# torch.nn.Linear(H, 1) (replicated); Mixtral's FusedMoE is MixtralDecoderLayer.block_sparse_moe.experts.
+REPLICATED_KINDS = REPLICATED_KINDS | {"shared_expert_gate"}
+QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
+_FUSED_QWEN2_MOE = dict(_FUSED, shared_gate="mlp.shared_expert.gate_up_proj.weight",
+                        shared_up="mlp.shared_expert.gate_up_proj.weight")
+SHARED_ALWAYS_TP = frozenset({"qwen2_moe"})  # shared expert TP-split whatever the MoE parallelism
+MOE_MODULE = {"mixtral": "block_sparse_moe."}  # the FusedMoE's parent module where it is not "mlp."
 
 
 def vllm_padded_vocab(vocab: int) -> int:
@@ -180,6 +191,8 @@ class VllmLayout(StagedPlacements, SideLayout):
         engine_dp = DP if mode == "in_engine" else 1
         self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in SP_ALL2ALL)
         self.shared_tp = 1 if self.sp_moe else TP
+        if d.arch in SHARED_ALWAYS_TP:  # archs1: Qwen2MoeMLP has no disable_tp
+            self.shared_tp = TP
         self._tp_of = [j % TP for j in range(M)]
         self.expert_map: ExpertMap | None = None
         self.placement_note = ""
@@ -209,6 +222,8 @@ class VllmLayout(StagedPlacements, SideLayout):
             self._mtp_of = [j % group for j in range(M)]
             if d.arch == "qwen3_moe" and TP > d.num_experts:
                 problems.append(f"vLLM Qwen3-MoE: tp={TP} > num_experts={d.num_experts} without expert parallel")
+        if d.arch == "qwen2_moe" and TP > d.num_experts:  # archs1: Qwen2MoeSparseMoeBlock raises, EP or not
+            problems.append(f"vLLM Qwen2-MoE: tp={TP} > num_experts={d.num_experts} (Qwen2MoeSparseMoeBlock refuses it)")
 
     def _check_attention(self, problems: list[str]) -> None:
         d, TP = self.model.dims, self.spec.tp
@@ -311,6 +326,8 @@ class VllmLayout(StagedPlacements, SideLayout):
                 return replicated_template(shape, M)
             n, idx = split
             return split_template(shape, 0, n, idx, per=vllm_padded_vocab(shape[0]) // n, limit=shape[0])
+        if kind in QKV_BIAS_KINDS:  # archs1: the bias of qkv_proj, split as the weight's rows
+            kind = QKV_BIAS_KINDS[kind]
         if kind in ("q", "k", "v", "o") and not self.mla:
             n, idx = self._attn_split(kind)
             if kind == "o":
@@ -374,18 +391,22 @@ class VllmLayout(StagedPlacements, SideLayout):
             zero = (0,) * len(t.shape)
             if kind in ("q", "k", "v") and runs:
                 return pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), [(runs[kind], 0)]
+            if kind in QKV_BIAS_KINDS and runs:  # archs1
+                return pre + "qkv_proj.bias", (qkv_rows,), [(runs[QKV_BIAS_KINDS[kind]],)]
             if kind in _FUSED:
                 per = box[0][1] - box[0][0]
-                return lp + _FUSED[kind], (2 * per, t.shape[1]), [(per if kind.endswith("up") else 0, 0)]
+                fused = _FUSED_QWEN2_MOE if d.arch == "qwen2_moe" else _FUSED
+                return lp + fused[kind], (2 * per, t.shape[1]), [(per if kind.endswith("up") else 0, 0)]
             if kind in ("q_a", "kv_a") and d.q_lora_rank:
                 rows = d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim
                 return pre + self.fused_qkv_a, (rows, t.shape[1]), [(0 if kind == "q_a" else d.q_lora_rank, 0)]
             if kind in EXPERT_KINDS:
                 slots, n_local = self._local_expert_slots(t, self._ep_of[j])
+                moe = lp + MOE_MODULE.get(d.arch, "mlp.")
                 if kind == "expert_down":
-                    name, shape, off = lp + "mlp.experts.w2_weight", (n_local, t.shape[0], i_tp), (0, 0)
+                    name, shape, off = moe + "experts.w2_weight", (n_local, t.shape[0], i_tp), (0, 0)
                 else:
-                    name, shape = lp + "mlp.experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
+                    name, shape = moe + "experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
                     off = (i_tp if kind == "expert_up" else 0, 0)
                 # the first slot is the primary; the others duplicate copies (LocalSegment)
                 return name, shape, [(k,) + off for k in slots]

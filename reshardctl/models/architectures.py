@@ -6,7 +6,7 @@ architecture numbers, so every architecture is a few lines of table, not code. `
 means the model dtype (``torch_dtype``).
 
 Symbols: H hidden, V vocab, hd head_dim, Q nh*hd, KV nkv*hd, I intermediate, Im moe_intermediate,
-E routed experts, S shared-expert width (Im*n_shared), H2 2*H; MLA: QL q_lora_rank,
+E routed experts, S shared-expert width (Im*n_shared; Qwen2-MoE: shared_expert_intermediate_size), H2 2*H, 1 one; MLA: QL q_lora_rank,
 QH nh*(nope+rope), KVA kv_lora+rope, KVL kv_lora_rank, KVB nh*(nope+v), OV nh*v.
 """
 
@@ -36,6 +36,9 @@ KIND_ROLE: dict[str, str] = {
     "router_bias": "router",
     **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), "expert"),
     "scale_inv": "scale",
+    # engineer "archs1": Qwen2 / Qwen2-MoE attention biases, Qwen2-MoE's sigmoid gate of the shared expert
+    **dict.fromkeys(("q_bias", "k_bias", "v_bias"), "attention"),
+    "shared_expert_gate": "ffn",
 }
 
 # Linear weights stored as fp8 (with a fp32 ``weight_scale_inv``) in block-fp8 checkpoints
@@ -102,6 +105,38 @@ EMBED: Row = ("model.embed_tokens.weight", "embed", ("V", "H"), None)
 FINAL_NORM: Row = ("model.norm.weight", "final_norm", ("H",), None)
 LM_HEAD: Row = ("lm_head.weight", "lm_head", ("V", "H"), None)
 
+# ---- engineer "archs1": Qwen2 / Qwen2.5, Qwen2-MoE, Mixtral (transformers models/qwen2/modeling_qwen2.py
+# Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False; models/qwen2_moe/modeling_qwen2_moe.py
+# Qwen2MoeSparseMoeBlock: gate, experts.{e}, shared_expert (singular, shared_expert_intermediate_size wide),
+# shared_expert_gate Linear(H, 1, bias=False); models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock:
+# block_sparse_moe.gate, experts.{e}.w1 (gate) / w2 (down) / w3 (up))
+GQA_BIAS: Block = (
+    ("self_attn.q_proj.weight", "q", ("Q", "H"), None),
+    ("self_attn.q_proj.bias", "q_bias", ("Q",), None),
+    ("self_attn.k_proj.weight", "k", ("KV", "H"), None),
+    ("self_attn.k_proj.bias", "k_bias", ("KV",), None),
+    ("self_attn.v_proj.weight", "v", ("KV", "H"), None),
+    ("self_attn.v_proj.bias", "v_bias", ("KV",), None),
+    ("self_attn.o_proj.weight", "o", ("H", "Q"), None),
+)
+SHARED_EXPERT: Block = (  # Qwen2-MoE: one shared expert of width S = shared_expert_intermediate_size
+    ("mlp.shared_expert.gate_proj.weight", "shared_gate", ("S", "H"), None),
+    ("mlp.shared_expert.up_proj.weight", "shared_up", ("S", "H"), None),
+    ("mlp.shared_expert.down_proj.weight", "shared_down", ("H", "S"), None),
+)
+SHARED_EXPERT_GATE: Block = (("mlp.shared_expert_gate.weight", "shared_expert_gate", ("1", "H"), None),)
+MIXTRAL_ROUTER: Block = (("block_sparse_moe.gate.weight", "router", ("E", "H"), None),)
+MIXTRAL_EXPERT: Block = (  # repeated for e in range(E), like EXPERT
+    ("block_sparse_moe.experts.{e}.w1.weight", "expert_gate", ("Im", "H"), None),
+    ("block_sparse_moe.experts.{e}.w2.weight", "expert_down", ("H", "Im"), None),
+    ("block_sparse_moe.experts.{e}.w3.weight", "expert_up", ("Im", "H"), None),
+)
+
+
+def is_expert_block(block: Block) -> bool:
+    """A block repeated once per routed expert (its names hold ``{e}``)."""
+    return "{e}" in block[0][0]
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -127,6 +162,10 @@ ARCHS: dict[str, Arch] = {
         moe=(ROUTER, ROUTER_BIAS, EXPERT, SHARED),
         mtp=True,
     ),
+    # engineer "archs1"
+    "qwen2": Arch("qwen2", lambda d: (GQA_BIAS,)),
+    "qwen2_moe": Arch("qwen2_moe", lambda d: (GQA_BIAS,), moe=(ROUTER, EXPERT, SHARED_EXPERT, SHARED_EXPERT_GATE)),
+    "mixtral": Arch("mixtral", lambda d: (GQA,), moe=(MIXTRAL_ROUTER, MIXTRAL_EXPERT)),
 }
 
 # HF ``architectures[0]`` / ``model_type`` -> ARCHS key
@@ -135,8 +174,13 @@ BY_CLASS = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    # engineer "archs1"
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
-BY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+BY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
+                 "qwen2": "qwen2", "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}
 
 
 def symbols(d: ModelDims) -> dict[str, int]:
@@ -159,4 +203,5 @@ def symbols(d: ModelDims) -> dict[str, int]:
         "KVL": d.kv_lora_rank,
         "KVB": nh * (d.qk_nope_head_dim + d.v_head_dim),
         "OV": nh * d.v_head_dim,
+        "1": 1,  # Qwen2-MoE shared_expert_gate [1, H]
     }

@@ -24,6 +24,13 @@ PRESETS: tuple[str, ...] = (
     "tiny-llama",
     "tiny-qwen3-moe",
     "tiny-deepseek",
+    # engineer "archs1": Qwen2.5 dense, Qwen2-MoE, Mixtral (published configs), then their tiny versions
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "qwen2-57b-a14b",
+    "mixtral-8x7b",
+    "tiny-qwen2-moe",
+    "tiny-mixtral",
 )
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

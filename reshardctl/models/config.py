@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from reshardctl.errors import ModelError
 from reshardctl.models.architectures import (
-    ARCHS, BY_CLASS, BY_MODEL_TYPE, EMBED, EXPERT, FINAL_NORM, FP8_KINDS, KIND_ROLE, LM_HEAD, MTP_AFTER,
-    MTP_BEFORE, Arch, Block, symbols,
+    ARCHS, BY_CLASS, BY_MODEL_TYPE, EMBED, FINAL_NORM, FP8_KINDS, KIND_ROLE, LM_HEAD, MTP_AFTER, MTP_BEFORE, Arch,
+    Block, is_expert_block, symbols,
 )
 from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
 
@@ -30,7 +30,11 @@ MAX_TENSORS = 2_000_000  # tensors of one model (DeepSeek-V3 with MTP and fp8 sc
 MAX_MODEL_BYTES = 1 << 50  # 1 PiB
 _LIMITS = {"num_hidden_layers": ("MAX_LAYERS", MAX_LAYERS), "num_nextn_predict_layers": ("MAX_LAYERS", MAX_LAYERS),
            "num_experts": ("MAX_EXPERTS", MAX_EXPERTS), "n_routed_experts": ("MAX_EXPERTS", MAX_EXPERTS),
-           "n_shared_experts": ("MAX_EXPERTS", MAX_EXPERTS)}
+           "n_shared_experts": ("MAX_EXPERTS", MAX_EXPERTS), "num_local_experts": ("MAX_EXPERTS", MAX_EXPERTS)}
+# engineer "archs1": architectures whose head_dim defaults to hidden_size / num_attention_heads when the config has
+# none (transformers LlamaAttention, Qwen2Attention, Qwen2MoeAttention, MixtralAttention: getattr(config, "head_dim",
+# hidden_size // num_attention_heads))
+HEAD_DIM_FROM_HIDDEN = frozenset({"llama", "qwen2", "qwen2_moe", "mixtral"})
 
 
 def _short(value: Any) -> str:
@@ -138,7 +142,7 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
         kw["num_mtp_layers"] = n_mtp
     else:
         head_dim = c.c.get("head_dim")
-        if head_dim is None and arch.key == "llama":
+        if head_dim is None and arch.key in HEAD_DIM_FROM_HIDDEN:
             if hidden % heads:
                 raise c.fail("num_attention_heads", f"({heads}) does not divide hidden_size ({hidden}); set head_dim")
             head_dim = hidden // heads
@@ -151,18 +155,48 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
             step = c.get_int("decoder_sparse_step", 1)
             dense_only = set(c.int_list("mlp_only_layers"))
             moe = tuple(l for l in range(layers) if l not in dense_only and (l + 1) % step == 0)
+        elif arch.key in ("qwen2_moe", "mixtral"):
+            moe = _archs1_moe(c, arch.key, layers, kw)
     if kw.get("num_experts"):
-        kw.update(moe_intermediate=c.get_int("moe_intermediate_size"), moe_layers=moe)
+        kw.update(moe_intermediate=kw.get("moe_intermediate") or c.get_int("moe_intermediate_size"), moe_layers=moe)
     else:
         moe = ()
     all_layers = layers + kw.get("num_mtp_layers", 0)
     needs_dense = len(moe) < all_layers
     intermediate = c.get_int("intermediate_size") if needs_dense else c.get_int("intermediate_size", 0, minimum=0)
+    if arch.key == "mixtral":  # its intermediate_size is the experts' width (moe_intermediate): no dense MLP
+        intermediate = 0
     _check_consistency(c, arch.key, layers, heads, kw)
     return ModelDims(
         arch=arch.key, hidden=hidden, num_layers=layers, num_heads=heads, vocab=vocab,
         intermediate=intermediate, tie_embeddings=tie, **kw,
     )
+
+
+def _archs1_moe(c: _Config, arch: str, layers: int, kw: dict[str, Any]) -> tuple[int, ...]:
+    """Engineer "archs1": the MoE numbers of Qwen2-MoE and Mixtral; returns the MoE layers.
+
+    Qwen2-MoE (transformers modeling_qwen2_moe.py Qwen2MoeDecoderLayer): MoE iff ``l not in mlp_only_layers`` and
+    ``(l + 1) % decoder_sparse_step == 0``; one shared expert of ``shared_expert_intermediate_size`` (always built,
+    with its ``shared_expert_gate``), held in ModelDims as ``num_shared_experts = shared_expert_intermediate_size /
+    moe_intermediate_size`` (the layouts split the width ``moe_intermediate * num_shared_experts``), so the width
+    must be a multiple of ``moe_intermediate_size`` (true of every published Qwen2-MoE / Qwen1.5-MoE config).
+    Mixtral (modeling_mixtral.py MixtralDecoderLayer): every layer is MoE, ``num_local_experts`` experts of width
+    ``intermediate_size`` (no dense MLP)."""
+    if arch == "mixtral":
+        kw["num_experts"] = c.get_int("num_local_experts")
+        kw["moe_intermediate"] = c.get_int("intermediate_size")
+        return tuple(range(layers))
+    kw["num_experts"] = c.get_int("num_experts")
+    im = c.get_int("moe_intermediate_size")
+    shared = c.get_int("shared_expert_intermediate_size")
+    if shared % im:
+        raise c.fail("shared_expert_intermediate_size", f"({shared}) must be a multiple of 'moe_intermediate_size' "
+                                                        f"({im}): {shared} % {im} = {shared % im}")
+    kw["num_shared_experts"] = shared // im
+    step = c.get_int("decoder_sparse_step", 1)
+    dense_only = set(c.int_list("mlp_only_layers"))
+    return tuple(l for l in range(layers) if l not in dense_only and (l + 1) % step == 0)
 
 
 def _check_consistency(c: _Config, arch: str, layers: int, heads: int, kw: dict[str, Any]) -> None:
@@ -184,7 +218,7 @@ def _check_consistency(c: _Config, arch: str, layers: int, heads: int, kw: dict[
                             f"(grouped-query attention: {heads} % {kv} = {heads % kv})")
     experts = kw.get("num_experts", 0)
     if experts:
-        e_key = "n_routed_experts" if arch == "deepseek_v3" else "num_experts"
+        e_key = {"deepseek_v3": "n_routed_experts", "mixtral": "num_local_experts"}.get(arch, "num_experts")
         topk = opt_int("num_experts_per_tok")
         if topk is not None and not 1 <= topk <= experts:
             problems.append(f"'num_experts_per_tok' ({topk}) must be between 1 and '{e_key}' ({experts})")
@@ -275,7 +309,7 @@ class _Builder:
     def blocks(self, prefix: str, blocks: tuple[Block, ...], layer: int) -> None:
         for block in blocks:
             rows = self._resolve(block)
-            if block is EXPERT:
+            if is_expert_block(block):
                 for e in range(self.sym["E"]):
                     for suffix, kind, role, shape, dtype, scale in rows:
                         self._add(prefix + suffix.format(e=e), kind, role, shape, dtype, scale, layer, e)
@@ -333,9 +367,9 @@ def _check_tensor_count(arch: Arch, dims: ModelDims, scales: bool, where: str) -
             blocks = (MTP_BEFORE, *blocks, MTP_AFTER)
         key = tuple(id(b) for b in blocks)
         if key not in per_layer:
-            per_layer[key] = sum(len(b) * (dims.num_experts if b is EXPERT else 1) for b in blocks)
+            per_layer[key] = sum(len(b) * (dims.num_experts if is_expert_block(b) else 1) for b in blocks)
         total += per_layer[key]
-        experts += sum(len(b) * dims.num_experts for b in blocks if b is EXPERT)
+        experts += sum(len(b) * dims.num_experts for b in blocks if is_expert_block(b))
     total *= 2 if scales else 1  # at most one weight_scale_inv per tensor
     if total > MAX_TENSORS:
         raise ModelError(

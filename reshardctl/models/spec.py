@@ -51,6 +51,8 @@ KINDS = (
     "expert_gate", "expert_up", "expert_down",  # routed experts (TensorSpec.expert set)
     "mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",  # DeepSeek MTP extras
     "scale_inv",  # fp8 block scale of another tensor (TensorSpec.scale_of set)
+    "q_bias", "k_bias", "v_bias",  # Qwen2 / Qwen2-MoE q/k/v_proj.bias [Q] / [KV]
+    "shared_expert_gate",  # Qwen2-MoE mlp.shared_expert_gate.weight [1, H]
 )
 
 
@@ -84,7 +86,7 @@ class TensorSpec:
 class ModelDims:
     """The architecture numbers layout rules need (HF config names in comments)."""
 
-    arch: str  # "llama" | "qwen3" | "qwen3_moe" | "deepseek_v3"
+    arch: str  # a key of models/architectures.py ARCHS ("llama", "qwen3_moe", "deepseek_v3", "mixtral", ...)
     hidden: int  # hidden_size
     num_layers: int  # num_hidden_layers (main model, without MTP)
     num_heads: int  # num_attention_heads

@@ -156,3 +156,55 @@ def tiny_deepseek_grouped(layers: int = 3) -> ModelSpec:
     """tiny_deepseek (bf16) with grouped routing (``n_group: 2``), which vLLM's round_robin placement needs."""
     m = tiny_deepseek(layers, fp8=False)
     return replace(m, config={"n_group": 2, "topk_group": 1})
+
+
+# --------------------------------------------------------------------------- engineer "archs1": Qwen2, Qwen2-MoE, Mixtral
+# The HF checkpoint names and shapes of transformers' modeling_qwen2.py (q/k/v_proj bias, o_proj none),
+# modeling_qwen2_moe.py (mlp.gate, mlp.experts.{e}, mlp.shared_expert (singular) and mlp.shared_expert_gate [1, H])
+# and modeling_mixtral.py (block_sparse_moe.gate, block_sparse_moe.experts.{e}.w1 gate / w2 down / w3 up), written
+# as edits of build_model's llama / qwen3_moe / deepseek tensors (independent of reshardctl.models).
+def _with_qkv_bias(ts: list[TensorSpec]) -> list[TensorSpec]:
+    out: list[TensorSpec] = []
+    for t in ts:
+        out.append(t)
+        for p in ("q", "k", "v"):
+            if t.name.endswith(f".self_attn.{p}_proj.weight"):
+                out.append(TensorSpec(t.name[:-len("weight")] + "bias", t.shape[:1], t.dtype, "attention",
+                                      f"{p}_bias", t.layer))
+    return out
+
+
+def tiny_qwen2(layers: int = 4, tie: bool = False) -> ModelSpec:
+    """Qwen2 dense: llama shapes with q/k/v biases; nkv=2 (tp 4 and 8 replicate kv heads)."""
+    m = build_model("tiny-qwen2", arch="qwen2", H=64, L=layers, nh=8, nkv=2, hd=8, V=1000, I=128, tie=tie)
+    return replace(m, tensors=tuple(_with_qkv_bias(list(m.tensors))))
+
+
+def tiny_qwen2_moe(layers: int = 4) -> ModelSpec:
+    """Qwen2-MoE: layer 0 dense (mlp_only_layers [0]), 8 experts of 32, one shared expert of 64 (= 2 x 32, held as
+    num_shared_experts 2), the shared-expert gate, q/k/v biases."""
+    m = build_model("tiny-qwen2-moe", arch="qwen2_moe", H=64, L=layers, nh=8, nkv=2, hd=8, V=1003, I=128,
+                    E=8, Im=32, shared=2, first_dense=1)
+    out: list[TensorSpec] = []
+    for t in _with_qkv_bias(list(m.tensors)):
+        if ".shared_experts." in t.name:
+            t = replace(t, name=t.name.replace(".shared_experts.", ".shared_expert."))
+        out.append(t)
+        if t.name.endswith(".mlp.shared_expert.down_proj.weight"):
+            out.append(TensorSpec(t.name.replace("shared_expert.down_proj", "shared_expert_gate"), (1, 64), t.dtype,
+                                  "ffn", "shared_expert_gate", t.layer))
+    return replace(m, tensors=tuple(out))
+
+
+def tiny_mixtral(layers: int = 4) -> ModelSpec:
+    """Mixtral: every layer MoE, 8 experts of 64 under block_sparse_moe (w1 gate, w3 up, w2 down), no dense MLP."""
+    m = build_model("tiny-mixtral", arch="mixtral", H=64, L=layers, nh=8, nkv=2, hd=8, V=1000, I=0, E=8, Im=64)
+    names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    out: list[TensorSpec] = []
+    for t in m.tensors:
+        n = t.name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
+        if t.expert is not None:
+            head, proj, tail = n.rsplit(".", 2)
+            n = f"{head.replace('.mlp.experts.', '.block_sparse_moe.experts.')}.{names[proj]}.{tail}"
+        out.append(replace(t, name=n))
+    return replace(m, tensors=tuple(out))

@@ -418,3 +418,60 @@ def load_like_vllm(model: ModelSpec, dep: Deployment, rank: int, params: dict[st
             if name not in table:
                 continue
             table[name].loader(params[name], w, shard)
+
+
+# --------------------------------------------------------------------------- engineer "archs1": Qwen2, Qwen2-MoE, Mixtral
+# Written from vLLM main (vllm/model_executor/models/qwen2_moe.py at 002fb90788ae; qwen2.py; mixtral.py), as edits
+# of the table above (which is Llama / Qwen3-MoE / DeepSeek shaped):
+# - Qwen2Attention / Qwen2MoeAttention: qkv_proj = QKVParallelLinear(..., bias=True): a ``qkv_proj.bias`` of the
+#   weight's local rows, loaded by the same QKV weight_loader (q at 0, k, v after; kv replicas by tp_rank // reps);
+# - Qwen2MoeSparseMoeBlock: ``shared_expert`` (singular) = Qwen2MoeMLP(shared_expert_intermediate_size):
+#   MergedColumnParallelLinear gate_up_proj + RowParallelLinear down_proj, TP-split always (no disable_tp);
+#   ``shared_expert_gate = torch.nn.Linear(H, 1, bias=False)``: replicated, default loader;
+# - MixtralDecoderLayer.block_sparse_moe: ``gate`` ReplicatedLinear(H, E), ``experts`` FusedMoE (w13 / w2 as
+#   above); make_expert_params_mapping(ckpt_gate_proj_name="w1", ckpt_down_proj_name="w2", ckpt_up_proj_name="w3").
+def vllm_param_table_archs1(model: ModelSpec, dep: Deployment, rank: int) -> dict[str, VParam]:
+    d = model.dims
+    table = vllm_param_table(model, dep, rank)
+    _, _, tpr = dep.coords(rank)
+    TP = dep.tp
+    out: dict[str, VParam] = {}
+    for name, p in table.items():
+        if d.arch == "mixtral" and (".mlp.gate." in name or ".mlp.experts." in name):
+            name = name.replace(".mlp.", ".block_sparse_moe.", 1)
+        if d.arch == "qwen2_moe" and ".mlp.shared_experts." in name:
+            name = name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+            si = d.moe_intermediate * d.num_shared_experts // TP  # TP-split even where DeepSeek's is replicated
+            p = (VParam((2 * si, d.hidden), p.dtype, merged([si, si], tpr)) if name.endswith("gate_up_proj.weight")
+                 else VParam((d.hidden, si), p.dtype, row(tpr)))
+        out[name] = p
+        if d.arch in ("qwen2", "qwen2_moe") and name.endswith("self_attn.qkv_proj.weight"):
+            nh, nkv, hd = d.num_heads, d.num_kv_heads, d.head_dim
+            kvh, reps = (1, TP // nkv) if TP >= nkv else (nkv // TP, 1)
+            parts = [nh // TP * hd, kvh * hd, kvh * hd]
+            out[name[:-len("weight")] + "bias"] = VParam((sum(parts),), p.dtype, qkv(parts, tpr, reps))
+        if d.arch == "qwen2_moe" and name.endswith(".mlp.shared_expert.down_proj.weight"):
+            out[name.replace("shared_expert.down_proj", "shared_expert_gate")] = VParam((1, d.hidden), p.dtype,
+                                                                                      replicated())
+    return out
+
+
+def load_like_vllm_archs1(model: ModelSpec, dep: Deployment, rank: int, params: dict[str, torch.Tensor],
+                          hf: dict[str, torch.Tensor]) -> None:
+    """load_like_vllm for the archs above: Mixtral's checkpoint names through its expert mapping (w1 -> w13 shard
+    w1, w3 -> w13 shard w3, w2 -> w2), the rest as the Llama-style stacked mapping (q/k/v_proj.bias -> qkv_proj.bias,
+    shared_expert.gate/up_proj -> shared_expert.gate_up_proj)."""
+    table = vllm_param_table_archs1(model, dep, rank)
+    ckpt = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+    with torch.no_grad():
+        for hf_name, w in hf.items():
+            name = hf_name
+            if model.dims.arch == "mixtral" and ".block_sparse_moe.experts." in name:
+                head, proj, tail = name.rsplit(".", 2)
+                name = f"{head.replace('.block_sparse_moe.', '.mlp.')}.{ckpt[proj]}.{tail}"
+            target, shard = _target_name(model, name)
+            if model.dims.arch == "mixtral":
+                target = target.replace(".mlp.experts.", ".block_sparse_moe.experts.")
+            if target not in table:
+                continue
+            table[target].loader(params[target], w, shard)

@@ -16,7 +16,7 @@ from reshardctl.layout.megatron import MegatronLayout
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.placement import box_shape
 from reshardctl.layout.vllm import VllmLayout
-from helpers.parallel_models import tiny_deepseek, tiny_llama, tiny_qwen3_moe
+from helpers.parallel_models import tiny_deepseek, tiny_llama, tiny_mixtral, tiny_qwen2, tiny_qwen2_moe, tiny_qwen3_moe
 
 MODELS = {
     "llama": tiny_llama(layers=4),
@@ -24,6 +24,10 @@ MODELS = {
     "qwen3moe": tiny_qwen3_moe(layers=4),
     "deepseek": tiny_deepseek(layers=4),  # MLA + shared experts + MTP + fp8 scale_inv
     "deepseek-bf16": tiny_deepseek(layers=4, fp8=False),  # the same served in bf16 (vLLM refuses most fp8 tp>1)
+    # engineer "archs1": q/k/v biases (2 kv heads: tp 4, 8 replicate them), a shared expert + its gate, Mixtral
+    "qwen2": tiny_qwen2(layers=4),
+    "qwen2moe": tiny_qwen2_moe(layers=4),
+    "mixtral": tiny_mixtral(layers=4),
 }
 
 
@@ -219,6 +223,13 @@ PRESET_LAYOUTS = {
     "tiny-llama": [("megatron", "tp=2,pp=2"), ("vllm", "tp=2,dp=2")],
     "tiny-qwen3-moe": [("megatron", "tp=2,ep=2"), ("vllm", "tp=4")],
     "tiny-deepseek": [("megatron", "tp=2,pp=2,ep=2"), ("vllm", "tp=1,dp=2,expert_parallel=true")],
+    # engineer "archs1"
+    "qwen2.5-7b": [("megatron", "tp=4,pp=2"), ("vllm", "tp=4,dp=2")],
+    "qwen2.5-72b": [("megatron", "tp=8,pp=4"), ("vllm", "tp=8,dp=2")],
+    "qwen2-57b-a14b": [("megatron", "tp=4,ep=8,etp=1"), ("vllm", "tp=4,dp=2"), ("vllm", "tp=4,ep=4")],
+    "mixtral-8x7b": [("megatron", "tp=2,pp=2,ep=8,etp=1"), ("vllm", "tp=8"), ("vllm", "tp=2,dp=4,ep=8")],
+    "tiny-qwen2-moe": [("megatron", "tp=2,ep=2"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
+    "tiny-mixtral": [("megatron", "tp=2,pp=2,ep=4,etp=1"), ("vllm", "tp=4")],
 }
 
 

@@ -24,3 +24,27 @@ def test_deepseek_counts():
     assert sum(t.numel for t in main.tensors if t.kind != "scale_inv") == 671_026_419_200
     full = deepseek_v3()
     assert full.num_params == 684_531_386_000 and len(full.tensors) == 91_991
+
+
+# ---------------------------------------------------------------------------- engineer "archs1"
+def test_archs1_builders_equal_the_catalog_inventory():
+    """The layout tests' independent builders (helpers/parallel_models.py) and reshardctl's tables agree on every
+    name, shape and kind of the same Qwen2 / Qwen2-MoE / Mixtral configs."""
+    from helpers.parallel_models import tiny_mixtral, tiny_qwen2, tiny_qwen2_moe
+    from reshardctl.models import spec_from_config
+
+    common = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=3,
+                  tie_word_embeddings=False)
+    configs = {
+        tiny_qwen2: dict(common, architectures=["Qwen2ForCausalLM"], vocab_size=1000, intermediate_size=128),
+        tiny_qwen2_moe: dict(common, architectures=["Qwen2MoeForCausalLM"], vocab_size=1003, intermediate_size=128,
+                             num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                             mlp_only_layers=[0]),
+        tiny_mixtral: dict(common, architectures=["MixtralForCausalLM"], vocab_size=1000, intermediate_size=64,
+                           num_local_experts=8),
+    }
+    for builder, cfg in configs.items():
+        ours = {t.name: (t.shape, t.kind, t.expert) for t in builder(layers=3).tensors}
+        theirs = {t.name: (t.shape, t.kind, t.expert) for t in spec_from_config(cfg, "x").tensors}
+        assert ours == theirs, (builder.__name__, sorted(set(ours) ^ set(theirs))[:6])
+        assert builder(layers=3).dims.moe_layers == spec_from_config(cfg, "x").dims.moe_layers

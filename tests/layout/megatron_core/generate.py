@@ -47,6 +47,16 @@ CONFIGS = {
     "mla_no_q_lora_tp2": ("tiny_deepseek", {"layers": 2, "fp8": False, "q_lora": 0},
                           "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1, "q_lora": 0}),
 }
+# engineer "archs1": Qwen2 (add_qkv_bias; Megatron-Bridge's Qwen2 provider sets add_qkv_bias=True) and Qwen2-MoE
+# (shared expert of 2 x moe_ffn with moe_shared_expert_gate=True, as Bridge's Qwen2-MoE provider), kv 2 < tp 4
+QWEN2 = dict(hidden=64, heads=8, kv=2, head_dim=8, vocab=1000, ffn=128, qkv_bias=True)
+QWEN2_MOE = dict(hidden=64, heads=8, kv=2, head_dim=8, vocab=1003, ffn=128, qkv_bias=True, experts=8, moe_ffn=32,
+                 shared=2, first_dense=1, shared_gate=True)
+CONFIGS.update({
+    "qwen2_qkv_bias_tp4": ("tiny_qwen2", {"layers": 2}, "tp=4", QWEN2, 2, 4, 1, None, 1, None, {}),
+    "qwen2_moe_shared_gate_tp2_ep2": ("tiny_qwen2_moe", {"layers": 2}, "tp=2,ep=2,etp=1,vocab_divisor=128",
+                                      QWEN2_MOE, 2, 2, 1, None, 2, 1, {}),
+})
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -81,8 +91,12 @@ def build_config(dims: dict, layers: int, tp: int, pp: int, vpp, ep: int, etp, e
             kw["moe_layer_freq"] = [0] * dims["first_dense"] + [1] * (layers - dims["first_dense"])
         if dims.get("shared"):
             kw["moe_shared_expert_intermediate_size"] = dims["moe_ffn"] * dims["shared"]
+        if dims.get("shared_gate"):  # archs1: Qwen2-MoE
+            kw["moe_shared_expert_gate"] = True
         if dims.get("expert_bias"):
             kw.update(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")
+    if dims.get("qkv_bias"):  # archs1: Qwen2
+        kw["add_qkv_bias"] = True
     if extra.get("mtp"):
         kw["mtp_num_layers"] = extra["mtp"]
     mla = dims.get("mla")
