@@ -11,7 +11,8 @@ megatron-core 0.19 builds ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py`
   / ``linear_kv_up_proj.layer_norm_weight``), experts ``mlp.experts.linear_fc1.weight{i}`` (TEGroupedMLP);
 - ``spec="local"``: ``get_gpt_layer_local_spec`` (megatron-core modules only): ``input_layernorm.weight``,
   ``pre_mlp_layernorm.weight``, MLA ``self_attention.q_layernorm.weight`` / ``kv_layernorm.weight`` and column
-  parallel down projections (the layout must be built with ``mla_down_proj="column"``), experts
+  parallel down projections (the layout must be built with the key ``mla_down_proj=column``; the TE spec's
+  duplicated ones need ``replicated``, the default: either mismatch is refused, naming both), experts
   ``mlp.experts.local_experts.{i}.linear_fc1.weight`` (SequentialMLP).
 
 Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices (global expert
@@ -61,6 +62,8 @@ _MTP_OUTER = {
 # the local spec's names where they differ from the TE spec's
 _ATTN_LOCAL = dict(_ATTN, q_a_norm="self_attention.q_layernorm.weight", kv_a_norm="self_attention.kv_layernorm.weight")
 MEGATRON_SPECS = ("te", "local")
+# the MLA down-projection split each layer spec builds (docs/layouts.md: multi_latent_attention.py:526,532,573,579)
+_MLA_DOWN_PROJ_OF_SPEC = {"te": "replicated", "local": "column"}
 
 
 def _dtype(kind: str, dtype: str) -> str:
@@ -94,10 +97,15 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
     if spec not in MEGATRON_SPECS:
         raise LayoutError(f"megatron layer spec {spec!r}: expected one of {', '.join(MEGATRON_SPECS)}")
     local_spec = spec == "local"
-    if local_spec and lay.mla and lay.mla_down_proj != "column":
-        raise LayoutError(f"megatron layer spec 'local' builds MLA linear_q_down_proj / linear_kv_down_proj as "
-                          f"ColumnParallelLinear (split over tp={lay.tp}), but this layout has "
-                          f"mla_down_proj={lay.mla_down_proj!r}", hint="build the layout with mla_down_proj='column'")
+    want = _MLA_DOWN_PROJ_OF_SPEC[spec]
+    if lay.mla and lay.mla_down_proj != want:
+        built_as = (f"as ColumnParallelLinear (split over tp={lay.tp})" if local_spec else
+                    "as TELinear parallel_mode='duplicated' (whole on every tp rank)")
+        raise LayoutError(f"megatron layer spec {spec!r} builds MLA linear_q_down_proj / linear_kv_down_proj "
+                          f"{built_as}, but the train layout has mla_down_proj={lay.mla_down_proj}"
+                          + (" (the default)" if lay.spec.mla_down_proj is None else ""),
+                          hint=f"give mla_down_proj={want} in the train parallel string (--train / "
+                               f"plan_refit(train=...)) for a model built with the {spec!r} spec")
     attn = _ATTN_LOCAL if local_spec else _ATTN
     d = lay.model.dims
     c = lay.coords(rank)

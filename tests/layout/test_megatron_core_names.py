@@ -56,8 +56,9 @@ def load(path: Path):
 
 
 def layout(doc, model, *, mla_down_proj: str) -> MegatronLayout:
-    mla = mla_down_proj if model.dims.kv_lora_rank else "replicated"
-    return MegatronLayout(model, P(doc["parallel"]), world_size=len(doc["ranks"]), mla_down_proj=mla)
+    """The layout of the fixture's parallel string; an MLA model's gets ``mla_down_proj=`` (the CLI's key)."""
+    text = doc["parallel"] + (f",mla_down_proj={mla_down_proj}" if model.dims.kv_lora_rank else "")
+    return MegatronLayout(model, P(text), world_size=len(doc["ranks"]))
 
 
 def rename_0_19(name: str) -> str:
@@ -155,7 +156,7 @@ def te_expected(doc, model, rank: int, lay: MegatronLayout) -> dict[str, tuple[t
         if m and m.group(2) == "mtp":  # MTP layer k is global layer L + k
             layer = model.dims.num_layers + int(m.group(3))
         elif m:  # decoder.layers.{local} of this rank's stage and chunk
-            layer = lay.chunks[rank // lay.stage_size][int(m.group(1) or 0)][int(m.group(3))]
+            layer = lay.chunks[lay.coords(rank)["pp"]][int(m.group(1) or 0)][int(m.group(3))]
         dense_mlp = layer is not None and layer not in moe
         if not model.dims.kv_lora_rank:
             name = name.replace(".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight")
@@ -180,10 +181,21 @@ def test_te_spec_names_equal_the_source_mapping(path):
     assert not problems, "\n".join(problems)
 
 
-def test_local_spec_refuses_replicated_mla_down_projections():
-    lay = MegatronLayout(parallel_models.tiny_deepseek(layers=2, fp8=False), P("tp=2,ep=2,etp=1,vocab_divisor=128"))
-    with pytest.raises(LayoutError, match=r"ColumnParallelLinear.*tp=2.*mla_down_proj='replicated'"):
-        lay.local_params(0, spec="local")
+@pytest.mark.parametrize("spec,key,want", [
+    ("local", "", r"'local' builds .*ColumnParallelLinear \(split over tp=2\), but the train layout has "
+                  r"mla_down_proj=replicated \(the default\).*give mla_down_proj=column"),
+    ("local", ",mla_down_proj=replicated", r"'local' builds .* but the train layout has mla_down_proj=replicated$"),
+    ("te", ",mla_down_proj=column", r"'te' builds .*TELinear parallel_mode='duplicated'.* but the train layout has "
+                                    r"mla_down_proj=column.*give mla_down_proj=replicated"),
+])
+def test_layer_spec_and_mla_down_proj_must_agree(spec, key, want):
+    """The layer spec the names come from and the split the layout models never silently disagree: an MLA
+    model's local spec with the default (TE) split is refused, naming both, and so is the reverse."""
+    lay = MegatronLayout(parallel_models.tiny_deepseek(layers=2, fp8=False),
+                         P("tp=2,ep=2,etp=1,vocab_divisor=128" + key))
+    with pytest.raises(LayoutError) as e:
+        lay.local_params(0, spec=spec)
+    assert re.search(want, str(e.value), re.S | re.M), str(e.value)
 
 
 def test_unknown_spec_is_refused():
