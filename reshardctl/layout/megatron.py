@@ -14,10 +14,11 @@ grid is ``rank = tp + TP*(cp + CP*(dp + DP*pp))`` and the expert grid ``rank = e
 rank block ``[p*S, (p+1)*S)`` with ``S = TP*CP*DP = ETP*EP*EDP``. With ``tp-cp-ep-pp-dp`` (Megatron-Bridge
 ``use_tp_pp_dp_mapping=True``) dp is outermost: ``rank = tp + TP*(cp + CP*(pp + PP*dp))`` and
 ``etp + ETP*(ep + EP*(pp + PP*edp))``, which megatron-core allows with pp > 1 only when ``edp == dp``
-(``ETP*EP == TP*CP``); a stage is then ``DP`` blocks of ``TP*CP`` ranks, ``TP*CP*PP`` apart. Either way stage
-slot ``s`` (``tp + TP*(cp + CP*dp)`` = ``etp + ETP*(ep + EP*edp)``) is one rank of the stage
-(``stage_ranks``); every template below is over those ``S`` stage-local slots, and dp/cp (dense) or edp
-(experts) replicas are slots with identical holdings.
+(``ETP*EP == TP*CP``; a dense model's expert grid is built too, with ``etp = tp``, ``ep = 1``: no cp); a
+stage is then ``DP`` blocks of ``TP*CP`` ranks, ``TP*CP*PP`` apart. Either way stage slot ``s``
+(``tp + TP*(cp + CP*dp)`` = ``etp + ETP*(ep + EP*edp)``) is one rank of the stage (``stage_ranks``); every
+template below is over those ``S`` stage-local slots, and dp/cp (dense) or edp (experts) replicas are slots
+with identical holdings.
 
 Rules: column-parallel rows / row-parallel columns split by TP; ``linear_qkv`` rows interleaved per query
 group then split contiguously (a rank's rows need not end on a group boundary); gated fc1 stride 2
@@ -150,9 +151,11 @@ class MegatronLayout(StagedPlacements, SideLayout):
         elif EP > 1 or spec.etp not in (None, TP):
             problems.append(f"Megatron ep={EP}/etp={ETP} given but model {model.name} has no routed experts")
         self.edp = max(1, self.world_size // (ETP * EP * PP))
-        if self.rank_order != DEFAULT_RANK_ORDER and PP > 1 and self.moe and ETP * EP != TP * CP:
+        if self.rank_order != DEFAULT_RANK_ORDER and PP > 1 and ETP * EP != TP * CP:
+            # megatron-core builds the expert grid for dense models too (etp = tp, ep = 1): cp > 1 is refused there
             problems.append(f"rank_order={self.rank_order} with pp={PP}: megatron-core needs the expert data "
-                            f"parallel size to equal the dense one (parallel_state.py initialize_model_parallel: "
+                            f"parallel size to equal the dense one, also for a dense model (expert grid etp=tp, "
+                            f"ep=1; parallel_state.py initialize_model_parallel: "
                             f"\"When not using pp-last rank ordering, the data parallel size of the attention and "
                             f"moe layers must be the same\"): etp x ep must equal tp x cp, but etp({ETP}) x ep({EP}) = "
                             f"{ETP * EP} and tp({TP}) x cp({CP}) = {TP * CP} (edp={self.edp}, dp={DP})")
