@@ -1,6 +1,7 @@
 """Megatron-Core parameter names on one rank, with the HF segments inside them; the row runs of ``linear_qkv``.
 
-The names are those of ``model.named_parameters()`` (plus the router's ``expert_bias`` buffer) on the rank, as
+The names are those of ``model.named_parameters()`` (plus the router's ``expert_bias`` buffer, a ``LocalParam`` with
+``buffer=True``: ``named_buffers()``) on the rank, as
 megatron-core 0.19 builds ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py``: ``embedding.word_embeddings``,
 ``decoder.layers``, ``decoder.final_layernorm``, ``output_layer``, ``mtp.layers``) with one of two layer specs
 (``megatron/core/models/gpt/gpt_layer_specs.py``):
@@ -59,6 +60,9 @@ _MTP_OUTER = {
 }
 
 
+# kinds megatron-core holds in buffers: TopKRouter registers expert_bias with register_buffer (0.19.0
+# transformer/moe/router.py:188-195; 0.16.1 the same), a buffer of the module, not one of its parameters
+_BUFFER_KINDS = frozenset({"router_bias"})
 # the local spec's names where they differ from the TE spec's
 _ATTN_LOCAL = dict(_ATTN, q_a_norm="self_attention.q_layernorm.weight", kv_a_norm="self_attention.kv_layernorm.weight")
 MEGATRON_SPECS = ("te", "local")
@@ -121,6 +125,7 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
                                                                        d.head_dim, TP, tp)}
     vocab_rows = lay.padded_vocab() // TP
     params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
+    buffers: set[str] = set()
 
     def add(name: str, shape: tuple[int, ...], dtype: str, hf: str, box, offset: tuple[int, ...]) -> None:
         entry = params.get(name)
@@ -189,9 +194,11 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
                     add(inner + fc1, (2 * per, t.shape[1]), dt, t.name, box, (off, 0))
             elif kind in attn:
                 add(inner + attn[kind], box_shape(box), dt, t.name, box, zero)
+                if kind in _BUFFER_KINDS:
+                    buffers.add(inner + attn[kind])
             elif kind in _MTP_OUTER:
                 add(outer + _MTP_OUTER[kind], box_shape(box), dt, t.name, box, zero)
             else:  # scale_inv and anything unknown: one unfused param per box under the HF name
                 name = t.name if len(boxes) == 1 else f"{t.name}#{k}"
                 add(name, box_shape(box), dt, t.name, box, zero)
-    return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
+    return [LocalParam(n, shape, dt, tuple(segs), buffer=n in buffers) for n, (shape, dt, segs) in params.items()]

@@ -147,6 +147,19 @@ def test_non_persistent_buffers_are_not_weights(path):
         assert not transient & {p.name for p in lay.local_params(rank, spec="local")}
 
 
+@pytest.mark.parametrize("path", FIXTURES, ids=IDS)
+def test_buffers_are_megatron_cores_persistent_buffers(path):
+    """``LocalParam.buffer`` marks exactly what megatron-core registers as a persistent buffer (the router's
+    expert_bias), every other local param is one of its ``named_parameters()``."""
+    doc, model = load(path)
+    lay = layout(doc, model, mla_down_proj="column")
+    for rank, r in enumerate(doc["ranks"]):
+        lps = lay.local_params(rank, spec="local")
+        assert {p.name for p in lps if p.buffer} == {rename_0_19(n) for n, b in r["buffers"].items()
+                                                     if b["persistent"]}, f"rank {rank}"
+        assert {p.name for p in lps if not p.buffer} == {rename_0_19(n) for n in r["params"]}, f"rank {rank}"
+
+
 def te_expected(doc, model, rank: int, lay: MegatronLayout) -> dict[str, tuple[tuple[int, ...], str]]:
     """The fixture's names mapped to the TE spec by the 0.19 source's differences (see TE_RENAMES)."""
     moe = set(model.dims.moe_layers)
