@@ -124,3 +124,9 @@ def test_every_rank_a_distinct_coordinate_and_stages_a_permutation(tp, cp, dp, p
     if pp == 1:  # one stage: both orders are the same grid
         other = build(text.replace(order, "tp-cp-ep-pp-dp" if order.endswith("pp") else "tp-cp-ep-dp-pp"))
         assert [other.coords(r) for r in range(world)] == [lay.coords(r) for r in range(world)]
+    if order.endswith("dp"):  # every tensor: the default order's template, on the same (stage, slot)s
+        base = build(text.replace(order, "tp-cp-ep-dp-pp"))
+        for i in range(len(lay.model.tensors)):
+            pa, pb = base.placement(i), lay.placement(i)
+            assert pa.template is pb.template or pa.template == pb.template
+            assert [lay.stage_slot(r) for r in pb.ranks] == [base.stage_slot(r) for r in pa.ranks]
