@@ -102,15 +102,16 @@ def test_plan_refit_takes_both_keys():
 
 def test_run_refits_with_bridge_rank_order_and_column_mla(tmp_path, capsys):
     """A real gloo refit (4 trainer + 4 inference processes) with Megatron-Bridge's rank order (stage 1 on
-    trainer ranks 1 and 3) of an MLA model: verified, every rank committed."""
+    trainer ranks 1 and 3) of an MLA model, both transports: verified, every rank committed."""
     out = tmp_path / "run"
     code = main(["run", *MLA, "--train", "tp=1,pp=2,dp=2,use_tp_pp_dp_mapping=true,mla_down_proj=column",
-                 "--infer", "tp=2,dp=2", "--iters", "1", "--transport", "reshard", "--out", str(out), "--json"])
+                 "--infer", "tp=2,dp=2", "--iters", "1", "--out", str(out), "--json"])
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
-    s = summary["transports"]["reshard"]
-    assert summary["ok"] and s["verified"] and s["failures"] == []
-    assert "use_tp_pp_dp_mapping=true" in summary["request"]["train"]
+    assert set(summary["transports"]) == {"reshard", "gather_broadcast"}  # the point-to-point plan and the
+    for s in summary["transports"].values():                             # per-stage gather and broadcast
+        assert s["verified"] and s["failures"] == []
+    assert summary["ok"] and "use_tp_pp_dp_mapping=true" in summary["request"]["train"]
     commits = [json.loads(line) for f in sorted((out / "events").glob("rank-*.jsonl"))
                for line in f.read_text().splitlines() if '"commit"' in line]
     assert len({c["rank"] for c in commits}) == 8 and all(c.get("committed") for c in commits)
