@@ -27,8 +27,8 @@ group then split contiguously (a rank's rows need not end on a group boundary); 
 (Megatron-LM's ``vocab_size_with_padding``; pad rows are in no box);
 experts in contiguous EP blocks, split by ETP inside, replicated over EDP; routers, router bias and norms
 replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replicated (TE spec;
-the key ``mla_down_proj=column`` gives the local spec's column split), q_b/kv_b column, o row; MTP layers on the
-stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
+the key ``mla_down_proj=column`` gives the local spec's column split), q_b/kv_b column, o row; MTP layers on
+the stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
 when PP > 1, a copy on the last stage (two replica holders). Pipeline splits: ``layout/pipeline.py``.
 fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
 granularity (see ``shard_rules.scale_template``).
@@ -54,7 +54,6 @@ MEGATRON_KEYS = frozenset({"tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_st
                            "vocab_divisor", "pp_layout", "embedding_in_split", "loss_in_split", "mla_down_proj",
                            "rank_order"})
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"  # megatron-core initialize_model_parallel(order=...)'s default
-BRIDGE_TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # Megatron-Bridge / Megatron-LM use_tp_pp_dp_mapping=True
 
 REPLICATED_KINDS = frozenset({
     "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm",
@@ -153,12 +152,13 @@ class MegatronLayout(StagedPlacements, SideLayout):
         self.edp = max(1, self.world_size // (ETP * EP * PP))
         if self.rank_order != DEFAULT_RANK_ORDER and PP > 1 and ETP * EP != TP * CP:
             # megatron-core builds the expert grid for dense models too (etp = tp, ep = 1): cp > 1 is refused there
-            problems.append(f"rank_order={self.rank_order} with pp={PP}: megatron-core needs the expert data "
-                            f"parallel size to equal the dense one, also for a dense model (expert grid etp=tp, "
-                            f"ep=1; parallel_state.py initialize_model_parallel: "
-                            f"\"When not using pp-last rank ordering, the data parallel size of the attention and "
-                            f"moe layers must be the same\"): etp x ep must equal tp x cp, but etp({ETP}) x ep({EP}) = "
-                            f"{ETP * EP} and tp({TP}) x cp({CP}) = {TP * CP} (edp={self.edp}, dp={DP})")
+            dense = "" if self.moe else ", which megatron-core builds for a dense model too (etp=tp, ep=1)"
+            problems.append(f"rank_order={self.rank_order} with pp={PP}: megatron-core needs the expert grid's data "
+                            f"parallel size to equal the dense one{dense} (parallel_state.py "
+                            f"initialize_model_parallel: \"When not using pp-last rank ordering, the data parallel "
+                            f"size of the attention and moe layers must be the same\"): etp x ep must equal tp x cp, "
+                            f"but etp({ETP}) x ep({EP}) = {ETP * EP} and tp({TP}) x cp({CP}) = {TP * CP} "
+                            f"(edp={self.edp}, dp={DP})")
         self.experts_per_rank = d.num_experts // EP if d.num_experts and EP else 0
         # --- pipeline (layout/pipeline.py: Megatron's get_num_layers_to_build / layer offset rules) ---
         L = d.num_layers
@@ -211,9 +211,9 @@ class MegatronLayout(StagedPlacements, SideLayout):
         """Which framework rules (and versions) this layout models, for ``layout show``."""
         vocab = ("unpadded (Megatron-Bridge should_pad_vocab=False)" if self.vocab_divisor is None else
                  f"padded to a multiple of {self.vocab_divisor}*tp (Megatron-LM vocab_size_with_padding)")
-        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec (or --megatron-spec local), "
-                "linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in contiguous EP blocks, "
-                "MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
+        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec (or "
+                "--megatron-spec local), linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in "
+                "contiguous EP blocks, MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
                 f"get_transformer_layer_offset / PipelineParallelLayerLayout; vocab {vocab}"
                 + (f"; MLA down projections {self.mla_down_proj} ("
                    + ("TE spec TELinear duplicated" if self.mla_down_proj == "replicated" else

@@ -68,7 +68,8 @@ def test_plan_refuses_the_keys_where_they_do_not_apply(capsys, args, message):
 
 
 def test_layout_show_prints_the_router_bias_as_a_buffer(capsys):
-    params = show_json(capsys, *MLA, "--train", "tp=2,dp=2", "--side", "train", "--rank", "0")["sides"]["train"]["params"]
+    side = show_json(capsys, *MLA, "--train", "tp=2,dp=2", "--side", "train", "--rank", "0")["sides"]["train"]
+    params = side["params"]
     buffers = [p["param"] for p in params if p["buffer"]]
     assert buffers == ["decoder.layers.1.mlp.router.expert_bias"]
     assert main(["layout", "show", *MLA, "--train", "tp=2,dp=2", "--side", "train", "--rank", "0",
@@ -94,8 +95,8 @@ def test_plan_refit_takes_both_keys():
                           infer="tp=2,dp=2")
     assert plan.train.mla_down_proj == "column"
     i = plan.model.index("model.layers.0.self_attn.kv_a_proj_with_mqa.weight")
-    assert plan.train.placement(i).holding(1) == (((plan.model.tensors[i].shape[0] // 2, plan.model.tensors[i].shape[0]),
-                                                   (0, plan.model.tensors[i].shape[1])),)
+    rows, cols = plan.model.tensors[i].shape
+    assert plan.train.placement(i).holding(1) == (((rows // 2, rows), (0, cols)),)
     plan = api.plan_refit(model="tiny-llama", train="tp=1,pp=2,dp=2,use_tp_pp_dp_mapping=true", infer="tp=2,dp=2")
     assert plan.train.stage_ranks(1) == (1, 3)
 
