@@ -92,7 +92,7 @@ def test_fixtures_cover_the_configurations():
     """The configurations the issue lists are all there (a fixture lost is a failure, not a smaller test)."""
     assert set(IDS) >= {"dense_tp2", "qknorm_tp2_one_kv_group", "dense_pp2", "dense_pp2_vpp2", "tied_pp2",
                         "moe_tp2_ep2_etp1", "moe_tp2_dp2_ep2_etp2", "mla_moe_mtp_tp2_ep2", "mla_moe_mtp_tp2_pp2_ep2",
-                        "mla_no_q_lora_tp2"}
+                        "mla_no_q_lora_tp2", "moe_tp2_pp2_dp2_ep2_bridge_order"}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=IDS)
