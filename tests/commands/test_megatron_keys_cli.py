@@ -116,3 +116,22 @@ def test_run_refits_with_bridge_rank_order_and_column_mla(tmp_path, capsys):
     commits = [json.loads(line) for f in sorted((out / "events").glob("rank-*.jsonl"))
                for line in f.read_text().splitlines() if '"commit"' in line]
     assert len({c["rank"] for c in commits}) == 8 and all(c.get("committed") for c in commits)
+
+
+def test_layout_export_in_bridge_rank_order_loads_back_the_same_placements(capsys, tmp_path):
+    """`layout export` writes the Bridge order's ranks; the file loads back to the same holdings per rank and
+    the same stages (gather and broadcast per stage need them)."""
+    from reshardctl.layout.build import build_layout
+    from reshardctl.layout.layout_file import load_layout_file
+    from reshardctl.models import load_model
+
+    spec = "tp=2,pp=2,dp=2,ep=2,etp=1,use_tp_pp_dp_mapping=true"
+    f = tmp_path / "train.json"
+    assert main(["layout", "export", "--model", "tiny-qwen3-moe", "--side", "train", "--train", spec,
+                 "--out", str(f)]) == 0, capsys.readouterr().err
+    m = load_model("tiny-qwen3-moe")
+    direct, loaded = build_layout(m, "train", spec), load_layout_file(f, m, "train")
+    assert [loaded.stage_ranks(p) for p in range(2)] == [direct.stage_ranks(p) for p in range(2)]
+    assert direct.stage_ranks(1) == (2, 3, 6, 7)
+    for i in range(len(m.tensors)):
+        assert dict(loaded.placement(i).items()) == dict(direct.placement(i).items()), m.tensors[i].name
