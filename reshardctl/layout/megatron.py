@@ -270,9 +270,17 @@ class MegatronLayout(StagedPlacements, SideLayout):
     def stage_tensor_indices(self, stage: int) -> list[int]:
         if self._stage_index is None:
             idx: dict[int, list[int]] = {p: [] for p in range(self.pp)}
+            rank_stage = [0] * self.world_size
+            for p, ranks in enumerate(self._stage_ranks):
+                for r in ranks:
+                    rank_stage[r] = p
+            stages_of: dict[int, list[int]] = {}  # placements are interned (and kept by _by_index): once each
             for i in range(len(self.model.tensors)):
                 pl = self.placement(i)
-                for p in sorted({self.stage_slot(r)[0] for r in pl.ranks}):
+                stages = stages_of.get(id(pl))
+                if stages is None:
+                    stages = stages_of[id(pl)] = sorted({rank_stage[r] for r in pl.ranks})
+                for p in stages:
                     idx[p].append(i)
             self._stage_index = idx
         return self._stage_index[stage]
