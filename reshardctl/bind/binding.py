@@ -85,7 +85,7 @@ def bind(plan: Plan, side: str, side_rank: int, params, *, megatron_spec: str = 
     kw = {"spec": megatron_spec} if isinstance(layout, MegatronLayout) and megatron_spec != "te" else {}
     expected = layout.local_params(side_rank, **kw)
     given, buffers, problems = _given(params)
-    found = _check(expected, given, buffers, patterns, problems, where)
+    found = _check(expected, given, buffers, patterns, problems, where, module=isinstance(params, torch.nn.Module))
     if problems:
         raise BindingError(problems, where=where)
     holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
@@ -116,18 +116,26 @@ def _given(params) -> tuple[dict[str, object], dict[str, object], list[str]]:
 
 
 def _check(expected: list[LocalParam], given: Mapping[str, object], buffers: Mapping[str, object],
-           patterns: list[re.Pattern], problems: list[str], where: str) -> dict[str, torch.Tensor]:
-    """The expected parameters found (name -> tensor); every problem appended to ``problems``."""
+           patterns: list[re.Pattern], problems: list[str], where: str, *, module: bool) -> dict[str, torch.Tensor]:
+    """The expected parameters found (name -> tensor); every problem appended to ``problems``. From a module
+    (``module``), a layout buffer (``LocalParam.buffer``) is taken from its buffers only: one registered as a
+    parameter is refused (another model than the one the layout describes); a mapping or pairs carry no
+    parameter/buffer distinction."""
     found: dict[str, torch.Tensor] = {}
     names = {lp.name for lp in expected}
     offered = sorted(set(given) | set(buffers))
     for lp in expected:
-        t = given.get(lp.name, buffers.get(lp.name))
+        if module and lp.buffer and lp.name not in buffers and lp.name in given:
+            problems.append(f"{lp.name}: expected a buffer (the framework registers it with register_buffer, "
+                            f"docs/bindings.md), got an nn.Parameter: the model is not built as the layout "
+                            f"describes (an optimizer would also step it)")
+            continue
+        t = buffers.get(lp.name) if (module and lp.buffer) else given.get(lp.name, buffers.get(lp.name))
         if t is None:
             close = difflib.get_close_matches(lp.name, [n for n in offered if n not in names], n=1)
             hint = f"; closest given: {close[0]}" if close else ""
-            problems.append(f"{lp.name}: expected a {lp.dtype} parameter of shape {tuple(lp.shape)}, "
-                            f"got nothing of that name{hint}")
+            problems.append(f"{lp.name}: expected a {lp.dtype} {'buffer' if lp.buffer else 'parameter'} of shape "
+                            f"{tuple(lp.shape)}, got nothing of that name{hint}")
             continue
         if not isinstance(t, torch.Tensor):
             problems.append(f"{lp.name}: expected a tensor, got {type(t).__name__}")

@@ -66,7 +66,7 @@ def _rank_params(layout, rank: int, pattern: str | None, megatron_spec: str) -> 
         segs = [s for s in p.segments if not pattern or fnmatch.fnmatchcase(s.hf_name, pattern)]
         if pattern and not segs:
             continue
-        out.append({"param": p.name, "shape": list(p.shape), "dtype": p.dtype,
+        out.append({"param": p.name, "shape": list(p.shape), "dtype": p.dtype, "buffer": p.buffer,
                     "segments": [{"tensor": s.hf_name, "box": [list(iv) for iv in s.box], "offset": list(s.offset)}
                                  for s in segs]})
     return out
@@ -148,7 +148,7 @@ def show(
         con.print(f"  models: {entry['rules']}", markup=False)
         if rank is not None:
             for p in entry["params"]:
-                con.print(f"  {p['param']}  {p['shape']} {p['dtype']}")
+                con.print(f"  {p['param']}  {p['shape']} {p['dtype']}" + ("  (buffer)" if p["buffer"] else ""))
                 for sg in p["segments"]:
                     con.print(f"      {fmt_box(sg['box'])} of {sg['tensor']}  at offset {sg['offset']}")
             continue

@@ -8,11 +8,17 @@ per query group), ``megatron/core/transformer/mlp.py`` (``apply_swiglu_sharded_f
 ``megatron/core/transformer/moe/experts.py`` (``TEGroupedMLP``, ``SequentialMLP``) and
 ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``); docs/layouts.md lists them.
 
-Ranks: dense grid ``rank = tp + TP*(cp + CP*(dp + DP*pp))``; expert grid
-``rank = etp + ETP*(ep + EP*(edp + EDP*pp))`` (MoE parallel folding, ``etp`` defaults to ``tp``).
-Both grids have pp outermost, so pipeline stage ``p`` is the contiguous rank block ``[p*S, (p+1)*S)``
-with ``S = TP*CP*DP = ETP*EP*EDP``; every template below is over those ``S`` stage-local slots, and
-dp/cp (dense) or edp (experts) replicas are slots with identical holdings.
+Ranks (``RankGenerator``, ``rank_order=``): with megatron-core's default order ``tp-cp-ep-dp-pp`` the dense
+grid is ``rank = tp + TP*(cp + CP*(dp + DP*pp))`` and the expert grid ``rank = etp + ETP*(ep + EP*(edp + EDP*pp))``
+(MoE parallel folding, ``etp`` defaults to ``tp``): pp outermost, so pipeline stage ``p`` is the contiguous
+rank block ``[p*S, (p+1)*S)`` with ``S = TP*CP*DP = ETP*EP*EDP``. With ``tp-cp-ep-pp-dp`` (Megatron-Bridge
+``use_tp_pp_dp_mapping=True``) dp is outermost: ``rank = tp + TP*(cp + CP*(pp + PP*dp))`` and
+``etp + ETP*(ep + EP*(pp + PP*edp))``, which megatron-core allows with pp > 1 only when ``edp == dp``
+(``ETP*EP == TP*CP``; a dense model's expert grid is built too, with ``etp = tp``, ``ep = 1``: no cp); a
+stage is then ``DP`` blocks of ``TP*CP`` ranks, ``TP*CP*PP`` apart. Either way stage slot ``s``
+(``tp + TP*(cp + CP*dp)`` = ``etp + ETP*(ep + EP*edp)``) is one rank of the stage (``stage_ranks``); every
+template below is over those ``S`` stage-local slots, and dp/cp (dense) or edp (experts) replicas are slots
+with identical holdings.
 
 Rules: column-parallel rows / row-parallel columns split by TP; ``linear_qkv`` rows interleaved per query
 group then split contiguously (a rank's rows need not end on a group boundary); gated fc1 stride 2
@@ -21,8 +27,8 @@ group then split contiguously (a rank's rows need not end on a group boundary); 
 (Megatron-LM's ``vocab_size_with_padding``; pad rows are in no box);
 experts in contiguous EP blocks, split by ETP inside, replicated over EDP; routers, router bias and norms
 replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replicated (TE spec;
-``mla_down_proj="column"`` gives the local-spec column split), q_b/kv_b column, o row; MTP layers on the
-stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
+the key ``mla_down_proj=column`` gives the local spec's column split), q_b/kv_b column, o row; MTP layers on
+the stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
 when PP > 1, a copy on the last stage (two replica holders). Pipeline splits: ``layout/pipeline.py``.
 fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
 granularity (see ``shard_rules.scale_template``).
@@ -45,7 +51,9 @@ from reshardctl.models.spec import ModelSpec, TensorSpec
 
 LEGACY_VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default (vocab_divisor=128)
 MEGATRON_KEYS = frozenset({"tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers",
-                           "vocab_divisor", "pp_layout", "embedding_in_split", "loss_in_split"})
+                           "vocab_divisor", "pp_layout", "embedding_in_split", "loss_in_split", "mla_down_proj",
+                           "rank_order"})
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"  # megatron-core initialize_model_parallel(order=...)'s default
 
 REPLICATED_KINDS = frozenset({
     "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm",
@@ -73,11 +81,11 @@ def megatron_padded_vocab(vocab: int, tp: int, divisor: int | None) -> int:
 class MegatronLayout(StagedPlacements, SideLayout):
     side = "train"
 
-    def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None, *,
-                 mla_down_proj: str = "replicated"):
+    def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
         self.model = model
         self.spec = spec
-        self.mla_down_proj = mla_down_proj
+        self.mla_down_proj = mla_down_proj = spec.mla_down_proj or "replicated"
+        self.rank_order = spec.rank_order or DEFAULT_RANK_ORDER
         d = model.dims
         problems: list[str] = []
         for key in spec.given():
@@ -113,6 +121,9 @@ class MegatronLayout(StagedPlacements, SideLayout):
         self._moe_layers = frozenset(d.moe_layers)
         # --- arithmetic checks (all collected) ---
         if not self.mla:
+            if mla_down_proj == "column":
+                problems.append(f"mla_down_proj=column given but model {model.name} has no MLA (kv_lora_rank=0): "
+                                f"its attention has no down projections")
             if need_divides(problems, TP, d.num_heads, f"Megatron tp={TP}", "num_attention_heads"):
                 ng = d.num_kv_heads
                 if ng % TP and TP % ng:
@@ -128,8 +139,6 @@ class MegatronLayout(StagedPlacements, SideLayout):
                     need_divides(problems, TP, d.q_lora_rank, f"Megatron tp={TP}", "q_lora_rank")
                 need_divides(problems, TP, d.kv_lora_rank + d.qk_rope_head_dim, f"Megatron tp={TP}",
                              "kv_lora_rank+qk_rope_head_dim")
-            elif mla_down_proj != "replicated":
-                problems.append(f"mla_down_proj={mla_down_proj!r}: expected 'replicated' or 'column'")
         if any(t.kind == "mlp_gate" for t in model.tensors):
             need_divides(problems, TP, d.intermediate, f"Megatron tp={TP}", "intermediate_size")
         if d.num_mtp_layers:
@@ -146,6 +155,15 @@ class MegatronLayout(StagedPlacements, SideLayout):
         elif EP > 1 or spec.etp not in (None, TP):
             problems.append(f"Megatron ep={EP}/etp={ETP} given but model {model.name} has no routed experts")
         self.edp = max(1, self.world_size // (ETP * EP * PP))
+        if self.rank_order != DEFAULT_RANK_ORDER and PP > 1 and ETP * EP != TP * CP:
+            # megatron-core builds the expert grid for dense models too (etp = tp, ep = 1): cp > 1 is refused there
+            dense = "" if self.moe else ", which megatron-core builds for a dense model too (etp=tp, ep=1)"
+            problems.append(f"rank_order={self.rank_order} with pp={PP}: megatron-core needs the expert grid's data "
+                            f"parallel size to equal the dense one{dense} (parallel_state.py "
+                            f"initialize_model_parallel: \"When not using pp-last rank ordering, the data parallel "
+                            f"size of the attention and moe layers must be the same\"): etp x ep must equal tp x cp, "
+                            f"but etp({ETP}) x ep({EP}) = {ETP * EP} and tp({TP}) x cp({CP}) = {TP * CP} "
+                            f"(edp={self.edp}, dp={DP})")
         self.experts_per_rank = d.num_experts // EP if d.num_experts and EP else 0
         # --- pipeline (layout/pipeline.py: Megatron's get_num_layers_to_build / layer offset rules) ---
         L = d.num_layers
@@ -172,7 +190,7 @@ class MegatronLayout(StagedPlacements, SideLayout):
         self._layer_stage = {g: p[0] for g, p in self._layer_pos.items()}
         self._templates = Interner()
         self._placements = Interner()
-        self._stage_ranks = tuple(tuple(range(p * S, (p + 1) * S)) for p in range(PP))
+        self._stage_ranks = tuple(tuple(self.rank_of(p, s) for s in range(S)) for p in range(PP))
         self._tied_pp = d.tie_embeddings and PP > 1
         self._stage_index: dict[int, list[int]] | None = None
         self._by_index: list[Placement | None] = [None] * len(model.tensors)
@@ -187,7 +205,8 @@ class MegatronLayout(StagedPlacements, SideLayout):
         if self.vpp > 1:
             s += f",vpp={self.vpp}"
         s += f",vocab_divisor={self.vocab_divisor or 'none'}"
-        for key in ("first_stage_layers", "last_stage_layers", "embedding_in_split", "loss_in_split", "pp_layout"):
+        for key in ("first_stage_layers", "last_stage_layers", "embedding_in_split", "loss_in_split", "pp_layout",
+                    "mla_down_proj", "rank_order"):
             v = getattr(self.spec, key)
             if v is not None:
                 s += f",{key}={str(v).lower() if isinstance(v, bool) else v}"
@@ -197,19 +216,41 @@ class MegatronLayout(StagedPlacements, SideLayout):
         """Which framework rules (and versions) this layout models, for ``layout show``."""
         vocab = ("unpadded (Megatron-Bridge should_pad_vocab=False)" if self.vocab_divisor is None else
                  f"padded to a multiple of {self.vocab_divisor}*tp (Megatron-LM vocab_size_with_padding)")
-        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec, "
-                "linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in contiguous EP blocks, "
-                "MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
-                f"get_transformer_layer_offset / PipelineParallelLayerLayout; vocab {vocab}")
+        return ("Megatron-Core (Megatron-LM main 2026-08; Megatron-Bridge vocab default): TE spec (or "
+                "--megatron-spec local), linear_qkv per query group, fc1 stride 2, TEGroupedMLP experts in "
+                "contiguous EP blocks, MTP as mtp.layers.{k}.mtp_model_layer, pipeline by get_num_layers_to_build / "
+                f"get_transformer_layer_offset / PipelineParallelLayerLayout; vocab {vocab}"
+                + (f"; MLA down projections {self.mla_down_proj} ("
+                   + ("TE spec TELinear duplicated" if self.mla_down_proj == "replicated" else
+                      "local spec ColumnParallelLinear") + ")" if self.mla else "")
+                + f"; ranks in order {self.rank_order}"
+                + (" (Megatron-Bridge use_tp_pp_dp_mapping=True)" if self.rank_order != DEFAULT_RANK_ORDER else ""))
 
     def layer_position(self, layer: int) -> tuple[int, int, int]:
         """``(pp rank, vpp chunk, local index)`` of a global layer (MTP: index within the MTP block)."""
         return self._layer_pos[layer]
 
+    def rank_of(self, stage: int, slot: int) -> int:
+        """The rank of stage-local slot ``slot`` (``tp + TP*(cp + CP*dp)``) of pipeline stage ``stage``, in the
+        layout's ``rank_order`` (module docstring)."""
+        if self.rank_order == DEFAULT_RANK_ORDER:
+            return stage * self.stage_size + slot
+        block = self.tp * self.cp
+        return slot % block + block * (stage + self.pp * (slot // block))
+
+    def stage_slot(self, rank: int) -> tuple[int, int]:
+        """``(pipeline stage, stage-local slot)`` of a rank: the inverse of ``rank_of``."""
+        if self.rank_order == DEFAULT_RANK_ORDER:
+            return divmod(rank, self.stage_size)
+        block = self.tp * self.cp
+        rest, inner = divmod(rank, block)
+        dp, stage = divmod(rest, self.pp)
+        return stage, inner + block * dp
+
     def coords(self, rank: int) -> dict[str, int]:
         """Dense and expert grid coordinates of a rank."""
         TP, CP, ETP, EP = self.tp, self.cp, self.etp, self.ep
-        p, s = divmod(rank, self.stage_size)
+        p, s = self.stage_slot(rank)
         return {"pp": p, "tp": s % TP, "cp": (s // TP) % CP, "dp": s // (TP * CP),
                 "etp": s % ETP, "ep": (s // ETP) % EP, "edp": s // (ETP * EP)}
 
@@ -234,9 +275,17 @@ class MegatronLayout(StagedPlacements, SideLayout):
     def stage_tensor_indices(self, stage: int) -> list[int]:
         if self._stage_index is None:
             idx: dict[int, list[int]] = {p: [] for p in range(self.pp)}
+            rank_stage = [0] * self.world_size
+            for p, ranks in enumerate(self._stage_ranks):
+                for r in ranks:
+                    rank_stage[r] = p
+            stages_of: dict[int, list[int]] = {}  # placements are interned (and kept by _by_index): once each
             for i in range(len(self.model.tensors)):
                 pl = self.placement(i)
-                for p in sorted({r // self.stage_size for r in pl.ranks}):
+                stages = stages_of.get(id(pl))
+                if stages is None:
+                    stages = stages_of[id(pl)] = sorted({rank_stage[r] for r in pl.ranks})
+                for p in stages:
                     idx[p].append(i)
             self._stage_index = idx
         return self._stage_index[stage]

@@ -1,6 +1,7 @@
 """Megatron-Core parameter names on one rank, with the HF segments inside them; the row runs of ``linear_qkv``.
 
-The names are those of ``model.named_parameters()`` (plus the router's ``expert_bias`` buffer) on the rank, as
+The names are those of ``model.named_parameters()`` (plus the router's ``expert_bias`` buffer, a ``LocalParam`` with
+``buffer=True``: ``named_buffers()``) on the rank, as
 megatron-core 0.19 builds ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py``: ``embedding.word_embeddings``,
 ``decoder.layers``, ``decoder.final_layernorm``, ``output_layer``, ``mtp.layers``) with one of two layer specs
 (``megatron/core/models/gpt/gpt_layer_specs.py``):
@@ -11,7 +12,8 @@ megatron-core 0.19 builds ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py`
   / ``linear_kv_up_proj.layer_norm_weight``), experts ``mlp.experts.linear_fc1.weight{i}`` (TEGroupedMLP);
 - ``spec="local"``: ``get_gpt_layer_local_spec`` (megatron-core modules only): ``input_layernorm.weight``,
   ``pre_mlp_layernorm.weight``, MLA ``self_attention.q_layernorm.weight`` / ``kv_layernorm.weight`` and column
-  parallel down projections (the layout must be built with ``mla_down_proj="column"``), experts
+  parallel down projections (the layout must be built with the key ``mla_down_proj=column``; the TE spec's
+  duplicated ones need ``replicated``, the default: either mismatch is refused, naming both), experts
   ``mlp.experts.local_experts.{i}.linear_fc1.weight`` (SequentialMLP).
 
 Names use LOCAL layer indices (``decoder.layers.{local}``) and local expert indices (global expert
@@ -59,9 +61,14 @@ _MTP_OUTER = {
 }
 
 
+# kinds megatron-core holds in buffers: TopKRouter registers expert_bias with register_buffer (0.19.0
+# transformer/moe/router.py:188-195; 0.16.1 the same), a buffer of the module, not one of its parameters
+_BUFFER_KINDS = frozenset({"router_bias"})
 # the local spec's names where they differ from the TE spec's
 _ATTN_LOCAL = dict(_ATTN, q_a_norm="self_attention.q_layernorm.weight", kv_a_norm="self_attention.kv_layernorm.weight")
 MEGATRON_SPECS = ("te", "local")
+# the MLA down-projection split each layer spec builds (docs/layouts.md: multi_latent_attention.py:526,532,573,579)
+_MLA_DOWN_PROJ_OF_SPEC = {"te": "replicated", "local": "column"}
 
 
 def _dtype(kind: str, dtype: str) -> str:
@@ -95,10 +102,15 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
     if spec not in MEGATRON_SPECS:
         raise LayoutError(f"megatron layer spec {spec!r}: expected one of {', '.join(MEGATRON_SPECS)}")
     local_spec = spec == "local"
-    if local_spec and lay.mla and lay.mla_down_proj != "column":
-        raise LayoutError(f"megatron layer spec 'local' builds MLA linear_q_down_proj / linear_kv_down_proj as "
-                          f"ColumnParallelLinear (split over tp={lay.tp}), but this layout has "
-                          f"mla_down_proj={lay.mla_down_proj!r}", hint="build the layout with mla_down_proj='column'")
+    want = _MLA_DOWN_PROJ_OF_SPEC[spec]
+    if lay.mla and lay.mla_down_proj != want:
+        built_as = (f"as ColumnParallelLinear (split over tp={lay.tp})" if local_spec else
+                    "as TELinear parallel_mode='duplicated' (whole on every tp rank)")
+        raise LayoutError(f"megatron layer spec {spec!r} builds MLA linear_q_down_proj / linear_kv_down_proj "
+                          f"{built_as}, but the train layout has mla_down_proj={lay.mla_down_proj}"
+                          + (" (the default)" if lay.spec.mla_down_proj is None else ""),
+                          hint=f"give mla_down_proj={want} in the train parallel string (--train / "
+                               f"plan_refit(train=...)) for a model built with the {spec!r} spec")
     attn = _ATTN_LOCAL if local_spec else _ATTN
     d = lay.model.dims
     c = lay.coords(rank)
@@ -114,6 +126,7 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
                                                                        d.head_dim, TP, tp)}
     vocab_rows = lay.padded_vocab() // TP
     params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
+    buffers: set[str] = set()
 
     def add(name: str, shape: tuple[int, ...], dtype: str, hf: str, box, offset: tuple[int, ...]) -> None:
         entry = params.get(name)
@@ -185,9 +198,11 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
                     add(inner + fc1, (2 * per, t.shape[1]), dt, t.name, box, (off, 0))
             elif kind in attn:
                 add(inner + attn[kind], box_shape(box), dt, t.name, box, zero)
+                if kind in _BUFFER_KINDS:
+                    buffers.add(inner + attn[kind])
             elif kind in _MTP_OUTER:
                 add(outer + _MTP_OUTER[kind], box_shape(box), dt, t.name, box, zero)
             else:  # scale_inv and anything unknown: one unfused param per box under the HF name
                 name = t.name if len(boxes) == 1 else f"{t.name}#{k}"
                 add(name, box_shape(box), dt, t.name, box, zero)
-    return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
+    return [LocalParam(n, shape, dt, tuple(segs), buffer=n in buffers) for n, (shape, dt, segs) in params.items()]

@@ -34,12 +34,18 @@ Keys (all positive integers unless noted; every key optional):
 ``expert_map``       vLLM EPLB: a JSON file with the physical->logical expert map (one list, or
                      one list per MoE layer)
 ``dp_attention``     SGLang ``--enable-dp-attention`` (boolean)
+``mla_down_proj``    Megatron MLA ``linear_q_down_proj`` / ``linear_kv_down_proj``: ``replicated``
+                     (default; the Transformer Engine spec's duplicated TELinear) or ``column``
+                     (megatron-core's local spec: ColumnParallelLinear split over tp)
+``rank_order``       Megatron ``initialize_model_parallel(order=...)``: ``tp-cp-ep-dp-pp`` (default,
+                     megatron-core's) or ``tp-cp-ep-pp-dp`` (Megatron-Bridge / Megatron-LM
+                     ``use_tp_pp_dp_mapping=True``); alias ``use_tp_pp_dp_mapping=true|false``
 ==================== =========================================================================
 
 Aliases: ``first``/``last`` for the stage-layer keys, ``ep_enabled`` for ``expert_parallel``,
 the framework names ``account_for_embedding_in_pipeline_split``, ``account_for_loss_in_pipeline_split``,
 ``pipeline_model_parallel_layout``, ``expert_placement_strategy``, ``num_redundant_experts``,
-``make_vocab_size_divisible_by``.
+``make_vocab_size_divisible_by``; ``use_tp_pp_dp_mapping`` takes a boolean and sets ``rank_order``.
 Separators: ``,`` or whitespace. Errors are collected and raised together as one ``LayoutError``
 naming the flag, the key and a did-you-mean.
 """
@@ -54,7 +60,8 @@ from reshardctl.errors import LayoutError
 
 _INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "last_stage_layers", "redundant")
 _BOOL_KEYS = ("expert_parallel", "embedding_in_split", "loss_in_split", "dp_attention")
-_CHOICE_KEYS = {"dp_mode": ("in_engine", "engines"), "placement": ("linear", "round_robin")}
+_CHOICE_KEYS = {"dp_mode": ("in_engine", "engines"), "placement": ("linear", "round_robin"),
+                "mla_down_proj": ("replicated", "column"), "rank_order": ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")}
 _STR_KEYS = ("pp_layout", "all2all", "expert_map")
 _OTHER_KEYS = ("vocab_divisor", "pp_partition")
 _ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel",
@@ -62,7 +69,10 @@ _ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enab
             "account_for_loss_in_pipeline_split": "loss_in_split",
             "pipeline_model_parallel_layout": "pp_layout", "expert_placement_strategy": "placement",
             "num_redundant_experts": "redundant", "make_vocab_size_divisible_by": "vocab_divisor",
-            "all2all_backend": "all2all", "enable_dp_attention": "dp_attention"}
+            "all2all_backend": "all2all", "enable_dp_attention": "dp_attention",
+            "use_tp_pp_dp_mapping": "rank_order"}
+# Megatron-Bridge DistributedInitConfig.use_tp_pp_dp_mapping (a boolean) -> rank_order
+_RANK_ORDER_OF_MAPPING = {True: "tp-cp-ep-pp-dp", False: "tp-cp-ep-dp-pp"}
 _ALL_KEYS = _INT_KEYS + _BOOL_KEYS + tuple(_CHOICE_KEYS) + _STR_KEYS + _OTHER_KEYS
 _INT_RE = re.compile(r"[0-9]+")
 _TRUE = {"1", "true", "yes", "on"}
@@ -94,6 +104,8 @@ class ParallelSpec:
     redundant: int | None = None
     expert_map: str | None = None
     dp_attention: bool | None = None
+    mla_down_proj: str | None = None  # None: "replicated" (the TE spec)
+    rank_order: str | None = None  # None: "tp-cp-ep-dp-pp" (megatron-core's default order)
 
     def given(self) -> list[str]:
         """Names of the keys set away from their defaults (for "not a vLLM option" checks)."""
@@ -149,6 +161,13 @@ def parse_parallel(text: str | None, *, flag: str = "--train") -> ParallelSpec:
             continue
         if canon in values:
             problems.append(f"{flag}: key {key!r} given twice")
+            continue
+        if key == "use_tp_pp_dp_mapping":
+            low = raw.lower()
+            if low in _TRUE | _FALSE:
+                values[canon] = _RANK_ORDER_OF_MAPPING[low in _TRUE]
+            else:
+                problems.append(f"{flag}: {key}={raw!r} is not a boolean (true/false/1/0/on/off)")
             continue
         if canon in _CHOICE_KEYS:
             if raw.lower() not in _CHOICE_KEYS[canon]:

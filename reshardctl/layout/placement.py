@@ -106,9 +106,12 @@ class LocalSegment:
 
 @dataclass(frozen=True)
 class LocalParam:
-    """A framework parameter on one rank (fused or not). Rows not covered by segments are padding."""
+    """A framework parameter on one rank (fused or not). Rows not covered by segments are padding.
+    ``buffer``: the framework registers it as a buffer (``register_buffer``), not as an ``nn.Parameter``
+    (Megatron's router ``expert_bias``)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     segments: tuple[LocalSegment, ...] = field(default=())
+    buffer: bool = False

@@ -87,7 +87,8 @@ def test_buffers_that_are_weights_are_bound_and_other_buffers_ignored():
     plan = small_plan(tiny_deepseek(2, fp8=False), "tp=2,ep=2,vocab_divisor=128", "tp=2")
     params = zeros_of(plan.train, 0)
     bias = "decoder.layers.1.mlp.router.expert_bias"
-    buffers = {bias: params.pop(bias), "decoder.layers.0.self_attention.rotary.inv_freq": torch.zeros(8)}
+    buffers = {lp.name: params.pop(lp.name) for lp in plan.train.local_params(0) if lp.buffer}  # + the MTP layer's
+    buffers["decoder.layers.0.self_attention.rotary.inv_freq"] = torch.zeros(8)
     module = module_of(params, buffers)
     assert bias in dict(module.named_buffers()) and bias not in dict(module.named_parameters())
     b = bind(plan, "train", 0, module)
@@ -95,6 +96,27 @@ def test_buffers_that_are_weights_are_bound_and_other_buffers_ignored():
     (view,) = b.tensors()["model.layers.1.mlp.gate.e_score_correction_bias"]
     view.fill_(3.0)
     assert bool((dict(module.named_buffers())[bias] == 3.0).all())
+
+
+def test_a_buffer_offered_as_a_parameter_is_refused_and_a_missing_one_named_as_a_buffer():
+    """megatron-core registers the router's expert_bias as a buffer (moe/router.py:188): a module that holds it
+    as an nn.Parameter is not the model the layout describes (an optimizer would step it), so bind refuses it;
+    one without it is told a buffer is missing. A mapping (no parameter/buffer distinction) is bound as given."""
+    plan = small_plan(tiny_deepseek(2, fp8=False), "tp=2,ep=2,vocab_divisor=128", "tp=2")
+    bias = "decoder.layers.1.mlp.router.expert_bias"
+    mtp_bias = "mtp.layers.0.mtp_model_layer.mlp.router.expert_bias"
+    assert [lp.name for lp in plan.train.local_params(0) if lp.buffer] == [bias, mtp_bias]
+    params = zeros_of(plan.train, 0)
+    buffers = {mtp_bias: params.pop(mtp_bias)}
+    with pytest.raises(BindingError) as e:
+        bind(plan, "train", 0, module_of(params, buffers))
+    assert f"{bias}: expected a buffer (the framework registers it with register_buffer" in str(e.value)
+    assert "got an nn.Parameter" in str(e.value) and str(e.value).count("  - ") == 1
+    params.pop(bias)
+    with pytest.raises(BindingError, match=re.escape(f"{bias}: expected a float32 buffer of shape (8,), got "
+                                                     "nothing of that name")):
+        bind(plan, "train", 0, module_of(params, buffers))
+    assert bias in bind(plan, "train", 0, zeros_of(plan.train, 0)).params  # a mapping: bound as given
 
 
 def test_parameters_that_require_grad_are_written_in_place_without_autograd(llama_plan):

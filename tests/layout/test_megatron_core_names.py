@@ -23,7 +23,8 @@ from reshardctl.errors import LayoutError
 from reshardctl.layout.megatron import MegatronLayout
 from reshardctl.layout.parallel_spec import parse_parallel as P
 
-FIXTURES = sorted((Path(__file__).parent / "megatron_core").glob("*.json"))
+# rank_order.json (megatron_core/rank_order.py: RankGenerator's grids) is test_megatron_rank_order.py's
+FIXTURES = sorted(p for p in (Path(__file__).parent / "megatron_core").glob("*.json") if p.stem != "rank_order")
 IDS = [p.stem for p in FIXTURES]
 
 # megatron-core 0.16 -> 0.19: MultiTokenPredictionLayer's inner layer attribute
@@ -56,8 +57,9 @@ def load(path: Path):
 
 
 def layout(doc, model, *, mla_down_proj: str) -> MegatronLayout:
-    mla = mla_down_proj if model.dims.kv_lora_rank else "replicated"
-    return MegatronLayout(model, P(doc["parallel"]), world_size=len(doc["ranks"]), mla_down_proj=mla)
+    """The layout of the fixture's parallel string; an MLA model's gets ``mla_down_proj=`` (the CLI's key)."""
+    text = doc["parallel"] + (f",mla_down_proj={mla_down_proj}" if model.dims.kv_lora_rank else "")
+    return MegatronLayout(model, P(text), world_size=len(doc["ranks"]))
 
 
 def rename_0_19(name: str) -> str:
@@ -90,7 +92,8 @@ def test_fixtures_cover_the_configurations():
     """The configurations the issue lists are all there (a fixture lost is a failure, not a smaller test)."""
     assert set(IDS) >= {"dense_tp2", "qknorm_tp2_one_kv_group", "dense_pp2", "dense_pp2_vpp2", "tied_pp2",
                         "moe_tp2_ep2_etp1", "moe_tp2_dp2_ep2_etp2", "mla_moe_mtp_tp2_ep2", "mla_moe_mtp_tp2_pp2_ep2",
-                        "mla_no_q_lora_tp2", "qwen2_qkv_bias_tp4", "qwen2_moe_shared_gate_tp2_ep2"}
+                        "mla_no_q_lora_tp2", "qwen2_qkv_bias_tp4", "qwen2_moe_shared_gate_tp2_ep2",
+                        "moe_tp2_pp2_dp2_ep2_bridge_order"}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=IDS)
@@ -145,6 +148,19 @@ def test_non_persistent_buffers_are_not_weights(path):
         assert not transient & {p.name for p in lay.local_params(rank, spec="local")}
 
 
+@pytest.mark.parametrize("path", FIXTURES, ids=IDS)
+def test_buffers_are_megatron_cores_persistent_buffers(path):
+    """``LocalParam.buffer`` marks exactly what megatron-core registers as a persistent buffer (the router's
+    expert_bias), every other local param is one of its ``named_parameters()``."""
+    doc, model = load(path)
+    lay = layout(doc, model, mla_down_proj="column")
+    for rank, r in enumerate(doc["ranks"]):
+        lps = lay.local_params(rank, spec="local")
+        assert {p.name for p in lps if p.buffer} == {rename_0_19(n) for n, b in r["buffers"].items()
+                                                     if b["persistent"]}, f"rank {rank}"
+        assert {p.name for p in lps if not p.buffer} == {rename_0_19(n) for n in r["params"]}, f"rank {rank}"
+
+
 def te_expected(doc, model, rank: int, lay: MegatronLayout) -> dict[str, tuple[tuple[int, ...], str]]:
     """The fixture's names mapped to the TE spec by the 0.19 source's differences (see TE_RENAMES)."""
     moe = set(model.dims.moe_layers)
@@ -155,7 +171,7 @@ def te_expected(doc, model, rank: int, lay: MegatronLayout) -> dict[str, tuple[t
         if m and m.group(2) == "mtp":  # MTP layer k is global layer L + k
             layer = model.dims.num_layers + int(m.group(3))
         elif m:  # decoder.layers.{local} of this rank's stage and chunk
-            layer = lay.chunks[rank // lay.stage_size][int(m.group(1) or 0)][int(m.group(3))]
+            layer = lay.chunks[lay.coords(rank)["pp"]][int(m.group(1) or 0)][int(m.group(3))]
         dense_mlp = layer is not None and layer not in moe
         if not model.dims.kv_lora_rank:
             name = name.replace(".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight")
@@ -180,10 +196,21 @@ def test_te_spec_names_equal_the_source_mapping(path):
     assert not problems, "\n".join(problems)
 
 
-def test_local_spec_refuses_replicated_mla_down_projections():
-    lay = MegatronLayout(parallel_models.tiny_deepseek(layers=2, fp8=False), P("tp=2,ep=2,etp=1,vocab_divisor=128"))
-    with pytest.raises(LayoutError, match=r"ColumnParallelLinear.*tp=2.*mla_down_proj='replicated'"):
-        lay.local_params(0, spec="local")
+@pytest.mark.parametrize("spec,key,want", [
+    ("local", "", r"'local' builds .*ColumnParallelLinear \(split over tp=2\), but the train layout has "
+                  r"mla_down_proj=replicated \(the default\).*give mla_down_proj=column"),
+    ("local", ",mla_down_proj=replicated", r"'local' builds .* but the train layout has mla_down_proj=replicated$"),
+    ("te", ",mla_down_proj=column", r"'te' builds .*TELinear parallel_mode='duplicated'.* but the train layout has "
+                                    r"mla_down_proj=column.*give mla_down_proj=replicated"),
+])
+def test_layer_spec_and_mla_down_proj_must_agree(spec, key, want):
+    """The layer spec the names come from and the split the layout models never silently disagree: an MLA
+    model's local spec with the default (TE) split is refused, naming both, and so is the reverse."""
+    lay = MegatronLayout(parallel_models.tiny_deepseek(layers=2, fp8=False),
+                         P("tp=2,ep=2,etp=1,vocab_divisor=128" + key))
+    with pytest.raises(LayoutError) as e:
+        lay.local_params(0, spec=spec)
+    assert re.search(want, str(e.value), re.S | re.M), str(e.value)
 
 
 def test_unknown_spec_is_refused():

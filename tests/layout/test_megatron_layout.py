@@ -97,7 +97,7 @@ def test_mla_and_mtp_deepseek():
     assert lay.dp == 2 and qa.template.replica_classes() == ((0, 1, 2, 3),)  # replicated (TE spec)
     qb = lay.placement(m.index("model.layers.0.self_attn.q_b_proj.weight"))
     assert qb.holding(1) == (((96, 192), (0, 128)),)
-    col = MegatronLayout(m, P("tp=2,pp=2,ep=2,vocab_divisor=128"), mla_down_proj="column")
+    col = MegatronLayout(m, P("tp=2,pp=2,ep=2,vocab_divisor=128,mla_down_proj=column"))
     assert col.placement(m.index("model.layers.0.self_attn.q_a_proj.weight")).holding(1) == (((64, 128), (0, 256)),)
     names = {p.name for p in lay.local_params(lay.stage_size)}
     assert "mtp.layers.0.eh_proj.weight" in names

@@ -96,8 +96,8 @@ def check_infer(lay):
     return len(done)
 
 
-def check_local_params(lay, rank):
-    params = lay.local_params(rank)
+def check_local_params(lay, rank, **spec):
+    params = lay.local_params(rank, **spec)
     seen = Counter()
     for p in params:
         assert len(set(x.name for x in params)) == len(params)
@@ -134,14 +134,15 @@ def test_megatron_coverage(model, tp, pp, dp, cp, ep, etp, mla_col, divisor, vpp
     spec = ParallelSpec(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vocab_divisor=divisor, vpp=vpp if pp > 1 else 1,
                         first_stage_layers=1 if (pp == 3 and not split) else None,
                         embedding_in_split=True if split in ("embed", "both") else None,
-                        loss_in_split=True if split in ("loss", "both") else None)
+                        loss_in_split=True if split in ("loss", "both") else None,
+                        mla_down_proj="column" if (mla_col and m.dims.kv_lora_rank) else None)
     try:
-        lay = MegatronLayout(m, spec, mla_down_proj="column" if mla_col else "replicated")
+        lay = MegatronLayout(m, spec)
     except LayoutError:
         assume(False)
     check_train(lay)
-    for r in {0, lay.world_size - 1, lay.world_size // 2}:
-        check_local_params(lay, r)
+    for r in {0, lay.world_size - 1, lay.world_size // 2}:  # the layer spec that builds this MLA split
+        check_local_params(lay, r, spec="local" if lay.mla_down_proj == "column" else "te")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

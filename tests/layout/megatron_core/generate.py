@@ -44,6 +44,10 @@ CONFIGS = {
                             "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1}),
     "mla_moe_mtp_tp2_pp2_ep2": ("tiny_deepseek", {"layers": 2, "fp8": False},
                                 "tp=2,pp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 2, None, 2, 1, {"mtp": 1}),
+    # Megatron-Bridge's use_tp_pp_dp_mapping=True: initialize_model_parallel(order="tp-cp-ep-pp-dp")
+    "moe_tp2_pp2_dp2_ep2_bridge_order": ("tiny_qwen3_moe", {"layers": 2},
+                                         "tp=2,pp=2,dp=2,ep=2,etp=1,vocab_divisor=128,rank_order=tp-cp-ep-pp-dp",
+                                         QWEN3_MOE, 2, 2, 2, None, 2, 1, {"order": "tp-cp-ep-pp-dp"}),
     "mla_no_q_lora_tp2": ("tiny_deepseek", {"layers": 2, "fp8": False, "q_lora": 0},
                           "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1, "q_lora": 0}),
 }
@@ -146,7 +150,7 @@ def rank_main(rank: int, world: int, name: str, init_file: str, out_dir: str) ->
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=ep,
-                                 expert_tensor_parallel_size=etp)
+                                 expert_tensor_parallel_size=etp, order=extra.get("order", "tp-cp-ep-dp-pp"))
     config = build_config(dims, layers, tp, pp, vpp, ep, etp, extra)
     params: dict[str, list] = {}
     buffers: dict[str, list] = {}
