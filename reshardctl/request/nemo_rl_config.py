@@ -102,6 +102,16 @@ RULES: list[Rule] = [
         "policy.logprob_batch_size", "policy.max_total_sequence_length", "policy.make_sequence_length_divisible_by",
         "policy.dynamic_batching*", "policy.sequence_packing*")],
     ("policy.tokenizer*", ignore("the tokenizer: not the weights")),
+    ("policy.hf_config_overrides.max_position_embeddings", ignore("the context length: no tensor shape depends on it")),
+    ("policy.hf_config_overrides.router_aux_loss_coef", ignore("a loss coefficient: not the weights")),
+    ("policy.megatron_cfg.attention_backend", ignore(_COMPUTE)),
+    ("policy.generation.vllm_cfg.enable_expert_parallel",
+     ignore("NeMo RL does not read it: vllm_worker.py sets enable_expert_parallel = expert_parallel_size > 1")),
+    *[(k, ignore("vLLM compilation, attention kernels and caches: not the weights")) for k in (
+        "policy.generation.vllm_kwargs.compilation_config.*", "policy.generation.vllm_kwargs.block_size",
+        "policy.generation.vllm_kwargs.attention_backend", "policy.generation.vllm_kwargs.mamba_ssm_cache_dtype",
+        "policy.generation.vllm_kwargs.enable_chunked_prefill", "policy.generation.vllm_cfg.http_server_*",
+        "policy.generation.vllm_cfg.enable_prefix_caching", "policy.generation.vllm_cfg.expose_http_server")],
     *[(k, ignore(_SAMPLING)) for k in (
         "policy.generation.port_range_*", "policy.generation.max_new_tokens", "policy.generation.temperature",
         "policy.generation.top_p", "policy.generation.top_k", "policy.generation.val_*",
@@ -122,7 +132,7 @@ RULES: list[Rule] = [
     *[(k, ignore("Ray placement ports and segments: reshardctl's site profile gives the nodes and NVLink domains"))
       for k in ("cluster.master_port_range_*", "cluster.segment_size")],
     *[(k + "*", ignore(_NOT_POLICY)) for k in (
-        "grpo", "loss_fn", "checkpointing", "data", "logger", "reward_penalties", "data_plane", "env")],
+        "grpo", "loss_fn", "checkpointing", "data", "logger", "reward_penalties", "data_plane", "env", "async_rl")],
 ]
 
 
@@ -148,6 +158,10 @@ def derive(path: str) -> Deployment:
     """The deployment of the NeMo RL config at ``path`` (InputError naming file and key otherwise)."""
     tree = load_with_defaults(path)
     label = Path(path).name
+    other = [k for k in ("sft", "dpo", "distillation", "rm", "ppo") if k in tree.data and "grpo" not in tree.data]
+    if other:
+        raise InputError(f"{label}: a NeMo RL `{other[0]}` config: --from reads GRPO configs (a `grpo` section), "
+                         "whose policy generates with a separate vLLM engine that a refit updates")
     ignored = check_keys(list(tree.leaves()), RULES, label=label, where=tree.where, resolve=tree.resolve,
                          framework=FRAMEWORK)
     sources: list[Source] = []

@@ -224,6 +224,27 @@ def expand(text: str, env: dict[str, str], depth: int = 0) -> str:
     return "".join(out)
 
 
+def _split(text: str) -> list[str]:
+    """Shell words of ``text``, each ``$((...))`` kept whole (spaces inside arithmetic are not word breaks)."""
+    table: list[str] = []
+    out, i = [], 0
+    while i < len(text):
+        j = text.find("$((", i)
+        if j < 0:
+            out.append(text[i:])
+            break
+        try:
+            end = _closing(text, j + 1, "(", ")")
+        except _NoValue:
+            out.append(text[i:])
+            break
+        out.append(text[i:j] + f"\x00{len(table)}\x00")
+        table.append(text[j:end + 1])
+        i = end + 1
+    words = shlex.split("".join(out), comments=True)
+    return [re.sub(r"\x00([0-9]+)\x00", lambda m: table[int(m[1])], w) for w in words]
+
+
 _ASSIGN_RE = re.compile(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)")
 _CMD_RE = re.compile(r"\bpython[0-9.]*\s+(?:-u\s+)?-m\s+(verl\.[A-Za-z0-9_.]+)")
 
@@ -267,7 +288,7 @@ def read_script(path: str) -> tuple[ConfigTree, str, str]:
         a = _ASSIGN_RE.fullmatch(body.split(" #")[0].strip())
         if a:
             try:
-                words = shlex.split(a[2], comments=True)
+                words = _split(a[2])
                 env[a[1]] = expand(words[0] if words else "", env)
             except (ValueError, _NoValue):
                 env.pop(a[1], None)  # not expandable: a later use of it is refused by name
@@ -277,7 +298,7 @@ def read_script(path: str) -> tuple[ConfigTree, str, str]:
 
 def _command(label: str, line: int, rest: str, module: str, env: dict[str, str]) -> tuple[ConfigTree, str, str]:
     try:
-        words = shlex.split(rest, comments=True)
+        words = _split(rest)
     except ValueError as e:
         raise InputError(f"{label}:{line}: the verl command cannot be split into words ({e})") from None
     config_name, items, i = "", [], 0
