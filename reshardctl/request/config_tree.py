@@ -70,7 +70,9 @@ class ConfigTree:
         return under[-1] if under else "?"
 
     def leaves(self) -> Iterator[tuple[str, Any]]:
-        yield from _leaves(self.data, ())
+        """(dotted path, value) of every leaf: a scalar, a list or an empty mapping."""
+        for key, value in self.data.items():
+            yield from _leaves(value, (str(key),))
 
     def resolve(self, path: str, default: Any = None) -> Any:
         """``path``'s value with its interpolations resolved (``InputError`` naming the key when one
@@ -87,7 +89,7 @@ def _leaves(node: Any, prefix: Path_) -> Iterator[tuple[str, Any]]:
 
 
 def _origins(node: Any, prefix: Path_, label: str) -> dict[Path_, str]:
-    if isinstance(node, dict) and node:
+    if isinstance(node, dict) and (node or not prefix):
         out: dict[Path_, str] = {}
         for k, v in node.items():
             out.update(_origins(v, prefix + (str(k),), label))

@@ -74,6 +74,8 @@ RULES: list[Rule] = [
     ("policy.generation.vllm_kwargs", only(({},), "vLLM engine options may change the layout")),
     ("policy.generation.vllm_kwargs.moe_backend",
      only(("triton",), "other vLLM MoE backends shuffle the expert weights on load (NeMo RL's own note)")),
+    ("policy.generation.vllm_kwargs.speculative_config*",
+     only((None, {}), "speculative decoding (deepseek_mtp) puts the MTP layers into the engine: plan with --mtp by hand")),
     ("on_policy_distillation", only((None,), "non-colocated teachers take nodes from the policy (grpo.py setup)")),
     ("env.reward_model.*", only((None, False, {}), "a reward-model environment takes GPUs from the policy's "
                                 "nodes (grpo.py setup), which --from does not model")),

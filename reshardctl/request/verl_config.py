@@ -145,7 +145,7 @@ def _arith(expr: str, env: dict[str, str]) -> str:
             return node.value
         if isinstance(node, ast.Name):
             raw = env.get(node.id)
-            if raw is None or not re.fullmatch(r"-?[0-9]{1,18}", raw):
+            if isinstance(raw, Unresolved) or raw is None or not re.fullmatch(r"-?[0-9]{1,18}", raw):
                 raise _NoValue(f"${node.id} (in $(({expr})))")
             return int(raw)
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
@@ -180,6 +180,13 @@ def _closing(text: str, i: int, open_: str, close: str) -> int:
     raise _NoValue(text[:40])
 
 
+def _known(name: str, env: dict[str, str]) -> str:
+    value = env[name]
+    if isinstance(value, Unresolved):
+        raise _NoValue(f"${{{name}}} (set from {value})")
+    return value
+
+
 def expand(text: str, env: dict[str, str], depth: int = 0) -> str:
     """``text`` with ``$VAR``, ``${VAR}``, ``${VAR:-default}`` and ``$((...))`` expanded from ``env``
     (``_NoValue`` naming the reference otherwise)."""
@@ -203,7 +210,7 @@ def expand(text: str, env: dict[str, str], depth: int = 0) -> str:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise _NoValue("${" + inner[:40] + "}")
             if name in env:
-                out.append(env[name])
+                out.append(_known(name, env))
             elif sep:
                 out.append(expand(default.strip('"').strip("'"), env, depth + 1))
             else:
@@ -219,7 +226,7 @@ def expand(text: str, env: dict[str, str], depth: int = 0) -> str:
                 raise _NoValue("$" + m[1])
             if m[1] not in env:
                 raise _NoValue("$" + m[1])
-            out.append(env[m[1]])
+            out.append(_known(m[1], env))
             i += m.end()
     return "".join(out)
 
@@ -290,8 +297,10 @@ def read_script(path: str) -> tuple[ConfigTree, str, str]:
             try:
                 words = _split(a[2])
                 env[a[1]] = expand(words[0] if words else "", env)
-            except (ValueError, _NoValue):
-                env.pop(a[1], None)  # not expandable: a later use of it is refused by name
+            except _NoValue as e:  # not expandable: a later use of it is refused, naming the cause
+                env[a[1]] = Unresolved(e.ref)
+            except ValueError:
+                env[a[1]] = Unresolved(f"line {n}, which the shell words of cannot be split")
     raise InputError(f"{label}: no `python3 -m verl....` command in the script",
                      hint="--from reads a verl launch script's `python3 -m verl.trainer.main_ppo ... key=value` lines")
 
@@ -382,6 +391,11 @@ def derive(path: str, *, model_given: bool = False) -> Deployment:
                          hint="verl runs separate pools with its one-step-off-policy or fully-async trainers: "
                               "actor_rollout_ref.hybrid_engine=False, trainer.nnodes/n_gpus_per_node and "
                               "rollout.nnodes/n_gpus_per_node (docs/deployments.md)")
+    if module == "verl.trainer.main_ppo":
+        raise InputError(f"{label}: `{AR}hybrid_engine` = False, but verl.trainer.main_ppo asserts the hybrid engine "
+                         "(ray_trainer.py: \"Currently, only support hybrid engine\")",
+                         hint="separate pools run verl.experimental.one_step_off_policy.main_ppo or the fully-async "
+                              "trainer")
     name, w = _value(tree, RO + "name")
     if name != "vllm":
         raise InputError(f"{label}: `{RO}name` = {name!r}: --from reads vLLM rollouts only ({w})")
