@@ -172,7 +172,8 @@ def test_verl_one_step_off_megatron_script():
                              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size = 2")
     assert where["cp=1"].startswith("default of verl (engine/megatron.yaml)")
     # its model path is under $HOME, which the script does not set: refused by name unless --model is given
-    with pytest.raises(InputError, match=r"`actor_rollout_ref.model.path`: cannot expand \$\{MODEL_PATH\} \(set from \$\{RAY_DATA_HOME\} \(set from \$\{HOME\}\)\)"):
+    with pytest.raises(InputError, match=r"`actor_rollout_ref.model.path`: cannot expand \$\{MODEL_PATH\} "
+                                         r"\(set from \$\{RAY_DATA_HOME\} \(set from \$\{HOME\}\)\)"):
         derive(str(VERL / "dapo_7b_math_megatron_4_12.sh"))
 
 
