@@ -71,10 +71,18 @@ RULES: list[Rule] = [
                           "rollout.nnodes", "rollout.n_gpus_per_node",
                           MG + "override_transformer_config.num_layers_in_first_pipeline_stage",
                           MG + "override_transformer_config.num_layers_in_last_pipeline_stage",
+                          MG + "override_transformer_config.account_for_embedding_in_pipeline_split",
+                          MG + "override_transformer_config.account_for_loss_in_pipeline_split",
                           AR + "actor.fsdp_config.fsdp_size")],
     (AR + "model.lora_rank", only((0,), "LoRA adapters are refitted as adapters, not modelled")),
     (AR + "model.lora.rank", only((0,), "LoRA adapters are refitted as adapters, not modelled")),
     (AR + "model.lora.*", ignore("LoRA settings, off while lora.rank is 0")),
+    *[(AR + "model." + k, ignore("LoRA settings, off while lora_rank is 0"))
+      for k in ("lora_alpha", "target_modules", "exclude_modules")],
+    *[(k, ignore("the fully-async trainer's schedule: not the weights"))
+      for k in ("rollout.total_rollout_steps", "rollout.total_epochs", "rollout.test_freq")],
+    (RO + "engine_kwargs.vllm.disable_mm_preprocessor_cache", ignore("a multimodal cache: not the weights")),
+    (RO + "enable_sleep_mode", ignore("memory release between steps: not the weights' split")),
     (MG + "dtype", only(("bfloat16",), "the exchanged tensors are the checkpoint's bf16 tensors")),
     (RO + "dtype", only(("bfloat16",), "the exchanged tensors are the checkpoint's bf16 tensors")),
     (RO + "quantization", only((None,), "vLLM quantizing on load changes the inference tensors")),
@@ -93,7 +101,8 @@ RULES: list[Rule] = [
     *[(AR + "actor." + k, ignore("the actor's loss, optimizer and micro-batching: not the weights' placement"))
       for k in ("optim.*", "ppo_*", "use_kl_loss", "kl_loss_*", "clip_ratio*", "entropy_*", "loss_agg_mode",
                 "use_dynamic_bsz", "policy_loss.*", "checkpoint.*", "use_torch_compile", "grad_clip",
-                "ulysses_sequence_parallel_size", "shuffle", "data_loader_seed", "profiler.*")],
+                "ulysses_sequence_parallel_size", "shuffle", "data_loader_seed", "profiler.*", "router_replay.*",
+                "use_prefix_grouper", "calculate_sum_pi_squared")],
     *[(AR + "actor.fsdp_config." + k, ignore(_COMPUTE)) for k in (
         "param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "forward_prefetch",
         "wrap_policy.*", "model_dtype", "mixed_precision.*")],
@@ -252,6 +261,7 @@ def _split(text: str) -> list[str]:
     return [re.sub(r"\x00([0-9]+)\x00", lambda m: table[int(m[1])], w) for w in words]
 
 
+_SHELL_END = re.compile(r"[0-9]*[<>].*|\||\|\||&|&&|;")
 _ASSIGN_RE = re.compile(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)")
 _CMD_RE = re.compile(r"\bpython[0-9.]*\s+(?:-u\s+)?-m\s+(verl\.[A-Za-z0-9_.]+)")
 
@@ -317,6 +327,8 @@ def _command(label: str, line: int, rest: str, module: str, env: dict[str, str])
         i += 1
         if w in ("$@", "$*"):
             continue
+        if _SHELL_END.fullmatch(w):  # a redirection, a pipe or the command's end: the arguments stop here
+            break
         if w.startswith("--config-name") or w.startswith("--config-path"):
             if "=" not in w and i < len(words):
                 w = w + "=" + words[i]
@@ -326,12 +338,18 @@ def _command(label: str, line: int, rest: str, module: str, env: dict[str, str])
             continue
         if w.startswith("-"):
             raise InputError(f"{where}: option {w!r} of the verl command is not one --from reads")
+        if "=" not in w:  # a variable holding arguments (unquoted: split into words)
+            try:
+                words[i:i] = expand(w, env).split()
+            except _NoValue as e:
+                raise InputError(f"{where}: {w[:60]!r} expands to arguments --from cannot know ({e.ref})",
+                                 hint="write the overrides on the command line of the script") from None
+            continue
         key = w.partition("=")[0]
         try:
             value_text = expand(w, env)
         except _NoValue as e:
-            value_text = f"{key}={Unresolved(e.ref)}"
-            items.append((value_text, where, Unresolved(f"{e.ref} (not set in the script)")))
+            items.append((f"{key}=unresolved", where, Unresolved(f"{e.ref} (not set in the script)")))
             continue
         items.append((value_text, where, None))
     tree = apply_overrides(ConfigTree({}), [(t, w) for t, w, _ in items])
@@ -442,6 +460,14 @@ def derive(path: str, *, model_given: bool = False) -> Deployment:
             if v is not None:
                 parts.append(f"{short}={v}")
                 src(f"{short}={v}", w)
+        for key, short in (("account_for_embedding_in_pipeline_split", "embedding_in_split"),
+                           ("account_for_loss_in_pipeline_split", "loss_in_split")):
+            v, w = _value(tree, MG + "override_transformer_config." + key)
+            if v is not None:
+                if not isinstance(v, bool):
+                    raise InputError(f"{w}: must be true or false")
+                parts.append(f"{short}={str(v).lower()}")
+                src(f"{short}={str(v).lower()}", w)
         train, train_style = ",".join(parts), "megatron"
     elif strategy in ("fsdp", "fsdp2"):
         fsdp_size, w = _value(tree, AR + "actor.fsdp_config.fsdp_size")
