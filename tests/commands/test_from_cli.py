@@ -77,3 +77,19 @@ def test_the_option_is_on_every_refit_command(capsys):
         assert main([*cmd, "--help"]) == 0
         out, _ = capsys.readouterr()
         assert "--from" in out, cmd
+
+
+def test_an_fsdp_trainer_takes_its_layout_file_beside_from(tmp_path, capsys):
+    dtensor = NEMO / "grpo-llama3.1-8b-instruct-2n8g-fsdp2tp1-noncolocated.yaml"
+    assert main(["plan", "--from", str(dtensor), "--site", "slurm-local"]) == 2
+    assert "needs a layout file" in capsys.readouterr().err
+    layout = tmp_path / "fsdp.yaml"  # docs/deployments.md's file: FSDP2 over the 8 trainer GPUs, tp 1
+    layout.write_text("format: reshardctl-layout/1\nside: train\nworld_size: 8\n"
+                      "default:\n  mesh: {shape: [8], dim_names: [dp]}\n  placements: [\"Shard(0)\"]\n")
+    code = main(["plan", "--from", str(dtensor), "--train-layout", str(layout), "--site", "slurm-local",
+                 "--transport", "reshard", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    inputs = json.loads(out)["inputs"]
+    assert inputs["topology"]["train_world"] == 8 and inputs["infer"].startswith("vllm tp=1,pp=1,dp=8")
+    assert f"--train-layout {layout}  (the command line's; replaces the derived" in err
