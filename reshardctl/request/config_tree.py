@@ -8,7 +8,8 @@ Two ways a tree is built, as the frameworks build theirs:
   ``defaults`` relative to its own directory), the parents are merged in order (a later one wins), then the
   file itself over them. Merging (OmegaConf's): mappings recursively, anything else (scalars, lists)
   replaced whole; a child mapping with ``_override_: true`` replaces the parent's mapping instead of
-  merging into it; a child value ``???`` (mandatory, not given) leaves the parent's value.
+  merging into it (at the top level, where NeMo RL looks for the marker); a child value ``???`` (mandatory,
+  not given) leaves the parent's value.
 * ``apply_overrides(tree, items)``: Hydra's command-line overrides (``key=value``, ``+key=value`` adds,
   ``++key=value`` adds or sets, ``~key`` deletes), as a verl launch script passes them.
 
@@ -224,7 +225,7 @@ def _load(path: Path, chain: tuple[Path, ...], counter: list[int]) -> ConfigTree
 _OVERRIDE_RE = re.compile(r"(~|\+\+|\+)?([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_0-9][A-Za-z0-9_]*)*)(?:=(.*))?", re.S)
 
 
-def parse_value(text: str, where: str) -> Any:
+def parse_value(text: str) -> Any:
     """A Hydra override's value (YAML-like scalars and lists, as Hydra's grammar reads them)."""
     if text == "":
         return ""
@@ -255,7 +256,7 @@ def apply_overrides(tree: ConfigTree, items: list[tuple[str, str]]) -> ConfigTre
         if op == "~":
             node.pop(parts[-1], None)
             continue
-        value = parse_value(raw, where)
+        value = parse_value(raw)
         node[parts[-1]] = value
         origin.update(_origins(value, parts, where))
     return ConfigTree(data, origin, list(tree.files))

@@ -281,3 +281,20 @@ def test_every_mapped_preset_is_in_the_catalog():
     """The ids map to presets of this catalog (the qwen2.5/qwen2-moe/mixtral/glm-4.5/gpt-oss ones arrive with
     the architecture branches of issue 24)."""
     assert sorted(set(HF_PRESETS.values()) - set(PRESETS)) == []
+
+
+def test_a_verl_yaml_config_reads_like_its_script(tmp_path):
+    # the dapo_7b_math_megatron_4_12.sh overrides written as the YAML a user would keep
+    cfg = tmp_path / "verl.yaml"
+    cfg.write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n"
+                   "actor_rollout_ref:\n  hybrid_engine: false\n"
+                   "  actor:\n    strategy: megatron\n    megatron: {tensor_model_parallel_size: 2, "
+                   "pipeline_model_parallel_size: 2}\n"
+                   "  rollout: {name: vllm, tensor_model_parallel_size: 2}\n"
+                   "  model: {path: Qwen/Qwen2.5-7B-Instruct}\n"
+                   "trainer: {nnodes: 2, n_gpus_per_node: 6}\nrollout: {nnodes: 2, n_gpus_per_node: 2}\n")
+    dep = derive(str(cfg))
+    assert (dep.train, dep.infer, dep.model) == ("tp=2,pp=2,cp=1,ep=1,dp=3", "tp=2,pp=1,dp=2,dp_mode=engines",
+                                                 "Qwen/Qwen2.5-7B-Instruct")
+    assert {s.what: s.where for s in dep.sources}["tp=2"] == (
+        "verl.yaml: actor_rollout_ref.actor.megatron.tensor_model_parallel_size = 2")
