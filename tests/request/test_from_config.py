@@ -14,7 +14,7 @@ from reshardctl.layout.build import build_layout
 from reshardctl.models import load_model
 from reshardctl.models.catalog import PRESETS, preset_config
 from reshardctl.request.from_config import HF_PRESETS, apply_from, derive, framework_of
-from reshardctl.request.verl_config import expand, read_script
+from reshardctl.request.launch_script import expand, read_script
 
 RECIPES = Path(__file__).parent / "recipes"
 NEMO = RECIPES / "nemo_rl" / "examples" / "configs" / "recipes" / "llm"
