@@ -173,8 +173,9 @@ def derive(path: str) -> Deployment:
 
     colocated = _bool(tree, "policy.generation.colocated.enabled", True)
     if colocated:
-        raise InputError(f"{label}: `policy.generation.colocated.enabled` = {colocated!r} (set in "
-                         f"{tree.where('policy.generation.colocated.enabled')}): {COLOCATED_WHY}",
+        origin = (f"set in {tree.where('policy.generation.colocated.enabled')}"
+                  if tree.has("policy.generation.colocated.enabled") else "NeMo RL's default")
+        raise InputError(f"{label}: `policy.generation.colocated.enabled` = {colocated!r} ({origin}): {COLOCATED_WHY}",
                          hint="for separate pools set policy.generation.colocated.enabled: false and "
                               "policy.generation.colocated.resources.{gpus_per_node, num_nodes} (docs/deployments.md)")
     # pools (grpo.py setup)

@@ -93,3 +93,18 @@ def test_an_fsdp_trainer_takes_its_layout_file_beside_from(tmp_path, capsys):
     inputs = json.loads(out)["inputs"]
     assert inputs["topology"]["train_world"] == 8 and inputs["infer"].startswith("vllm tp=1,pp=1,dp=8")
     assert f"--train-layout {layout}  (the command line's; replaces the derived" in err
+
+
+@pytest.mark.parametrize("files, says", [
+    ({"a.yaml": "defaults: b.yaml\n", "b.yaml": "defaults: a.yaml\n"}, "a.yaml: `defaults` cycle: a.yaml -> b.yaml -> a.yaml"),
+    ({"a.yaml": "defaults: gone.yaml\n"}, "a.yaml: `defaults` names 'gone.yaml', which does not exist"),
+    ({"a.yaml": "policy:\n  frob: [8]\n"}, "a.yaml: `policy.frob` = [8]: not a key reshardctl reads for NeMo RL"),
+    ({"a.yaml": "grpo: {seed: 1}\n"}, "a.yaml: `policy.generation.colocated.enabled` = True (NeMo RL's default): "
+                                 "colocated deployments are out of scope"),
+])
+def test_hostile_config_files_exit_2_naming_file_and_key(tmp_path, capsys, files, says):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code = main(["plan", "--from", str(tmp_path / "a.yaml")])
+    out, err = capsys.readouterr()
+    assert code == 2 and says in err and "Traceback" not in err + out
