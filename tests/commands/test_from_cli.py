@@ -99,7 +99,7 @@ def test_an_fsdp_trainer_takes_its_layout_file_beside_from(tmp_path, capsys):
     ({"a.yaml": "defaults: b.yaml\n", "b.yaml": "defaults: a.yaml\n"}, "a.yaml: `defaults` cycle: a.yaml -> b.yaml -> a.yaml"),
     ({"a.yaml": "defaults: gone.yaml\n"}, "a.yaml: `defaults` names 'gone.yaml', which does not exist"),
     ({"a.yaml": "policy:\n  frob: [8]\n"}, "a.yaml: `policy.frob` = [8]: not a key reshardctl reads for NeMo RL"),
-    ({"a.yaml": "grpo: {seed: 1}\n"}, "a.yaml: `policy.generation.colocated.enabled` = True (NeMo RL's default): "
+    ({"a.yaml": "policy: {model_name: x}\n"}, "a.yaml: `policy.generation.colocated.enabled` = True (NeMo RL's default): "
                                  "colocated deployments are out of scope"),
 ])
 def test_hostile_config_files_exit_2_naming_file_and_key(tmp_path, capsys, files, says):
