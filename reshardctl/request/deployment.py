@@ -12,6 +12,8 @@ matches is refused by name: a config is never half read (docs/deployments.md lis
 from __future__ import annotations
 
 import fnmatch
+import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,8 +66,10 @@ def check_keys(leaves: list[tuple[str, Any]], rules: list[Rule], *, label: str,
     """Every leaf against ``rules``; the number of leaves ignored. All refusals at once (InputError)."""
     problems: list[str] = []
     ignored = 0
+    matcher = _matcher(tuple(pat for pat, _ in rules))
     for path, value in leaves:
-        rule = next((r for pat, r in rules if fnmatch.fnmatchcase(path, pat)), None)
+        m = matcher.fullmatch(path)
+        rule = rules[int(m.lastgroup[1:])][1] if m else None
         if rule is None:
             problems.append(f"{where(path)}: `{path}` = {_show(value)}: not a key reshardctl reads for {framework}; "
                             "it may change the layout, so it is refused rather than ignored")
@@ -87,6 +91,13 @@ def check_keys(leaves: list[tuple[str, Any]], rules: list[Rule], *, label: str,
                          + (f"\n  - ... and {len(problems) - 20} more" if len(problems) > 20 else ""),
                          hint="docs/deployments.md lists the keys --from reads, ignores and refuses")
     return ignored
+
+
+@functools.lru_cache(maxsize=8)
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern:
+    """One regex for a rule table: alternative ``r<i>`` is glob ``i``; the first glob that matches the whole
+    path wins, as a first-match scan of the table would."""
+    return re.compile("|".join(f"(?P<r{i}>{fnmatch.translate(p)[4:-3]})" for i, p in enumerate(patterns)))
 
 
 def _show(value: Any) -> str:

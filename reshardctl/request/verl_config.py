@@ -83,7 +83,7 @@ RULES: list[Rule] = [
     (AR + "model.override_config.moe_config.freeze_moe_router", ignore("training only: the router's shape is unchanged")),
     *[(MG + "override_transformer_config." + k, ignore(_COMPUTE)) for k in (
         "*fusion*", "recompute_*", "deallocate_pipeline_outputs", "persist_layer_norm", "moe_*",
-        "attention_backend", "gradient_accumulation_fusion")],
+        "attention_backend")],
     (MG + "override_transformer_config", only(({},), "Megatron transformer overrides may change the layout")),
     *[(MG + k, ignore(_COMPUTE)) for k in (
         "param_offload", "grad_offload", "optimizer_offload", "use_dist_checkpointing", "dist_checkpointing_*",
