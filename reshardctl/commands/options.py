@@ -6,6 +6,12 @@ them (``--transport`` and the run settings differ per command: each command sets
 ``request.replace``). ``@refit_options(..., given=True)`` hands a mapping of the options given instead
 (``promote``/``rollback``: a flag left out is the run's own).
 
+Every command whose request options include ``--model`` and ``--train`` (``plan``, ``run``, ``bench``,
+``layout show``, ``layout export``) also takes ``--from FILE``: the RL framework's own config (NeMo RL YAML,
+verl YAML or launch script), from which ``request/from_config.apply_from`` derives the model, both
+parallel strings and styles; the derived flags and where each value came from are printed on stderr
+(docs/deployments.md says which flags may be given beside it).
+
 Placeholders name what to give (``SPEC``, ``FILE``, ``N``); ``cli._placeholders`` fills in the rest and
 blanks them for flags. ``--layers`` has no typer range: ``0`` is refused by the model catalog with the
 same message in every command.
@@ -19,6 +25,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from reshardctl.commands import output
+from reshardctl.request.from_config import apply_from
 from reshardctl.request.request import RefitRequest
 
 SITE = typer.Option("local", "--site", metavar="NAME|FILE", help="Site profile name or file.")
@@ -38,6 +46,9 @@ INFER_LAYOUT = typer.Option(None, "--infer-layout", metavar="FILE", help="Infere
 BUCKET_MB = typer.Option(None, "--bucket-mb", metavar="MIB",
                          help="Bucket / round bound in MiB, up to 1048576 (default: the profile's refit.bucket_mb).")
 RELAY = typer.Option("auto", "--relay", metavar="MODE", help="Two-stage NVLink fan-out: auto | on | off.")
+FROM = typer.Option(None, "--from", metavar="FILE",
+                    help="The RL framework's own config (NeMo RL YAML, verl YAML or launch script): derive the model, "
+                         "--train/--infer and styles from it (docs/deployments.md).")
 JSON = typer.Option(False, "--json", help="Print only the JSON report on stdout (errors too, as JSON).")
 REQUEST: Any = None  # the default of a `request` parameter after defaulted ones (refit_options replaces it)
 
@@ -78,6 +89,10 @@ def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, t
     receives ``request=RefitRequest(...)`` (fields left out keep the request's defaults), or with ``given``
     the mapping of the options given (not None)."""
     table = options or REQUEST_OPTIONS
+    if not given and "train" in fields and "model" in fields and "from_config" not in fields:
+        at = fields.index("model")
+        fields = (*fields[:at], "from_config", *fields[at:])
+        table = {**table, "from_config": (Optional[str], FROM)}
 
     def wrap(command: Callable) -> Callable:
         sig = inspect.signature(command, eval_str=True)
@@ -88,11 +103,19 @@ def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, t
         group = [own[f] if f in own else inspect.Parameter(f, kind, default=table[f][1], annotation=table[f][0])
                  for f in fields]
         new = params[:at] + group + params[at + 1:]
+        if "from_config" in fields:  # typer hands the click context to a parameter of type typer.Context
+            new.append(inspect.Parameter("refit_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         mine = [f for f in fields if f not in own]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
             values = {f: kwargs.pop(f) for f in mine}
+            ctx = kwargs.pop("refit_context", None)
+            source = values.pop("from_config", None)
+            if source is not None:
+                values, lines = apply_from(values, source, _given(ctx, values))
+                for line in lines:
+                    output.err_console().print(line, markup=False, highlight=False, soft_wrap=True)
             if given:
                 kwargs["request"] = {k: v for k, v in values.items() if v is not None}
             else:
@@ -105,6 +128,19 @@ def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, t
         return run
 
     return wrap
+
+
+def _given(ctx: Any, values: dict[str, Any]) -> set[str]:
+    """The options of ``values`` given on the command line (or in the environment), not defaulted; without
+    a context (a direct call), those whose value is not the option's default."""
+    if ctx is None:
+        return {n for n, v in values.items() if n in REQUEST_OPTIONS and v != REQUEST_OPTIONS[n][1].default}
+    out = set()
+    for name in values:
+        src = ctx.get_parameter_source(name)
+        if src is not None and getattr(src, "name", "") not in ("DEFAULT", "DEFAULT_MAP"):
+            out.add(name)
+    return out
 
 
 __all__ = ["REQUEST_OPTIONS", "RUNBOOK_OPTIONS", "refit_options"]
