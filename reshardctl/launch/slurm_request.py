@@ -255,7 +255,43 @@ def _rendezvous(site) -> str:
     ])
 
 
-def _srun_flags(site, wait_s: int) -> str:
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def shell_word(text: str, expand: bool = False) -> str:
+    """``text`` as one shell word. ``expand``: each ``${NAME}`` is left to the shell, double-quoted (no word
+    splitting, no globbing); every other character is single-quoted, so ``$(...)``, backticks, ``;`` and a
+    bare ``$`` stay literal."""
+    if not expand:
+        return shlex.quote(text)
+    parts, at = [], 0
+    for m in _VAR.finditer(text):
+        if m.start() > at:
+            parts.append(shlex.quote(text[at:m.start()]))
+        parts.append(f'"${{{m.group(1)}}}"')
+        at = m.end()
+    if at < len(text) or not parts:
+        parts.append(shlex.quote(text[at:]))
+    return "".join(parts)
+
+
+def _mount_covers(mount: str, path: str) -> bool:
+    """A ``src:dst[:flags]`` (or ``path``) mount that shows ``path`` at the same path inside."""
+    src, _, rest = mount.partition(":")
+    dst = rest.partition(":")[0] or src
+    return src == dst and (path == src or path.startswith(src.rstrip("/") + "/"))
+
+
+def container_mounts(site, run_dir: str) -> list[str]:
+    """The profile's mounts, and the run directory (session file, reports, logs) at its own path unless one
+    of them shows it already: the ranks read and write it inside the container, home or not."""
+    mounts = list(site.slurm.container_mounts)
+    if not any(_mount_covers(m, run_dir) for m in mounts):
+        mounts.append(f"{run_dir}:{run_dir}")
+    return mounts
+
+
+def _srun_flags(site, wait_s: int, run_dir: str) -> str:
     s = site.slurm
     q = shlex.quote
     # survivors of a failed rank report it themselves (--kill-on-bad-exit=0); --wait ends the step
@@ -263,8 +299,10 @@ def _srun_flags(site, wait_s: int) -> str:
     flags = ["--kill-on-bad-exit=0", f"--wait={wait_s}"]
     if s.container_image:
         flags.append(q(f"--container-image={s.container_image}"))
-        if s.container_mounts:
-            flags.append(q(f"--container-mounts={','.join(s.container_mounts)}"))
+        flags.append(shell_word("--container-mounts=" + ",".join(container_mounts(site, run_dir)),
+                                s.container_expand))
+        flags.append(q(f"--container-workdir={run_dir}"))
+        # the run directory is mounted above: the home directory is not needed (nor shown)
         flags.append("--no-container-mount-home")
     flags += [q(f) for f in s.extra_srun]
     return " ".join(flags)
@@ -337,7 +375,7 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
     wait_s = srun_wait_s(timeout, retries) if rank_args is None else int(math.ceil(timeout)) + 60
     req = SlurmRequest(
         mode=mode, run_dir=run_dir, label=label, components=(train, infer), sbatch=sbatch,
-        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s),
+        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s, run_dir),
         ranks_cmd=ranks_command(py, rank_args or worker_args(str(PurePosixPath(run_dir) / SESSION_FILE))),
         step_flags=_step_flags(site, mode),
         rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),

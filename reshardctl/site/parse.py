@@ -345,6 +345,25 @@ def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
+_MOUNT_VAR = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _mounts(c: _Collector, slurm: dict) -> None:
+    """``container_mounts``: one mount per item (no comma: pyxis splits the list on commas); a ``$`` is
+    either a ``${NAME}`` the job script expands (``container_expand: true``) or refused: written literally,
+    pyxis would mount a path named ``$USER``."""
+    for i, m in enumerate(slurm["container_mounts"]):
+        path = f"slurm.container_mounts[{i}]"
+        if "," in m or "\n" in m or "\r" in m or not m.strip():
+            c.add(path, f"{short(m)}: one mount per item, SRC:DST[:FLAGS], without commas or newlines")
+        elif "$" in m and not slurm["container_expand"]:
+            c.add(path, f"{short(m)} holds '$', which pyxis would take literally: to have the job script expand a "
+                        "variable, write it ${NAME} (e.g. /home/${USER}) and set slurm.container_expand: true")
+        elif "$" in _MOUNT_VAR.sub("", m):
+            c.add(path, f"{short(m)}: only ${{NAME}} is expanded (container_expand); any other '$' (a bare $NAME, "
+                        "$(...)) is refused")
+
+
 def _resource_values(c: _Collector, vals: dict, prefix: str) -> None:
     """Check one mapping's resource values in place (a bad one: recorded, then None)."""
     for k in MEMORY_KEYS:
@@ -513,6 +532,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     if slurm["mode"] not in SLURM_MODES:
         c.add("slurm.mode", f"must be one of {', '.join(SLURM_MODES)}, got {short(slurm['mode'])}")
         slurm["mode"] = "hetjob"
+    _mounts(c, slurm)
     _resource_values(c, slurm, "slurm.")
     slurm["resources"] = _role_resources(c, sraw, slurm)
     _signal(c, slurm)
