@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 from reshardctl.errors import InputError, Interrupted, LaunchError, NotEnded, ReshardError
 from reshardctl.launch import slurm
+from reshardctl.launch.memory_check import check_slurm_memory
 from reshardctl.launch.launcher import DryRun, LaunchJob, Outcome, Progress
 from reshardctl.runs.records import commits_by_side, count_commits
 from reshardctl.launch.slurm_request import build_request
@@ -91,7 +92,8 @@ class SlurmLauncher:
         return None  # `reshardctl collect` summarises the run once its jobs ended
 
     def memory_estimate(self, inp: Inputs, plans: Mapping[str, Plan]) -> int | None:
-        return None  # the ranks run on the allocation's nodes, not here
+        """The busiest node's bytes, checked against the profile's memory request (launch/memory_check.py)."""
+        return check_slurm_memory(dict(plans), inp.site, inp.topology.gpus_per_node)
 
     def dry_run(self, inp: Inputs, transports: list[str], *, out: str | None, mode: str | None, baseline: bool,
                 timeout_s: float | None, retries: int) -> DryRun:
@@ -109,6 +111,7 @@ class SlurmLauncher:
         """For submitting by hand (`reshardctl plan --out DIR`): ``slurm/<scripts>`` and the session file
         (the ranks' plans and options, with a fresh run token), for ``run_dir`` (absolute)."""
         label = "bench" if len(plans) > 1 else next(iter(plans))
+        check_slurm_memory(dict(plans), inp.site, inp.topology.gpus_per_node)  # before anything is written
         req = build_request(inp.site, inp.topology, str(run_dir), mode=mode, label=label, python=sys.executable)
         site = inp.site
         options = RunOptions(run_dir=str(run_dir), iterations=iterations, timeout_s=site.refit.timeout_s,
