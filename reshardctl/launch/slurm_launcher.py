@@ -25,6 +25,7 @@ from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
 from reshardctl.launch.run_index import list_runs, record_run
 from reshardctl.runs.rundir import DEFAULT_BASE, launcher_alive, mark_run, read_run, settle
+from reshardctl.runtime import time_limit
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.session_file import SESSION_FILE, session_bytes, write_session
 
@@ -74,10 +75,13 @@ def _outcome(ctx: dict, run: slurm.SlurmRun, w: slurm.Watch, run_dir: Path, wall
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
     extra = {"slurm": slurm.slurm_record(run, w, run_dir)}
+    stopped = time_limit.record(session)  # the ranks stopped on the time-limit signal (slurm.signal)
+    if stopped is not None:
+        extra["slurm"].update(interrupted=True, time_limit=stopped)
     if lost:
         extra["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
     return Outcome(session, err, wall_s, slurm.failure_records(session, lost, run_dir),
-                   w.interrupted or cancelled is not None, extra,
+                   w.interrupted or cancelled is not None or stopped is not None, extra,
                    handle=run, started_at=run.submitted_at)
 
 

@@ -217,6 +217,9 @@ def _prologue(site, run_dir: str, mode: str) -> str:
         lines.append("set -u")
     for name, value in s.env.items():  # names are checked shell names (profile parser)
         lines.append(f"export {name}={q(value)}")
+    if s.signal:
+        lines.append(f"export RESHARDCTL_STOP_SIGNAL={s.signal.split('@')[0]}  # slurm.signal: the ranks stop "
+                     "cleanly on it (runtime/time_limit.py)")
     if site.cpu_only:
         lines.append("export RESHARDCTL_FORCE_CPU=1  # cpu_only site: gloo on CPU whatever GPUs Slurm hands out")
     lines.append(f"export RESHARDCTL_LOGS={q(str(PurePosixPath(run_dir) / 'logs'))}")
@@ -333,9 +336,10 @@ def ranks_command(python: str, args: list[str]) -> str:
     """Each task: ``python args...``, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``, and,
     once the process ended however it ended (a SIGKILL too), its exit status in ``logs/rank-<global
     rank>.exit``: the ranks waiting for reports know at once that this one is gone
-    (``runtime/report_wait.py``). The bash string is constant; ``python`` and the arguments travel as
+    (``runtime/report_wait.py``). The wrapper outlives a time-limit signal (``trap : USR1 USR2``; the
+    rank itself gets the signal with its default action, which ``runtime/time_limit.py`` replaces). The bash string is constant; ``python`` and the arguments travel as
     quoted arguments."""
-    redirect = ('r=$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)); '
+    redirect = ('trap : USR1 USR2; r=$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)); '
                 '"$@" >"$RESHARDCTL_LOGS/rank-$r.out" 2>"$RESHARDCTL_LOGS/rank-$r.err"; '
                 'rc=$?; echo "$rc" >"$RESHARDCTL_LOGS/rank-$r.exit"; exit "$rc"')
     q = shlex.quote

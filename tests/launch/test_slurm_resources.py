@@ -99,3 +99,37 @@ def test_check_slurm_memory_names_the_shared_key_and_skips_mem_0(tmp_path, monke
         check_slurm_memory([_Worlds(1, 1)], site, 4)
     # mem: 0 asks for all of a node: nothing to compare with; the estimate is still returned
     assert check_slurm_memory([_Worlds(1, 1)], load_profile(_profile(tmp_path, mem=0)), 4) == PROCESS_BYTES
+
+
+def _commits(run_dir) -> int:
+    ev = run_dir / "events"
+    return sum(f.read_text().count('"phase":"commit"') for f in ev.glob("rank-*.jsonl")) if ev.is_dir() else 0
+
+
+def test_the_time_limit_signal_stops_every_rank_at_one_refit_boundary(cluster, tmp_path, model, capsys):
+    """`slurm.signal: USR1@60` on a long run: the signal is sent as Slurm sends it before the limit (to
+    every task of the job's steps, not the batch shell: `scancel --signal=USR1`, so the test needs no
+    minutes-long wait for the limit itself); every rank stops before the same refit, the inference ranks
+    end on one committed step, and the summary says the run was interrupted by the time-limit signal."""
+    site = _profile(tmp_path, signal="USR1@60")
+    out = tmp_path / "sig"
+    assert main(["run", "--site", site, "--model", model, *LAYOUT, "--iters", "100000", "--out", str(out),
+                 "--detach", "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["job_ids"].values()
+    assert "export RESHARDCTL_STOP_SIGNAL=USR1" in (out / "slurm" / "hetjob.sbatch").read_text()
+    from helpers.slurm_cluster import wait_for
+
+    wait_for(lambda: _commits(out) >= 8, what="a few committed refits")  # the ranks run (handler armed)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    assert main(["collect", str(out), "--wait", "--json"]) == 1  # stopped early: not every refit ran
+    s = json.loads(capsys.readouterr().out)
+    assert s["interrupted"] is True and s["slurm"]["interrupted"] is True
+    tl = s["slurm"]["time_limit"]
+    assert tl["ranks"] == [0, 1, 2, 3] and "time-limit signal SIGUSR1" in tl["why"]
+    reports = {r: json.loads((out / "reports" / f"rank-{r}.json").read_text())["reshard"] for r in range(4)}
+    assert {rep["error_type"] for rep in reports.values()} == {"TimeLimitStop"}
+    # one boundary: every rank names the same step, the inference ranks (2, 3) hold the same committed step
+    steps = {re.search(r"before refit step (\d+)", rep["error_message"]).group(1) for rep in reports.values()}
+    assert len(steps) == 1
+    committed = {reports[r]["committed_step"] for r in (2, 3)}
+    assert len(committed) == 1 and committed != {None} and int(steps.pop()) == committed.pop() + 1
