@@ -44,6 +44,9 @@ def test_a_memory_request_below_the_estimate_is_refused_before_submitting(tmp_pa
     assert "`slurm.mem_per_cpu` 150M x 1 CPU(s) per task x 2 tasks asks Slurm for 0.29 GiB" in err
     assert "`slurm.resources.infer.mem_per_cpu` 100M x 1 CPU(s) per task x 2 tasks asks Slurm for 0.20 GiB" in err
     assert "nothing was submitted" in err and "Traceback" not in err and not out.exists()
+    # the files for submitting by hand are refused alike, before any is written
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 2
+    assert "`slurm.mem_per_cpu` 150M" in capsys.readouterr().err and not (out / "slurm").exists()
 
 
 class _Worlds:  # the surface of a plan the node estimate reads besides rank_bytes
