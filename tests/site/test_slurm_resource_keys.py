@@ -63,7 +63,7 @@ def test_slurm_sizes_are_powers_of_1024_and_megabytes_by_default(n, unit):
 
 
 @settings(max_examples=60, deadline=None)
-@given(cpus=st.none() | st.integers(1, 64), mem=st.none() | st.from_regex(r"[1-9][0-9]{0,4}[KMGT]?", fullmatch=True),
+@given(cpus=st.none() | st.integers(1, 64), mem=st.none() | st.from_regex(r"[1-9][0-9]{0,2}[KMGT]?", fullmatch=True),
        bind=st.sampled_from([None, "none", "closest", "single:1", "verbose,per_task:1", "map_gpu:0,1"]),
        sig=st.none() | st.integers(1, 1799).map(lambda s: f"USR2@{s}"), requeue=st.sampled_from([None, True, False]),
        infer_mem=st.none() | st.sampled_from(["4G", "100"]))
