@@ -13,6 +13,12 @@ is refused with the arithmetic (``InputError``, exit 2). When the ranks run on G
 rank), each rank's weights, pool and NCCL's own buffers (``nccl_bytes``) are compared with its GPU's
 free memory instead (same reserve), and only the processes with the host's.
 
+On Slurm (``check_slurm_memory``) the ranks run on the allocation's nodes: per role, the busiest node's
+ranks (the same per-rank bytes, weights only where the ranks hold them on the host: ``cpu_only`` sites,
+gloo) are compared with what the profile asks for that role (``mem`` per node, or ``mem_per_cpu`` x
+CPUs per task x tasks on the node; ``mem: 0``, all of a node, and no request are not checked) before
+anything is submitted; the busiest node's bytes become the summary's ``memory_estimate_bytes``.
+
 NCCL's buffers per GPU (an estimate from NCCL's documented defaults, capped by the site's ``nccl:``
 keys; docs/gpu.md "NCCL memory"):
 
@@ -27,7 +33,8 @@ keys; docs/gpu.md "NCCL memory"):
 
 from __future__ import annotations
 
-from reshardctl.errors import InputError
+from reshardctl.errors import InputError, ProfileError
+from reshardctl.site.spec import size_bytes
 from reshardctl.layout.placement import box_numel
 from reshardctl.topology import infer_rank_of, is_trainer
 
@@ -141,3 +148,51 @@ def check_memory(plans: dict, available: int | None = None, *, gpus: bool = Fals
             hint="choose a smaller model (--layers) or fewer ranks, or plan it with `reshardctl plan`",
         )
     return need
+
+
+def slurm_node_bytes(plans, gpus_per_node: int, *, host_weights: bool) -> dict:
+    """Per role, the bytes of its busiest node: ``{"train": (bytes, ranks on it), "infer": ...}`` for the
+    largest of ``plans``. Ranks fill nodes ``gpus_per_node`` at a time (``slurm_request._component``).
+    ``host_weights``: the ranks hold their weights in host memory (gloo on CPU), else only the processes."""
+    plans = list(plans.values()) if isinstance(plans, dict) else list(plans)
+    T, I = plans[0].train_world, plans[0].infer_world
+    out = {}
+    for role, first, count in (("train", 0, T), ("infer", T, I)):
+        best = (0, 0)
+        for node0 in range(0, count, gpus_per_node):
+            ranks = range(first + node0, first + min(count, node0 + gpus_per_node))
+            need = max(sum(PROCESS_BYTES + (rank_bytes(p, r) if host_weights else 0) for r in ranks) for p in plans)
+            best = max(best, (need, len(ranks)))
+        out[role] = best
+    return out
+
+
+def check_slurm_memory(plans, site, gpus_per_node: int) -> int:
+    """Raise ``ProfileError`` when a role's busiest node needs more than the profile asks Slurm for (the key,
+    the estimate and the request named); return the busiest node's bytes over both roles."""
+    s = site.slurm
+    nodes = slurm_node_bytes(plans, gpus_per_node, host_weights=site.cpu_only)
+    bad = []
+    for role, (need, ranks) in nodes.items():
+        r = s.role_resources(role)
+        own = s.resources.get(role)
+        where = "slurm.resources." + role if own is not None and any(
+            getattr(own, k) is not None for k in ("mem", "mem_per_cpu")) else "slurm"
+        if r.mem is not None and size_bytes(r.mem):
+            asked, how = size_bytes(r.mem), f"`{where}.mem` {r.mem} per node"
+        elif r.mem_per_cpu is not None:
+            cpus = r.cpus_per_task or 1
+            asked = size_bytes(r.mem_per_cpu) * cpus * ranks
+            how = f"`{where}.mem_per_cpu` {r.mem_per_cpu} x {cpus} CPU(s) per task x {ranks} tasks"
+        else:
+            continue
+        if need > asked:
+            bad.append(f"the {role} ranks' busiest node ({ranks} ranks) needs about {need / GiB:.2f} GiB "
+                       f"({ranks} processes x {PROCESS_BYTES / GiB:.2f} GiB"
+                       f"{' + their weights, pools and staging on the host (cpu_only)' if site.cpu_only else ''}) "
+                       f"but {how} asks Slurm for {asked / GiB:.2f} GiB: {need} > {asked} bytes")
+    if bad:
+        raise ProfileError(f"site profile {site.source}: " + "; ".join(bad) + "; nothing was submitted",
+                           hint="raise the memory request (slurm.mem / mem_per_cpu, or slurm.resources.<role>), "
+                                "or plan fewer ranks per node")
+    return max(n for n, _ in nodes.values())

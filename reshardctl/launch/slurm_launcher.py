@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 from reshardctl.errors import InputError, Interrupted, LaunchError, NotEnded, ReshardError
 from reshardctl.launch import slurm
+from reshardctl.launch.memory_check import check_slurm_memory
 from reshardctl.launch.launcher import DryRun, LaunchJob, Outcome, Progress
 from reshardctl.runs.records import commits_by_side, count_commits
 from reshardctl.launch.slurm_request import build_request
@@ -24,6 +25,7 @@ from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
 from reshardctl.launch.run_index import list_runs, record_run
 from reshardctl.runs.rundir import DEFAULT_BASE, launcher_alive, mark_run, read_run, settle
+from reshardctl.runtime import time_limit
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.session_file import SESSION_FILE, session_bytes, write_session
 
@@ -73,10 +75,13 @@ def _outcome(ctx: dict, run: slurm.SlurmRun, w: slurm.Watch, run_dir: Path, wall
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None
     extra = {"slurm": slurm.slurm_record(run, w, run_dir)}
+    stopped = time_limit.record(session)  # the ranks stopped on the time-limit signal (slurm.signal)
+    if stopped is not None:
+        extra["slurm"].update(interrupted=True, time_limit=stopped)
     if lost:
         extra["lost_ranks"] = {str(r): why for r, why in sorted(lost.items())}
     return Outcome(session, err, wall_s, slurm.failure_records(session, lost, run_dir),
-                   w.interrupted or cancelled is not None, extra,
+                   w.interrupted or cancelled is not None or stopped is not None, extra,
                    handle=run, started_at=run.submitted_at)
 
 
@@ -91,7 +96,8 @@ class SlurmLauncher:
         return None  # `reshardctl collect` summarises the run once its jobs ended
 
     def memory_estimate(self, inp: Inputs, plans: Mapping[str, Plan]) -> int | None:
-        return None  # the ranks run on the allocation's nodes, not here
+        """The busiest node's bytes, checked against the profile's memory request (launch/memory_check.py)."""
+        return check_slurm_memory(dict(plans), inp.site, inp.topology.gpus_per_node)
 
     def dry_run(self, inp: Inputs, transports: list[str], *, out: str | None, mode: str | None, baseline: bool,
                 timeout_s: float | None, retries: int) -> DryRun:
@@ -110,6 +116,7 @@ class SlurmLauncher:
         """For submitting by hand (`reshardctl plan --out DIR`): ``slurm/<scripts>`` and the session file
         (the ranks' plans and options, with a fresh run token), for ``run_dir`` (absolute)."""
         label = "bench" if len(plans) > 1 else next(iter(plans))
+        check_slurm_memory(dict(plans), inp.site, inp.topology.gpus_per_node)  # before anything is written
         req = build_request(inp.site, inp.topology, str(run_dir), mode=mode, label=label, python=sys.executable)
         site = inp.site
         options = RunOptions(run_dir=str(run_dir), iterations=iterations, timeout_s=site.refit.timeout_s,

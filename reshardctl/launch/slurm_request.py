@@ -68,6 +68,7 @@ class SlurmRequest:
     train_world: int
     infer_world: int
     what: str = "refit"  # the scripts' first comment line
+    step_flags: dict | None = None  # "hetjob"/"train"/"infer" -> srun flags of that step beyond srun_flags
 
     @property
     def script_names(self) -> tuple[str, ...]:
@@ -90,8 +91,11 @@ class SlurmRequest:
             "ranks": self.ranks_cmd,
         }
         out = {}
+        steps = self.step_flags or {}
         for name in self.script_names:
             values = dict(common)
+            key = "hetjob" if name == "hetjob.sbatch" else ("train" if name.startswith("train") else "infer")
+            values["srun_flags"] = " ".join(x for x in (self.srun_flags, steps.get(key, "")) if x)
             if name == "hetjob.sbatch":
                 values.update(sbatch_train="\n".join(self.sbatch["train"]),
                               sbatch_infer="\n".join(self.sbatch["infer"]))
@@ -142,7 +146,40 @@ def _component(role: str, ranks: int, gpus_per_node: int, partition: str | None)
     return Component(role, ranks, nodes, min(gpus_per_node, ranks), partition)
 
 
-def _sbatch_lines(c: Component, site, job_name: str, output: str | None) -> tuple[str, ...]:
+def _resource_lines(c: Component, site) -> list[str]:
+    """The flags of one component's tasks: CPUs, memory, GPUs and their binding (``RoleResources``)."""
+    s, src = site.slurm, site.source
+    r = s.role_resources(c.role)
+    key = (lambda k: f"slurm.resources.{c.role}.{k}" if c.role in s.resources and getattr(s.resources[c.role], k)
+           is not None else f"slurm.{k}")
+    lines = []
+    if r.cpus_per_task:
+        lines.append(f"--cpus-per-task={r.cpus_per_task}")
+    if r.mem is not None:
+        lines.append(f"--mem={_sbatch_value(key('mem'), r.mem, src)}")
+    if r.mem_per_cpu is not None:
+        lines.append(f"--mem-per-cpu={_sbatch_value(key('mem_per_cpu'), r.mem_per_cpu, src)}")
+    if r.gpus_per_task:  # one GPU per task (CUDA_VISIBLE_DEVICES holds it: runtime/device.py uses device 0)
+        lines.append(f"--gpus-per-task={r.gpus_per_task}")
+    elif s.gpus_per_node:
+        lines.append(f"--gpus-per-node={s.gpus_per_node}")
+    if r.gpu_bind:
+        lines.append(f"--gpu-bind={_sbatch_value(key('gpu_bind'), r.gpu_bind, src)}")
+    return lines
+
+
+def _job_lines(site) -> list[str]:
+    """Flags of the whole job (a het job's first component; each job of two): the signal, requeue."""
+    s = site.slurm
+    lines = []
+    if s.signal:  # to the steps' tasks, the ranks (no B:): runtime/time_limit.py ends the refit cleanly
+        lines.append(f"--signal={_sbatch_value('slurm.signal', s.signal, site.source)}")
+    if s.requeue is not None:
+        lines.append("--requeue" if s.requeue else "--no-requeue")
+    return lines
+
+
+def _sbatch_lines(c: Component, site, job_name: str, output: str | None, job: bool = True) -> tuple[str, ...]:
     s = site.slurm
     src = site.source
     lines = []
@@ -154,9 +191,10 @@ def _sbatch_lines(c: Component, site, job_name: str, output: str | None) -> tupl
         key = "slurm.partitions." + c.role if len(set(s.partitions.values())) > 1 else "slurm.partition"
         lines.append(f"--partition={_sbatch_value(key, c.partition, src)}")
     lines += [f"--nodes={c.nodes}", f"--ntasks={c.ranks}", f"--ntasks-per-node={c.tasks_per_node}"]
-    if s.gpus_per_node:
-        lines.append(f"--gpus-per-node={s.gpus_per_node}")
+    lines += _resource_lines(c, site)
     lines.append(f"--time={s.time_min}")
+    if job:
+        lines += _job_lines(site)
     for key in ("account", "qos", "constraint"):
         v = getattr(s, key)
         if v:
@@ -186,6 +224,9 @@ def _prologue(site, run_dir: str, mode: str) -> str:
         lines.append("set -u")
     for name, value in s.env.items():  # names are checked shell names (profile parser)
         lines.append(f"export {name}={q(value)}")
+    if s.signal:
+        lines.append(f"export RESHARDCTL_STOP_SIGNAL={s.signal.split('@')[0]}  # slurm.signal: the ranks stop "
+                     "cleanly on it (runtime/time_limit.py)")
     if site.cpu_only:
         lines.append("export RESHARDCTL_FORCE_CPU=1  # cpu_only site: gloo on CPU whatever GPUs Slurm hands out")
     lines.append(f"export RESHARDCTL_LOGS={q(str(PurePosixPath(run_dir) / 'logs'))}")
@@ -224,7 +265,43 @@ def _rendezvous(site) -> str:
     ])
 
 
-def _srun_flags(site, wait_s: int) -> str:
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def shell_word(text: str, expand: bool = False) -> str:
+    """``text`` as one shell word. ``expand``: each ``${NAME}`` is left to the shell, double-quoted (no word
+    splitting, no globbing); every other character is single-quoted, so ``$(...)``, backticks, ``;`` and a
+    bare ``$`` stay literal."""
+    if not expand:
+        return shlex.quote(text)
+    parts, at = [], 0
+    for m in _VAR.finditer(text):
+        if m.start() > at:
+            parts.append(shlex.quote(text[at:m.start()]))
+        parts.append(f'"${{{m.group(1)}}}"')
+        at = m.end()
+    if at < len(text) or not parts:
+        parts.append(shlex.quote(text[at:]))
+    return "".join(parts)
+
+
+def _mount_covers(mount: str, path: str) -> bool:
+    """A ``src:dst[:flags]`` (or ``path``) mount that shows ``path`` at the same path inside."""
+    src, _, rest = mount.partition(":")
+    dst = rest.partition(":")[0] or src
+    return src == dst and (path == src or path.startswith(src.rstrip("/") + "/"))
+
+
+def container_mounts(site, run_dir: str) -> list[str]:
+    """The profile's mounts, and the run directory (session file, reports, logs) at its own path unless one
+    of them shows it already: the ranks read and write it inside the container, home or not."""
+    mounts = list(site.slurm.container_mounts)
+    if not any(_mount_covers(m, run_dir) for m in mounts):
+        mounts.append(f"{run_dir}:{run_dir}")
+    return mounts
+
+
+def _srun_flags(site, wait_s: int, run_dir: str) -> str:
     s = site.slurm
     q = shlex.quote
     # survivors of a failed rank report it themselves (--kill-on-bad-exit=0); --wait ends the step
@@ -232,11 +309,29 @@ def _srun_flags(site, wait_s: int) -> str:
     flags = ["--kill-on-bad-exit=0", f"--wait={wait_s}"]
     if s.container_image:
         flags.append(q(f"--container-image={s.container_image}"))
-        if s.container_mounts:
-            flags.append(q(f"--container-mounts={','.join(s.container_mounts)}"))
+        flags.append(shell_word("--container-mounts=" + ",".join(container_mounts(site, run_dir)),
+                                s.container_expand))
+        flags.append(q(f"--container-workdir={run_dir}"))
+        # the run directory is mounted above: the home directory is not needed (nor shown)
         flags.append("--no-container-mount-home")
     flags += [q(f) for f in s.extra_srun]
     return " ".join(flags)
+
+
+def _step_flags(site, mode: str) -> dict[str, str]:
+    """``--cpus-per-task`` again on each step: srun does not inherit it from the job (Slurm >= 22.05). A het
+    job's one step takes one value, so both roles must ask the same (else: two-jobs)."""
+    s = site.slurm
+    cpus = {role: s.role_resources(role).cpus_per_task for role in ("train", "infer")}
+    if mode == "two-jobs":
+        return {role: f"--cpus-per-task={n}" for role, n in cpus.items() if n}
+    if cpus["train"] != cpus["infer"]:
+        raise ProfileError(
+            f"site profile {site.source}: `slurm.resources`: the trainer tasks ask cpus_per_task={cpus['train']} and "
+            f"the inference tasks {cpus['infer']}, but a het job's one step (srun --het-group=0,1) takes one "
+            f"--cpus-per-task (srun does not inherit it from the job): give both roles the same value, or use "
+            f"slurm.mode: two-jobs (a step per job)")
+    return {"hetjob": f"--cpus-per-task={cpus['train']}"} if cpus["train"] else {}
 
 
 def worker_args(session_path: str) -> list[str]:
@@ -248,9 +343,10 @@ def ranks_command(python: str, args: list[str]) -> str:
     """Each task: ``python args...``, its stdout/stderr in ``logs/rank-<global rank>.{out,err}``, and,
     once the process ended however it ended (a SIGKILL too), its exit status in ``logs/rank-<global
     rank>.exit``: the ranks waiting for reports know at once that this one is gone
-    (``runtime/report_wait.py``). The bash string is constant; ``python`` and the arguments travel as
+    (``runtime/report_wait.py``). The wrapper outlives a time-limit signal (``trap : USR1 USR2``; the
+    rank itself gets the signal with its default action, which ``runtime/time_limit.py`` replaces). The bash string is constant; ``python`` and the arguments travel as
     quoted arguments."""
-    redirect = ('r=$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)); '
+    redirect = ('trap : USR1 USR2; r=$((${RESHARDCTL_RANK_OFFSET:-0} + SLURM_PROCID)); '
                 '"$@" >"$RESHARDCTL_LOGS/rank-$r.out" 2>"$RESHARDCTL_LOGS/rank-$r.err"; '
                 'rc=$?; echo "$rc" >"$RESHARDCTL_LOGS/rank-$r.exit"; exit "$rc"')
     q = shlex.quote
@@ -281,7 +377,7 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
     name = f"reshardctl-{label}"
     if mode == "hetjob":
         sbatch = {"train": _sbatch_lines(train, site, name, f"{out_dir}/job-%j.out"),
-                  "infer": _sbatch_lines(infer, site, "", None)}
+                  "infer": _sbatch_lines(infer, site, "", None, job=False)}
     else:
         sbatch = {"train": _sbatch_lines(train, site, name + "-train", f"{out_dir}/train-%j.out"),
                   "infer": _sbatch_lines(infer, site, name + "-infer", f"{out_dir}/infer-%j.out")}
@@ -290,8 +386,9 @@ def build_request(site, topology, run_dir: str, *, mode: str | None = None, labe
     wait_s = srun_wait_s(timeout, retries) if rank_args is None else int(math.ceil(timeout)) + 60
     req = SlurmRequest(
         mode=mode, run_dir=run_dir, label=label, components=(train, infer), sbatch=sbatch,
-        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s),
+        prologue=_prologue(site, run_dir, mode), srun_flags=_srun_flags(site, wait_s, run_dir),
         ranks_cmd=ranks_command(py, rank_args or worker_args(str(PurePosixPath(run_dir) / SESSION_FILE))),
+        step_flags=_step_flags(site, mode),
         rendezvous=_rendezvous(site), rendezvous_timeout_s=int(math.ceil(site.refit.rendezvous_timeout_s)),
         peer_wait_s=site.slurm.peer_wait_s,
         train_world=topology.train_world, infer_world=topology.infer_world, what=what or f"refit {label}",

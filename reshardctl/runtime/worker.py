@@ -46,6 +46,7 @@ from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
 from reshardctl.runtime.refit import HOST, RefitContext, State, advance_source, failure_record, refit_once
 from reshardctl.runtime.synthetic_weights import SyntheticWeights
+from reshardctl.runtime.time_limit import TimeLimit, arm
 from reshardctl.runtime.program import compile_program
 from reshardctl.runtime.session_file import read_session
 from reshardctl.runtime.weights import weight_source
@@ -132,14 +133,16 @@ def _connect(groups: Groups, plans: list, options: RunOptions, drills: Drills, e
 
 
 def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 0,
-                fallback=None) -> dict[str, RankReport]:
+                fallback=None, time_limit: TimeLimit | None = None) -> dict[str, RankReport]:
     """One rendezvous and one process group for several plans (same worlds), run in order: per plan
     ``warmup`` untimed refits, then ``options.iterations`` timed ones (every refit committed, the training
     step advancing by one each time, inference weights carried from plan to plan), then, with
     ``options.baseline``, the raw transfer of the same bytes. A failed refit is retried up to
     ``options.retries`` times, after every rank settled, on freshly built groups (with ``on_failure ==
     "fallback"`` on the ``fallback`` plan, gather-and-broadcast, whose groups exist from the start).
-    Never raises for a failed refit: the failing plan's report (and every later plan's) says ``ok=False``."""
+    Never raises for a failed refit: the failing plan's report (and every later plan's) says ``ok=False``.
+    ``time_limit``: the job's time-limit signal (runtime/time_limit.py): before each refit the ranks agree
+    whether it arrived, and all stop there (``TimeLimitStop``)."""
     names = list(plans)
     if not names:
         raise TransferError("run_rank_session needs at least one plan")
@@ -207,6 +210,8 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
                     events.common["warmup"] = True
                 else:
                     events.common.pop("warmup", None)
+                if time_limit is not None:  # every rank alike: one control all-reduce of the arrivals
+                    time_limit.stop_before(groups, step, st.committed_step, _commit.gather_steps)
                 if st.src is not None and step != st.src_step:
                     with events.phase("materialise", step=step):
                         advance_source(plan, st, source, step)
@@ -330,7 +335,8 @@ def _main_session(path: str) -> int:
         return 2 if exc.exit_code == 2 else 1
     options = spec.options
     torch.set_num_threads(_threads_per_task())
-    reports = run_rank_session(env, spec.plans, options, warmup=spec.warmup, fallback=spec.fallback)
+    reports = run_rank_session(env, spec.plans, options, warmup=spec.warmup, fallback=spec.fallback,
+                               time_limit=arm())
     run_dir = Path(options.run_dir)
     out = run_dir / "reports" / f"rank-{env.global_rank}.json"
     out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -20,7 +20,16 @@ from typing import Any
 from reshardctl.errors import ProfileError
 from reshardctl.site.hostlist import MAX_HOSTS, expand_hostlist
 from reshardctl.site.spec import (
+    GPU_BIND_RE,
     LANDING_US_PER_PARAM,
+    MAX_SIGNAL_S,
+    MAX_SIZE_BYTES,
+    MEMORY_KEYS,
+    RANK_SIGNALS,
+    RESOURCE_KEYS,
+    RoleResources,
+    signal_parts,
+    size_bytes,
     LAUNCHERS,
     LOADER_US_PER_TENSOR,
     ROLES,
@@ -43,7 +52,7 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class Key:
-    kind: str  # float | int | bool | str | strlist | strmap | nodes | section | partitions
+    kind: str  # float | int | bool | str | size | strlist | strmap | nodes | section | partitions
     default: Any = None
     form: str = ""  # the expected form, for messages: "a number of GB/s, e.g. 450"
     low: float | None = None  # lower bound
@@ -88,7 +97,19 @@ SLURM = {
     "port_max": Key("int", 1999, "a TCP port number, e.g. 1999", 1024, high=65535),
     "extra_srun": Key("strlist", (), "a list of srun flags, e.g. ['--mpi=pmix']"),
     "peer_wait_s": Key("int", 1800, "a whole number of seconds, e.g. 1800", 1, high=MAX_SECONDS),
+    "cpus_per_task": Key("int", None, "a whole number of CPUs per rank, e.g. 8 (--cpus-per-task)", 1, high=4096),
+    "mem": Key("size", None, "memory per node in Slurm's size syntax, e.g. 256G or 500M (--mem; 0: all of it)"),
+    "mem_per_cpu": Key("size", None, "memory per CPU in Slurm's size syntax, e.g. 8G (--mem-per-cpu)"),
+    "gpus_per_task": Key("int", None, "1: one GPU per rank (--gpus-per-task=1, instead of --gpus-per-node)", 1, high=1),
+    "gpu_bind": Key("str", None, "a Slurm GPU binding: none, closest, single:N, per_task:N, map_gpu:L or mask_gpu:L"),
+    "resources": Key("resources", None, "a mapping {train: {...}, infer: {...}} of per-role resource keys"),
+    "signal": Key("str", None, "SIGNAL@SECONDS before the time limit, sent to the ranks, e.g. USR1@120"),
+    "requeue": Key("bool", None, "true (--requeue) or false (--no-requeue)"),
+    "container_expand": Key("bool", False, "true: ${NAME} in container_mounts is expanded by the job script"),
 }
+ROLE_RESOURCES = {k: SLURM[k] for k in RESOURCE_KEYS}
+RESOURCES = {role: Key("section", None, f"a mapping of {role} resource keys ({', '.join(RESOURCE_KEYS)})")
+             for role in ROLES}
 REFIT = {
     "transport": Key("str", "reshard", "one of " + ", ".join(TRANSPORTS)),
     "latency_budget_s": Key("float", 30.0, "a number of seconds, e.g. 30", 0, True, MAX_SECONDS),
@@ -116,8 +137,9 @@ TOP = {
     "nccl": Key("section", None, "a mapping (the nccl: section)"),
     "state_dir": Key("str", None, "a directory path for the site's ledger, e.g. /shared/reshardctl-state"),
 }
-SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS, "refit.": REFIT,
-            "nccl.": NCCL}
+SECTIONS = {"": TOP, "links.": LINKS, "slurm.": SLURM, "slurm.partitions.": PARTITIONS,
+            "slurm.resources.": RESOURCES, "slurm.resources.train.": ROLE_RESOURCES,
+            "slurm.resources.infer.": ROLE_RESOURCES, "refit.": REFIT, "nccl.": NCCL}
 ALL_PATHS = [prefix + k for prefix, keys in SECTIONS.items() for k in keys]
 
 MAX_NAME = 128  # characters of a site name (it names files)
@@ -239,7 +261,9 @@ def _value(c: _Collector, raw: Mapping[str, Any], prefix: str, key: str, spec: K
             c.wrong_type(path, spec, v)
             return default
         return v
-    if spec.kind == "str":
+    if spec.kind == "size" and isinstance(v, int) and not isinstance(v, bool):
+        v = str(v)  # `mem: 0`, `mem: 4000` (MiB): Slurm's own plain form
+    if spec.kind in ("str", "size"):
         if not isinstance(v, str):
             c.wrong_type(path, spec, v)
             return default
@@ -322,6 +346,107 @@ def _nodes(c: _Collector, raw: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
+_MOUNT_VAR = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _mounts(c: _Collector, slurm: dict) -> None:
+    """``container_mounts``: one mount per item (no comma: pyxis splits the list on commas); a ``$`` is
+    either a ``${NAME}`` the job script expands (``container_expand: true``) or refused: written literally,
+    pyxis would mount a path named ``$USER``."""
+    for i, m in enumerate(slurm["container_mounts"]):
+        path = f"slurm.container_mounts[{i}]"
+        if "," in m or "\n" in m or "\r" in m or not m.strip():
+            c.add(path, f"{short(m)}: one mount per item, SRC:DST[:FLAGS], without commas or newlines")
+        elif "$" in m and not slurm["container_expand"]:
+            c.add(path, f"{short(m)} holds '$', which pyxis would take literally: to have the job script expand a "
+                        "variable, write it ${NAME} (e.g. /home/${USER}) and set slurm.container_expand: true")
+        elif "$" in _MOUNT_VAR.sub("", m):
+            c.add(path, f"{short(m)}: only ${{NAME}} is expanded (container_expand); any other '$' (a bare $NAME, "
+                        "$(...)) is refused")
+
+
+def _resource_values(c: _Collector, vals: dict, prefix: str) -> None:
+    """Check one mapping's resource values in place (a bad one: recorded, then None)."""
+    for k in MEMORY_KEYS:
+        v = vals.get(k)
+        if v is None:
+            continue
+        n = size_bytes(v.strip().upper())
+        if n is None:
+            c.add(prefix + k, f"{short(v)} is not a Slurm size: a whole number with an optional unit K, M, G or T "
+                              "(powers of 1024; no unit = M), e.g. 64G or 500M")
+            vals[k] = None
+        elif n > MAX_SIZE_BYTES:
+            c.add(prefix + k, f"{short(v)} = {n} bytes is more than the limit of {MAX_SIZE_BYTES} bytes (1 PiB)")
+            vals[k] = None
+        elif n == 0 and k == "mem_per_cpu":
+            c.add(prefix + k, "must be more than 0 (`mem: 0` asks for all of a node's memory)")
+            vals[k] = None
+        else:
+            vals[k] = v.strip().upper()
+    if vals.get("mem") is not None and vals.get("mem_per_cpu") is not None:
+        c.add(prefix + "mem_per_cpu", f"give `{prefix}mem` ({vals['mem']}, per node) or `{prefix}mem_per_cpu` "
+                                      f"({vals['mem_per_cpu']}, per CPU), not both (sbatch refuses both)")
+        vals["mem_per_cpu"] = None
+    bind = vals.get("gpu_bind")
+    if bind is not None and not GPU_BIND_RE.match(bind):
+        c.add(prefix + "gpu_bind", f"{short(bind)} is not a GPU binding sbatch takes: none, closest, single:N, "
+                                   "per_task:N, map_gpu:LIST or mask_gpu:LIST (optionally after 'verbose,')")
+        vals["gpu_bind"] = None
+
+
+def _role_resources(c: _Collector, sraw: Mapping[str, Any], slurm: dict) -> dict[str, RoleResources]:
+    """``slurm.resources.<role>``: each role's overrides, checked; a het job's components must ask memory the
+    same way (sbatch refuses --mem in one component and --mem-per-cpu in the other)."""
+    out: dict[str, RoleResources] = {}
+    if "resources" in sraw:
+        rraw = _section(c, sraw["resources"], "slurm.resources.", RESOURCES)
+        for role in ROLES:
+            if role not in rraw:
+                continue
+            prefix = f"slurm.resources.{role}."
+            vraw = _section(c, rraw[role], prefix, ROLE_RESOURCES)
+            vals = {k: _value(c, vraw, prefix, k, spec) for k, spec in ROLE_RESOURCES.items()}
+            _resource_values(c, vals, prefix)
+            out[role] = RoleResources(**vals)
+    base = {k: slurm.get(k) for k in RESOURCE_KEYS}
+    kinds = {}
+    for role in ROLES:
+        own = out.get(role)
+        merged = own.over(RoleResources(**base)) if own is not None else RoleResources(**base)
+        kind = next((k for k in MEMORY_KEYS if getattr(merged, k) is not None), None)
+        if kind is not None:
+            kinds[role] = kind
+    if len(set(kinds.values())) > 1:
+        c.add("slurm.resources", f"the trainer tasks ask memory with `{kinds['train']}` but the inference tasks with "
+                                 f"`{kinds['infer']}`: use the same key for both roles (sbatch refuses --mem in "
+                                 "one het-job component and --mem-per-cpu in the other)")
+    return out
+
+
+def _signal(c: _Collector, slurm: dict) -> None:
+    text = slurm.get("signal")
+    if text is None:
+        return
+    parts = signal_parts(text.strip().upper())
+    if parts is None or parts[0] not in RANK_SIGNALS:
+        c.add("slurm.signal", f"{short(text)}: expected SIGNAL@SECONDS with SIGNAL one of {', '.join(RANK_SIGNALS)} "
+                              "(the signals the ranks handle; Slurm sends it to every rank), e.g. USR1@120")
+        slurm["signal"] = None
+        return
+    name, secs = parts
+    limit = (slurm.get("time_min") or SLURM["time_min"].default) * 60
+    if not 1 <= secs <= MAX_SIGNAL_S:
+        c.add("slurm.signal", f"{short(text)}: the seconds before the limit must be 1..{MAX_SIGNAL_S}, got {secs}")
+        slurm["signal"] = None
+    elif secs >= limit:
+        c.add("slurm.signal", f"{short(text)} is sent {secs} s before the time limit, but slurm.time_min is "
+                              f"{limit // 60} min = {limit} s: {secs} >= {limit}, the signal would come at the start")
+        slurm["signal"] = None
+    else:
+        slurm["signal"] = f"{name}@{secs}"
+
+
 def _default_name(source: str) -> str:
     if source.startswith("builtin:"):
         return source[len("builtin:"):]
@@ -360,7 +485,8 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
             links[k] = LINKS[k].default
 
     sraw = _section(c, top.get("slurm"), "slurm.", SLURM)
-    slurm = {k: _value(c, sraw, "slurm.", k, spec) for k, spec in SLURM.items() if spec.kind != "partitions"}
+    slurm = {k: _value(c, sraw, "slurm.", k, spec) for k, spec in SLURM.items()
+             if spec.kind not in ("partitions", "resources")}
     partitions: dict[str, str] = {}
     if "partitions" in sraw:
         praw = _section(c, sraw["partitions"], "slurm.partitions.", PARTITIONS)
@@ -407,6 +533,10 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     if slurm["mode"] not in SLURM_MODES:
         c.add("slurm.mode", f"must be one of {', '.join(SLURM_MODES)}, got {short(slurm['mode'])}")
         slurm["mode"] = "hetjob"
+    _mounts(c, slurm)
+    _resource_values(c, slurm, "slurm.")
+    slurm["resources"] = _role_resources(c, sraw, slurm)
+    _signal(c, slurm)
     if slurm["port_max"] > 65535 or slurm["port_min"] > 65535:
         c.add("slurm.port_max", f"TCP ports end at 65535 (got {slurm['port_min']}..{slurm['port_max']})")
     elif slurm["port_min"] > slurm["port_max"]:

@@ -9,6 +9,7 @@ picklable and cannot be changed after loading.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -149,6 +150,68 @@ class LinkSpec:
         return self.nic_bytes_per_s * self.nics_per_node
 
 
+# Slurm's size syntax (--mem, --mem-per-cpu): a whole number, unit K, M (the default), G or T (powers of 1024)
+SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE_BYTES = 1 << 50  # 1 PiB: beyond any node
+_SIZE_RE = re.compile(r"^([0-9]{1,16})([KMGT]?)$")
+# the signals the ranks handle (runtime/time_limit.py); Slurm sends them sig_time seconds before the limit
+RANK_SIGNALS = ("USR1", "USR2")
+MAX_SIGNAL_S = 65535  # Slurm's bound on sig_time
+_SIGNAL_RE = re.compile(r"^(?:SIG)?([A-Z0-9]+)@([0-9]{1,6})$")
+GPU_BIND_RE = re.compile(r"^(?:verbose,)?(?:none|closest|single:[1-9][0-9]*|per_task:[1-9][0-9]*|"
+                         r"map_gpu:[0-9*,]+|mask_gpu:[0-9a-fA-Fx*,]+)$")
+
+
+def size_bytes(text: str) -> int | None:
+    """Bytes of a Slurm size (``64G``, ``500M``, ``4000`` = 4000 MiB), None when ``text`` is not one."""
+    m = _SIZE_RE.match(str(text))
+    return None if m is None else int(m.group(1)) * SIZE_UNITS[m.group(2) or "M"]
+
+
+def signal_parts(text: str) -> tuple[str, int] | None:
+    """``("USR1", 120)`` for ``USR1@120`` (or ``SIGUSR1@120``); None when ``text`` has another form."""
+    m = _SIGNAL_RE.match(str(text))
+    return None if m is None else (m.group(1), int(m.group(2)))
+
+
+RESOURCE_KEYS = ("cpus_per_task", "mem", "mem_per_cpu", "gpus_per_task", "gpu_bind")
+MEMORY_KEYS = ("mem", "mem_per_cpu")
+
+
+@dataclass(frozen=True)
+class RoleResources:
+    """What each task (rank) of one role asks Slurm for; None: no flag (the cluster's default). Memory is
+    per node (``mem``) or per CPU (``mem_per_cpu``), in Slurm's size syntax (``64G``, ``500M``)."""
+
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    mem_per_cpu: str | None = None
+    gpus_per_task: int | None = None
+    gpu_bind: str | None = None
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.mem is not None and self.mem_per_cpu is not None:
+            p.append(f"give `mem` ({self.mem}, per node) or `mem_per_cpu` ({self.mem_per_cpu}), not both "
+                     "(sbatch: --mem and --mem-per-cpu are mutually exclusive)")
+        if self.cpus_per_task is not None and not self.cpus_per_task >= 1:
+            p.append(f"cpus_per_task must be >= 1, got {self.cpus_per_task!r}")
+        if self.gpus_per_task is not None and self.gpus_per_task != 1:
+            p.append(f"gpus_per_task must be 1 (one GPU per rank, runtime/device.py), got {self.gpus_per_task!r}")
+        _raise(p, "invalid RoleResources")
+
+    def over(self, base: "RoleResources") -> "RoleResources":
+        """These values where given, ``base``'s elsewhere; a memory key given here replaces both of base's."""
+        vals = {k: getattr(base, k) for k in RESOURCE_KEYS}
+        if any(getattr(self, k) is not None for k in MEMORY_KEYS):
+            vals.update(mem=None, mem_per_cpu=None)
+        vals.update({k: getattr(self, k) for k in RESOURCE_KEYS if getattr(self, k) is not None})
+        return RoleResources(**vals)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in RESOURCE_KEYS if getattr(self, k) is not None}
+
+
 @dataclass(frozen=True)
 class SlurmSpec:
     """How to ask Slurm for nodes. Empty/None values mean "no such flag" (the cluster's default)."""
@@ -171,9 +234,20 @@ class SlurmSpec:
     port_max: int = 1999
     extra_srun: tuple[str, ...] = ()
     peer_wait_s: int = 1800  # two jobs: how long the trainer job waits for the inference job to start
+    # resources per task, for both roles (``resources`` overrides them per role); docs/site-profiles.md
+    cpus_per_task: int | None = None
+    mem: str | None = None  # per node, Slurm size syntax (64G); 0: all of the node's memory
+    mem_per_cpu: str | None = None
+    gpus_per_task: int | None = None  # 1 (one GPU per rank): replaces --gpus-per-node
+    gpu_bind: str | None = None  # --gpu-bind, e.g. single:1, closest, none
+    resources: Mapping[str, RoleResources] = field(default_factory=FrozenMap)  # role -> overrides
+    signal: str | None = None  # SIG@seconds before the time limit, sent to the ranks (--signal=USR1@120)
+    requeue: bool | None = None  # --requeue / --no-requeue; None: the cluster's default
+    container_expand: bool = False  # ${NAME} in container_mounts expanded by the job script
 
     def __post_init__(self) -> None:
         _freeze(self, "partitions", FrozenMap(self.partitions))
+        _freeze(self, "resources", FrozenMap(self.resources))
         _freeze(self, "env", FrozenMap(self.env))
         for k in ("container_mounts", "modules", "extra_sbatch", "setup", "extra_srun"):
             _freeze(self, k, tuple(getattr(self, k)))
@@ -189,7 +263,20 @@ class SlurmSpec:
             p.append(f"slurm.mode must be one of {', '.join(SLURM_MODES)}, got {self.mode!r}")
         if not 1024 <= self.port_min <= self.port_max <= 65535:
             p.append(f"slurm.port_min ({self.port_min}) <= slurm.port_max ({self.port_max}) must lie in 1024..65535")
+        bad_roles = [r for r in self.resources if r not in ROLES]
+        if bad_roles:
+            p.append(f"slurm.resources has unknown roles {bad_roles} (roles: train, infer)")
         _raise(p, "invalid SlurmSpec")
+        self.base_resources()  # checks the shared values too (RoleResources)
+
+    def base_resources(self) -> RoleResources:
+        return RoleResources(**{k: getattr(self, k) for k in RESOURCE_KEYS})
+
+    def role_resources(self, role: str) -> RoleResources:
+        """The resources of one role's tasks: ``slurm.resources.<role>`` over the shared ``slurm.*`` keys."""
+        base = self.base_resources()
+        own = self.resources.get(role)
+        return base if own is None else own.over(base)
 
 
 @dataclass(frozen=True)
@@ -361,6 +448,15 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "port_max": s.port_max,
             "peer_wait_s": s.peer_wait_s,
             "extra_srun": list(s.extra_srun),
+            "cpus_per_task": s.cpus_per_task,
+            "mem": s.mem,
+            "mem_per_cpu": s.mem_per_cpu,
+            "gpus_per_task": s.gpus_per_task,
+            "gpu_bind": s.gpu_bind,
+            "resources": {r: v.as_dict() for r, v in s.resources.items()},
+            "signal": s.signal,
+            "requeue": s.requeue,
+            "container_expand": s.container_expand,
         },
         "refit": {
             "transport": r.transport,

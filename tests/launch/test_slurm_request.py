@@ -8,6 +8,7 @@ tests run the rendered shell lines in a real bash. Regenerate the golden files a
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -55,7 +56,18 @@ FULL = {
     "refit": {"timeout_s": 600, "rendezvous_timeout_s": 300},
 }
 
+RESOURCES = {**FULL, "site": "resources", "slurm": {
+    **{k: v for k, v in FULL["slurm"].items() if k not in ("extra_sbatch", "container_mounts")},
+    "container_mounts": ["/lustre:/lustre", "/home/${USER}/.cache:/root/.cache"],
+    "container_expand": True,
+    "cpus_per_task": 12, "mem_per_cpu": "8G", "gpus_per_task": 1, "gpu_bind": "closest",
+    "signal": "USR1@120", "requeue": False,
+    "resources": {"train": {"mem_per_cpu": "16G"}, "infer": {"gpu_bind": "single:1"}},
+}}
+
 CASES = {
+    "resources-hetjob": (RESOURCES, 16, 8, "hetjob"),
+    "resources-two-jobs": (RESOURCES, 16, 8, "two-jobs"),
     # name: (profile, train ranks, infer ranks, mode)
     "slurm-local-hetjob": ("slurm-local", 4, 4, "hetjob"),
     "slurm-local-two-jobs": ("slurm-local", 2, 6, "two-jobs"),
@@ -66,7 +78,7 @@ CASES = {
 
 
 def _site(spec):
-    return load_profile(spec) if isinstance(spec, str) else parse_profile(spec, "tests/full-options.yaml")
+    return load_profile(spec) if isinstance(spec, str) else parse_profile(spec, f"tests/{spec['site']}.yaml")
 
 
 def _scripts(case: str) -> dict[str, str]:
@@ -109,7 +121,9 @@ def test_het_components_and_resources():
     argv = shlex.split(step)
     assert argv[:2] == ["srun", "--het-group=0,1"]
     assert "--container-image=nvcr.io#nvidia/nemo-rl:v0.8.0" in argv
-    assert "--container-mounts=/lustre:/lustre,/home/me/.cache:/root/.cache" in argv
+    # the run directory mounted at its own path (home is not), and the ranks start in it
+    assert f"--container-mounts=/lustre:/lustre,/home/me/.cache:/root/.cache,{RUN_DIR}:{RUN_DIR}" in argv
+    assert f"--container-workdir={RUN_DIR}" in argv and "--no-container-mount-home" in argv
     assert {"--mpi=pmix", "--cpu-bind=none", "--kill-on-bad-exit=0"} <= set(argv)
     # the profile's python (slurm.python), then the worker on the run's session file
     assert argv[-6:] == ["rank", "python3", "-m", "reshardctl.runtime.worker", "--session", f"{RUN_DIR}/session.pkl"]
@@ -305,3 +319,78 @@ def test_the_rendezvous_port_skips_one_a_socket_of_the_node_uses():
             pytest.skip("the OS gave the last port")
         # a range of two: the used port and the next; every draw that lands on the used one moves on
         assert _ports(used, used + 1, 8) == [used + 1] * 8
+
+
+def test_resources_are_rendered_per_het_component_and_job_flags_once():
+    text = _scripts("resources-hetjob")["hetjob.sbatch"]
+    head, rest = text.split("#SBATCH hetjob\n")
+    # the trainer's own memory (slurm.resources.train) over the shared one; the inference binding its own
+    assert "#SBATCH --mem-per-cpu=16G" in head and "#SBATCH --mem-per-cpu=8G" in rest
+    assert "#SBATCH --gpu-bind=closest" in head and "#SBATCH --gpu-bind=single:1" in rest
+    for part in (head, rest):
+        assert "#SBATCH --cpus-per-task=12" in part and "#SBATCH --gpus-per-task=1" in part
+        assert "--gpus-per-node" not in part  # one GPU per task replaces the per-node request
+    # the signal and requeue are the job's: once, in component 0
+    assert "#SBATCH --signal=USR1@120" in head and "--signal" not in rest
+    assert "#SBATCH --no-requeue" in head and "requeue" not in rest
+    step = shlex.split(next(line for line in text.splitlines() if line.startswith("srun ")))
+    assert "--cpus-per-task=12" in step  # srun does not inherit it from the job
+    train, infer = (_scripts("resources-two-jobs")[n] for n in ("train.sbatch", "infer.sbatch"))
+    assert "#SBATCH --signal=USR1@120" in train and "#SBATCH --signal=USR1@120" in infer
+
+
+def test_a_het_job_with_different_cpus_per_role_is_refused_two_jobs_takes_it():
+    spec = {**RESOURCES, "slurm": {**RESOURCES["slurm"], "resources": {"train": {"cpus_per_task": 8}}}}
+    site = _site(spec)
+    topo = Topology.from_site(site, 16, 8)
+    with pytest.raises(ProfileError, match=r"cpus_per_task=8 and the inference tasks 12.*two-jobs"):
+        build_request(site, topo, RUN_DIR, mode="hetjob", python=PYTHON)
+    two = build_request(site, topo, RUN_DIR, mode="two-jobs", python=PYTHON).materialize()
+    assert "--cpus-per-task=8 bash -c" in two["train.sbatch"] and "--cpus-per-task=12 bash -c" in two["infer.sbatch"]
+
+
+def _mount_flag(site, run_dir=RUN_DIR) -> str:
+    text = build_request(site, Topology.from_site(site, 16, 8), run_dir, mode="hetjob", python=PYTHON).materialize()
+    step = next(line for line in text["hetjob.sbatch"].splitlines() if line.startswith("srun "))
+    return next(w for w in shlex.split(step) if w.startswith("--container-mounts="))
+
+
+def test_the_run_directory_is_mounted_unless_a_mount_shows_it_already():
+    site = _site(FULL)  # /lustre:/lustre, /home/me/.cache:/root/.cache
+    assert _mount_flag(site).endswith(f",{RUN_DIR}:{RUN_DIR}")
+    assert _mount_flag(site, "/lustre/runs/x") == "--container-mounts=/lustre:/lustre,/home/me/.cache:/root/.cache"
+    # a mount to another path inside does not show the run directory at its own path
+    moved = _site({**FULL, "slurm": {**FULL["slurm"], "container_mounts": ["/shared:/mnt"]}})
+    assert _mount_flag(moved).endswith(f"/shared:/mnt,{RUN_DIR}:{RUN_DIR}")
+
+
+@pytest.mark.parametrize("mount,problem", [
+    ("/home/$USER:/home/$USER", "write it ${NAME}"),
+    ("/a,/b", "without commas"),
+])
+def test_mounts_pyxis_would_misread_are_refused(mount, problem):
+    spec = {**FULL, "slurm": {**FULL["slurm"], "container_mounts": [mount]}}
+    with pytest.raises(ProfileError, match=re.escape(problem)):
+        _site(spec)
+
+
+@pytest.mark.parametrize("mount", ["/x/$(touch PWNED):/y", "/x/$HOME:/y", "/x/${A:-b}:/y"])
+def test_with_container_expand_only_braced_names_expand(mount):
+    spec = {**FULL, "slurm": {**FULL["slurm"], "container_mounts": [mount], "container_expand": True}}
+    with pytest.raises(ProfileError, match=r"only \$\{NAME\} is expanded"):
+        _site(spec)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(literal=st.text(alphabet=st.sampled_from(list("ab/ ;$(){}`'\"\\|&*?~\t")), max_size=12))
+def test_an_expanded_mount_word_expands_names_and_nothing_else(literal, tmp_path):
+    """The mount word in a real bash: ${USER} and ${HOME} become their values (spaces and all, one word);
+    every other character, hostile or not, arrives literally and nothing runs."""
+    from reshardctl.launch.slurm_request import shell_word
+
+    text = f"{literal}/home/${{USER}}:{literal}${{HOME}}/x"
+    env = {"PATH": os.environ["PATH"], "USER": "a b;$(touch PWNED)", "HOME": "/h *"}
+    out = subprocess.run(["bash", "-c", f"set -u; printf '%s\\0' {shell_word(text, expand=True)}"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
+    assert out == f"{literal}/home/{env['USER']}:{literal}{env['HOME']}/x\0"
+    assert not (tmp_path / "PWNED").exists()
