@@ -104,6 +104,7 @@ class ModelDims:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    qk_norm: bool = False  # archs2: GLM-4.5 use_qk_norm (per-head q/k RMSNorm)
 
 
 @dataclass(frozen=True)
