@@ -54,6 +54,7 @@ REPLICATED_KINDS = frozenset({
 ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "q_b", "kv_b", "mtp_eh_proj"})
 COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
 QKV_KINDS = frozenset({"q", "k", "v"})
+QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}  # archs2: linear_qkv.bias, rows as the weight's
 EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
 
 
@@ -105,6 +106,11 @@ class MegatronLayout(StagedPlacements, SideLayout):
                             f"vocab_divisor={LEGACY_VOCAB_DIVISOR} for Megatron-LM's padding)")
         self.mla = d.kv_lora_rank > 0
         self.moe = d.num_experts > 0 and bool(d.moe_layers)
+        if d.arch == "gpt_oss":  # archs2
+            problems.append("Megatron gpt-oss is not modelled: Megatron-Bridge converts the stacked, gate/up-interleaved "
+                            "HF experts (mlp.experts.gate_up_proj [E, H, 2*I]) into per-expert linear_fc1 [gate; up] "
+                            "rows, transposed and de-interleaved, which HF boxes at offsets cannot express; the "
+                            "learned sinks (core_attention.softmax_offset) are not checked against megatron-core")
         self._moe_layers = frozenset(d.moe_layers)
         # --- arithmetic checks (all collected) ---
         if not self.mla:
@@ -256,6 +262,12 @@ class MegatronLayout(StagedPlacements, SideLayout):
         if kind in ("embed", "lm_head"):
             vp = megatron_padded_vocab(shape[0], TP, self.vocab_divisor)
             return split_template(shape, 0, TP, self._tp_index(), per=vp // TP, limit=shape[0])
+        if kind in QKV_BIAS_KINDS and not self.mla:  # archs2: 1-D rows, interleaved per query group as the weight
+            per_rank = []
+            for r in range(TP):
+                runs = megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r)
+                per_rank.append(tuple(((a, b),) for (n, a, b, _) in runs if n == QKV_BIAS_KINDS[kind]))
+            return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
         if kind in QKV_KINDS and not self.mla:
             per_rank = []
             for r in range(TP):

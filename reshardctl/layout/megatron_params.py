@@ -160,6 +160,9 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
             elif kind in ("q", "k", "v") and not lay.mla:
                 add(inner + "self_attention.linear_qkv.weight", (qkv_rows, t.shape[1]), dt, t.name, box,
                     (qkv_local[(kind, box[0][0])], 0))
+            elif kind in ("q_bias", "k_bias", "v_bias") and not lay.mla:  # archs2: GLM-4.5 add_qkv_bias
+                add(inner + "self_attention.linear_qkv.bias", (qkv_rows,), dt, t.name, box,
+                    (qkv_local[(kind[0], box[0][0])],))
             elif kind == "q":  # MLA without q_lora_rank
                 add(inner + "self_attention.linear_q_proj.weight", box_shape(box), dt, t.name, box, zero)
             elif kind in ("mlp_gate", "mlp_up", "shared_gate", "shared_up"):

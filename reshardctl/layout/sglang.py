@@ -47,6 +47,9 @@ class SglangLayout(VllmLayout):
     def _configure(self, spec: ParallelSpec, world_size: int | None, problems: list[str]) -> None:
         d, TP, PP = self.model.dims, spec.tp, spec.pp
         self.dp_attention = bool(spec.dp_attention)
+        if d.arch in ("glm4_moe", "gpt_oss"):  # archs2
+            problems.append(f"SGLang's {d.arch} model (its shared-expert fusion and weight loaders) is not modelled; "
+                            f"use --infer-style vllm")
         if d.num_mtp_layers:
             problems.append("SGLang's MTP (NextN) draft layout is not modelled; plan without --mtp")
         if self.dp_attention:
