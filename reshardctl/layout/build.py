@@ -23,7 +23,8 @@ DEFAULT_STYLE = {"train": "megatron", "infer": "vllm"}
 DEFAULT_SPEC = {"train": "tp=2,dp=2", "infer": "tp=2,dp=2"}
 
 _COLUMN = frozenset({"q", "k", "v", "q_b", "kv_b", "mlp_gate", "mlp_up", "shared_gate", "shared_up", "embed",
-                     "lm_head", "mtp_eh_proj", "expert_gate", "expert_up"})
+                     "lm_head", "mtp_eh_proj", "expert_gate", "expert_up",
+                     "q_bias", "k_bias", "v_bias"})  # archs2: ColwiseParallel shards a bias with its weight rows
 _ROW = frozenset({"o", "mlp_down", "shared_down", "expert_down"})
 
 

@@ -51,6 +51,10 @@ KINDS = (
     "expert_gate", "expert_up", "expert_down",  # routed experts (TensorSpec.expert set)
     "mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",  # DeepSeek MTP extras
     "scale_inv",  # fp8 block scale of another tensor (TensorSpec.scale_of set)
+    # archs2: GLM-4.5 / gpt-oss attention biases, gpt-oss sinks [num_heads], router bias (nn.Linear bias),
+    # gpt-oss stacked experts (all experts in one tensor: TensorSpec.expert None)
+    "q_bias", "k_bias", "v_bias", "o_bias", "sinks", "router_linear_bias",
+    "stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias",
 )
 
 
@@ -84,7 +88,7 @@ class TensorSpec:
 class ModelDims:
     """The architecture numbers layout rules need (HF config names in comments)."""
 
-    arch: str  # "llama" | "qwen3" | "qwen3_moe" | "deepseek_v3"
+    arch: str  # an ARCHS key: "llama" | "qwen3" | "qwen3_moe" | "deepseek_v3" | "glm4_moe" | "gpt_oss" | ...
     hidden: int  # hidden_size
     num_layers: int  # num_hidden_layers (main model, without MTP)
     num_heads: int  # num_attention_heads
