@@ -24,7 +24,8 @@ replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replic
 ``mla_down_proj="column"`` gives the local-spec column split), q_b/kv_b column, o row; MTP layers on the
 stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
 when PP > 1, a copy on the last stage (two replica holders). Pipeline splits: ``layout/pipeline.py``.
-fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
+GLM-4.5's q/k/v biases: ``linear_qkv.bias`` rows as the weight's; gpt-oss is refused (Bridge transposes and
+de-interleaves its stacked experts). fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
 granularity (see ``shard_rules.scale_template``).
 """
 

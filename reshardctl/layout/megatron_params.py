@@ -21,7 +21,8 @@ model chunks a training loop holds). MTP layers are ``mtp.layers.{k}.`` with the
 ``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
 Dtypes are those of a bf16 job's model (wrapped in ``Float16Module``, which casts every parameter to the model
 dtype): the router's ``expert_bias`` buffer is fp32 (``TopKRouter._maintain_float32_expert_bias``); fp8 HF
-weights are bf16 in the trainer. tests/layout/megatron_core/ holds what megatron-core builds, per rank.
+weights are bf16 in the trainer. GLM-4.5's q/k/v biases are ``self_attention.linear_qkv.bias`` (Megatron-Bridge
+``GLM45Bridge``: ``QKVMapping`` on the biases). tests/layout/megatron_core/ holds what megatron-core builds, per rank.
 """
 
 from __future__ import annotations

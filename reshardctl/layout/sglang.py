@@ -23,7 +23,7 @@ Rules (``sgl-project/sglang``, ``python/sglang/srt``):
   same QKV replication rule, vocab padded to 64). DeepSeek's fused down projection is
   ``fused_qkv_a_proj_with_mqa`` (replicated).
 
-Not modelled (refused): SGLang's MTP/NextN draft models, DeepEP (``ep_size`` forced to ``tp_size`` and
+Not modelled (refused): GLM-4.5 MoE and gpt-oss, SGLang's MTP/NextN draft models, DeepEP (``ep_size`` forced to ``tp_size`` and
 shared experts unsplit), block-FP8 shape checks.
 """
 

@@ -36,6 +36,10 @@ dtype and offset against vLLM's own parameters and loaders (``tests/helpers/vllm
 MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
 (``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
 prefix, since the draft is a separate module next to the target model on the same rank.
+
+GLM-4.5 MoE (``glm4_moe.py``, ``glm4_moe_mtp.py``) and gpt-oss (``gpt_oss.py``, BF16 weights): docs/layouts.md,
+"GLM-4.5 MoE and gpt-oss" (q/k/v biases in ``qkv_proj.bias``, GLM's fp32 gate and always-TP shared experts,
+gpt-oss's stacked experts and sinks; gpt-oss ``local_params`` refused, its parameters being transposed).
 """
 
 from __future__ import annotations
