@@ -422,7 +422,7 @@ class VllmLayout(StagedPlacements, SideLayout):
                 "_load_weights_other stores mlp.experts.w13_weight = gate_up_proj[e, :, cols].permute(0, 2, 1) and "
                 "w2_weight = down_proj[e, rows, :].permute(0, 2, 1) (transposed), so the binding is refused; the "
                 "placements (which rank holds which box) are exact and can be planned and predicted",
-                hint="docs/models.md, gpt-oss")
+                hint="docs/layouts.md, \"GLM-4.5 MoE and gpt-oss\"")
         stage, j = self._rank_slot[rank]
         n_attn, idx_attn = self._attn_split("q") if d.num_heads else (self.tp, self._tp_of)
         t_rank = idx_attn[j]
