@@ -97,6 +97,10 @@ def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_s
             problems.append(f"--{side}-style dtensor maps tp and dp onto a (dp, tp) mesh; {key}={getattr(ps, key)} "
                             f"needs a layout file (--{side}-layout FILE)")
     tp = ps.tp
+    if tp > 1 and model.dims.arch == "gpt_oss":  # archs2
+        problems.append(f"--{side}-style dtensor tp={tp}: the column/row rule by kind does not know gpt-oss's stacked "
+                        f"experts and attention sinks (transformers' own tp plan shards them its way); use tp=1 "
+                        f"(FSDP) or a layout file (--{side}-layout FILE)")
     dp = ps.dp if ps.dp is not None else (world_size // tp if world_size and world_size % tp == 0 else 1)
     if world_size is not None and dp * tp != world_size:
         problems.append(f"world size tp({tp}) x dp({dp}) = {dp * tp} ranks, but {world_size} were given")

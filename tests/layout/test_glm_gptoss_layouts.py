@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from reshardctl import api
 from reshardctl.errors import LayoutError
 from reshardctl.launch.local import run_local
+from reshardctl.layout.build import build_layout
 from reshardctl.layout.megatron import MegatronLayout
 from reshardctl.layout.parallel_spec import ParallelSpec, parse_parallel
 from reshardctl.layout.placement import box_shape
@@ -282,6 +283,9 @@ def test_gpt_oss_refusals_name_why():
     with pytest.raises(LayoutError, match="_load_weights_mxfp4"):  # the published config is MXFP4
         VllmLayout(load_model("gpt-oss-20b"), ParallelSpec(tp=4))
     VllmLayout(load_model("tiny-gpt-oss"), ParallelSpec(tp=4))  # a BF16 config: fine
+    with pytest.raises(LayoutError, match="stacked experts and attention sinks"):
+        build_layout(OSS, "train", "tp=2", "dtensor")
+    assert build_layout(OSS, "train", "dp=2", "dtensor").world_size == 2  # FSDP: every rank the whole tensors
 
 
 # ---------------------------------------------------------------------------- presets at scale
