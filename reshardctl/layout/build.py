@@ -23,11 +23,11 @@ DEFAULT_STYLE = {"train": "megatron", "infer": "vllm"}
 DEFAULT_SPEC = {"train": "tp=2,dp=2", "infer": "tp=2,dp=2"}
 
 _COLUMN = frozenset({"q", "k", "v", "q_b", "kv_b", "mlp_gate", "mlp_up", "shared_gate", "shared_up", "embed",
-                     "lm_head", "mtp_eh_proj", "expert_gate", "expert_up"})
+                     "lm_head", "mtp_eh_proj", "expert_gate", "expert_up",
+                     # a ColwiseParallel linear shards its bias like its weight's rows (torch
+                     # distributed/tensor/parallel/style.py ColwiseParallel._partition_linear_fn: weight and bias Shard(0))
+                     "q_bias", "k_bias", "v_bias"})
 _ROW = frozenset({"o", "mlp_down", "shared_down", "expert_down"})
-# engineer "archs1": a ColwiseParallel linear shards its bias like its weight's rows (torch
-# distributed/tensor/parallel/style.py ColwiseParallel._partition_linear_fn: weight and bias Shard(0))
-_COLUMN = _COLUMN | {"q_bias", "k_bias", "v_bias"}
 
 
 def build_layout(model: ModelSpec, side: str, spec: str | None = None, style: str | None = None,
@@ -99,6 +99,10 @@ def dtensor_from_parallel(model: ModelSpec, side: str, ps: ParallelSpec, world_s
             problems.append(f"--{side}-style dtensor maps tp and dp onto a (dp, tp) mesh; {key}={getattr(ps, key)} "
                             f"needs a layout file (--{side}-layout FILE)")
     tp = ps.tp
+    if tp > 1 and model.dims.arch == "gpt_oss":  # archs2
+        problems.append(f"--{side}-style dtensor tp={tp}: the column/row rule by kind does not know gpt-oss's stacked "
+                        f"experts and attention sinks (transformers' own tp plan shards them its way); use tp=1 "
+                        f"(FSDP) or a layout file (--{side}-layout FILE)")
     dp = ps.dp if ps.dp is not None else (world_size // tp if world_size and world_size % tp == 0 else 1)
     if world_size is not None and dp * tp != world_size:
         problems.append(f"world size tp({tp}) x dp({dp}) = {dp * tp} ranks, but {world_size} were given")

@@ -30,7 +30,8 @@ replicated over the stage; shared experts split by dense TP; MLA q_a/kv_a replic
 the key ``mla_down_proj=column`` gives the local spec's column split), q_b/kv_b column, o row; MTP layers on
 the stage holding them (the last unless a ``pp_layout`` puts ``m`` elsewhere); tied embeddings: stage 0 and,
 when PP > 1, a copy on the last stage (two replica holders). Pipeline splits: ``layout/pipeline.py``.
-fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
+GLM-4.5's q/k/v biases: ``linear_qkv.bias`` rows as the weight's; gpt-oss is refused (Bridge transposes and
+de-interleaves its stacked experts). fp8 ``scale_inv`` tensors (which a bf16 trainer does not store) follow their weight at 128-block
 granularity (see ``shard_rules.scale_template``).
 """
 
@@ -63,7 +64,7 @@ ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "
 COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
 QKV_KINDS = frozenset({"q", "k", "v"})
 EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
-# engineer "archs1": Qwen2's linear_qkv bias (megatron-core add_qkv_bias: the bias of the same ColumnParallelLinear,
+# Qwen2's and GLM-4.5's linear_qkv bias (megatron-core add_qkv_bias: the bias of the same ColumnParallelLinear,
 # its rows interleaved per query group like the weight's) and Qwen2-MoE's shared-expert gate
 # (transformer/moe/shared_experts.py SharedExpertMLP: gate_weight [1, H], a plain Parameter on every rank)
 QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
@@ -118,6 +119,11 @@ class MegatronLayout(StagedPlacements, SideLayout):
                             f"vocab_divisor={LEGACY_VOCAB_DIVISOR} for Megatron-LM's padding)")
         self.mla = d.kv_lora_rank > 0
         self.moe = d.num_experts > 0 and bool(d.moe_layers)
+        if d.arch == "gpt_oss":  # archs2
+            problems.append("Megatron gpt-oss is not modelled: Megatron-Bridge converts the stacked, gate/up-interleaved "
+                            "HF experts (mlp.experts.gate_up_proj [E, H, 2*I]) into per-expert linear_fc1 [gate; up] "
+                            "rows, transposed and de-interleaved, which HF boxes at offsets cannot express; the "
+                            "learned sinks (core_attention.softmax_offset) are not checked against megatron-core")
         self._moe_layers = frozenset(d.moe_layers)
         # --- arithmetic checks (all collected) ---
         if not self.mla:
@@ -310,15 +316,17 @@ class MegatronLayout(StagedPlacements, SideLayout):
         if kind in ("embed", "lm_head"):
             vp = megatron_padded_vocab(shape[0], TP, self.vocab_divisor)
             return split_template(shape, 0, TP, self._tp_index(), per=vp // TP, limit=shape[0])
+        if kind in QKV_BIAS_KINDS and not self.mla:  # 1-D rows of linear_qkv.bias, interleaved per query group as the weight's
+            per_rank = []
+            for r in range(TP):
+                runs = megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r)
+                per_rank.append(tuple(((a, b),) for (n, a, b, _) in runs if n == QKV_BIAS_KINDS[kind]))
+            return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
         if kind in QKV_KINDS and not self.mla:
             per_rank = []
             for r in range(TP):
                 runs = megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r)
                 per_rank.append(tuple(((a, b), (0, shape[1])) for (n, a, b, _) in runs if n == kind))
-            return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
-        if kind in QKV_BIAS_KINDS:  # archs1: the bias rows of linear_qkv, as the weight's rows
-            runs = [megatron_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, TP, r) for r in range(TP)]
-            per_rank = [tuple(((a, b),) for (n, a, b, _) in rr if n == QKV_BIAS_KINDS[kind]) for rr in runs]
             return ShardTemplate(shape, tuple(per_rank[s % TP] for s in range(S)))
         if kind in ROW_SPLIT_KINDS or kind in ("q_a", "kv_a") or (kind == "q" and self.mla):
             return split_template(shape, 0, TP, self._tp_index())

@@ -23,7 +23,8 @@ model chunks a training loop holds). MTP layers are ``mtp.layers.{k}.`` with the
 ``transformer_layer.``). Vocab params have ``Vp/TP`` rows; rows not covered by a segment are padding.
 Dtypes are those of a bf16 job's model (wrapped in ``Float16Module``, which casts every parameter to the model
 dtype): the router's ``expert_bias`` buffer is fp32 (``TopKRouter._maintain_float32_expert_bias``); fp8 HF
-weights are bf16 in the trainer. tests/layout/megatron_core/ holds what megatron-core builds, per rank.
+weights are bf16 in the trainer. GLM-4.5's q/k/v biases are ``self_attention.linear_qkv.bias`` (Megatron-Bridge
+``GLM45Bridge``: ``QKVMapping`` on the biases). tests/layout/megatron_core/ holds what megatron-core builds, per rank.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def megatron_local_params(lay: "MegatronLayout", rank: int, spec: str = "te") ->
             elif kind in ("q", "k", "v") and not lay.mla:
                 add(inner + "self_attention.linear_qkv.weight", (qkv_rows, t.shape[1]), dt, t.name, box,
                     (qkv_local[(kind, box[0][0])], 0))
-            elif kind in ("q_bias", "k_bias", "v_bias"):  # archs1: Qwen2 add_qkv_bias, rows as linear_qkv's
+            elif kind in ("q_bias", "k_bias", "v_bias") and not lay.mla:  # Qwen2 / GLM-4.5 add_qkv_bias: rows as linear_qkv's
                 add(inner + "self_attention.linear_qkv.bias", (qkv_rows,), dt, t.name, box,
                     (qkv_local[(kind[0], box[0][0])],))
             elif kind == "q":  # MLA without q_lora_rank

@@ -23,7 +23,7 @@ Rules (``sgl-project/sglang``, ``python/sglang/srt``):
   same QKV replication rule, vocab padded to 64). DeepSeek's fused down projection is
   ``fused_qkv_a_proj_with_mqa`` (replicated).
 
-Not modelled (refused): SGLang's MTP/NextN draft models, DeepEP (``ep_size`` forced to ``tp_size`` and
+Not modelled (refused): GLM-4.5 MoE and gpt-oss, SGLang's MTP/NextN draft models, DeepEP (``ep_size`` forced to ``tp_size`` and
 shared experts unsplit), block-FP8 shape checks.
 """
 
@@ -36,8 +36,10 @@ from reshardctl.layout.shard_rules import frac, need_divides
 from reshardctl.layout.vllm import VllmLayout
 
 SGLANG_KEYS = frozenset({"tp", "pp", "dp", "ep", "dp_attention", "pp_partition"})
-# engineer "archs1": SGLang's qwen2.py / qwen2_moe.py / mixtral.py were not read against this layout: refused
-SGLANG_UNMODELLED_ARCHS = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "mixtral": "Mixtral"}
+# SGLang's qwen2.py / qwen2_moe.py / mixtral.py / glm4_moe.py / gpt_oss.py were not read against this layout
+# (their shared-expert fusion and weight loaders): refused
+SGLANG_UNMODELLED_ARCHS = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "mixtral": "Mixtral", "glm4_moe": "GLM-4.5 MoE",
+                           "gpt_oss": "gpt-oss"}
 
 
 class SglangLayout(VllmLayout):

@@ -36,6 +36,10 @@ dtype and offset against vLLM's own parameters and loaders (``tests/helpers/vllm
 MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
 (``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
 prefix, since the draft is a separate module next to the target model on the same rank.
+
+GLM-4.5 MoE (``glm4_moe.py``, ``glm4_moe_mtp.py``) and gpt-oss (``gpt_oss.py``, BF16 weights): docs/layouts.md,
+"GLM-4.5 MoE and gpt-oss" (q/k/v biases in ``qkv_proj.bias``, GLM's fp32 gate and always-TP shared experts,
+gpt-oss's stacked experts and sinks; gpt-oss ``local_params`` refused, its parameters being transposed).
 """
 
 from __future__ import annotations
@@ -80,8 +84,14 @@ REPLICATED_KINDS = REPLICATED_KINDS | {"shared_expert_gate"}
 QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
 _FUSED_QWEN2_MOE = dict(_FUSED, shared_gate="mlp.shared_expert.gate_up_proj.weight",
                         shared_up="mlp.shared_expert.gate_up_proj.weight")
-SHARED_ALWAYS_TP = frozenset({"qwen2_moe"})  # shared expert TP-split whatever the MoE parallelism
 MOE_MODULE = {"mixtral": "block_sparse_moe."}  # the FusedMoE's parent module where it is not "mlp."
+# archs2 (GLM-4.5 MoE, gpt-oss): o_proj bias (RowParallelLinear) and router bias replicated. GLM-4.5: glm4_moe.py
+# Glm4MoE.__init__ builds the shared experts as Glm4MoeMLP without disable_tp (TP-split even under
+# sequence-parallel MoE) and the router as nn.Linear(dtype=torch.float32)
+SHARED_ALWAYS_TP = frozenset({"qwen2_moe", "glm4_moe"})  # shared expert TP-split whatever the MoE parallelism
+FP32_ROUTER = frozenset({"glm4_moe"})
+# gpt-oss experts stored stacked (GptOssExperts); gpt_oss.py GptOssModel._load_weights_other slices them
+STACKED_KINDS = frozenset({"stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias"})
 
 
 def vllm_padded_vocab(vocab: int) -> int:
@@ -123,6 +133,8 @@ class VllmLayout(StagedPlacements, SideLayout):
             problems.append(f"world size tp({TP}) x pp({PP}) x dp({DP}) = {self.world_size} ranks, "
                             f"but {world_size} were given")
         self._check_attention(problems)
+        if d.arch == "gpt_oss":  # archs2
+            self._check_gpt_oss(problems)
         vp = vllm_padded_vocab(d.vocab)
         if vp % TP:
             problems.append(f"{self.framework} tp={TP} does not divide the padded vocab {vp} = ceil({d.vocab}/64)*64 "
@@ -190,9 +202,7 @@ class VllmLayout(StagedPlacements, SideLayout):
             problems.append(f"all2all={all2all!r}: expected one of {', '.join(sorted(ALL2ALL_BACKENDS))}")
         engine_dp = DP if mode == "in_engine" else 1
         self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in SP_ALL2ALL)
-        self.shared_tp = 1 if self.sp_moe else TP
-        if d.arch in SHARED_ALWAYS_TP:  # archs1: Qwen2MoeMLP has no disable_tp
-            self.shared_tp = TP
+        self.shared_tp = 1 if self.sp_moe and d.arch not in SHARED_ALWAYS_TP else TP
         self._tp_of = [j % TP for j in range(M)]
         self.expert_map: ExpertMap | None = None
         self.placement_note = ""
@@ -235,6 +245,35 @@ class VllmLayout(StagedPlacements, SideLayout):
                                 f"({TP} % {nkv} = {TP % nkv})")
             elif TP < nkv:
                 need_divides(problems, TP, nkv, f"{self.framework} tp={TP}", "num_kv_heads")
+
+    def _check_gpt_oss(self, problems: list[str]) -> None:
+        """archs2: what ``gpt_oss.py`` (``GptOssModel._load_weights_other``, the BF16 path) can load: experts in
+        contiguous EP blocks of ``E // ep`` (no other placement, no redundant experts), ``intermediate_size``
+        divisible by the engine's torch.distributed world (``MLPBlock.__init__`` asserts it), one pipeline stage
+        (``GptOssModel`` builds ``embedding`` / ``norm`` and ``GptOssForCausalLM`` ``lm_head`` on every pipeline
+        rank: those copies are not in this layout)."""
+        d, spec = self.model.dims, self.spec
+        if self.framework != "vLLM":
+            problems.append(f"{self.framework}: gpt-oss is not modelled for {self.framework} (only vLLM's gpt_oss.py)")
+            return
+        q = self.model.config.get("quantization_config")
+        if isinstance(q, dict) and q.get("quant_method") is not None:
+            problems.append(f"vLLM gpt-oss with quantization_config.quant_method={q.get('quant_method')!r}: vLLM loads "
+                            f"MXFP4 experts (gpt_oss.py _load_weights_mxfp4) as swizzled blocks, not modelled; the "
+                            f"modelled engine loads a BF16 checkpoint (a config.json without quantization_config)")
+        if self.pp > 1:
+            problems.append(f"vLLM gpt-oss with pp={self.pp}: GptOssModel builds embedding and norm, and "
+                            f"GptOssForCausalLM lm_head, on every pipeline rank; those copies are not modelled here")
+        world = self.tp * self.pp * (self.dp if self.dp_mode == "in_engine" else 1)
+        need_divides(problems, world, d.moe_intermediate, f"vLLM gpt-oss engine world size {world} (MLPBlock "
+                     f"asserts intermediate_size % world_size == 0)", "intermediate_size")
+        if self.expert_parallel:
+            need_divides(problems, self.ep, d.num_experts, f"vLLM gpt-oss ep={self.ep} (experts_per_rank = "
+                         f"num_experts // ep_size)", "num_local_experts")
+            if self.expert_map is not None and (self.expert_map.strategy != "linear" or spec.redundant):
+                problems.append(f"vLLM gpt-oss loads experts in contiguous blocks (ep_rank * E // ep); placement="
+                                f"{self.expert_map.strategy}{f', redundant={spec.redundant}' if spec.redundant else ''} "
+                                f"is not what its loader does")
 
     def _pp_parts(self, L: int, PP: int, partition, problems: list[str]) -> list[int]:
         return vllm_pp_parts(L, PP, partition, problems)
@@ -320,6 +359,12 @@ class VllmLayout(StagedPlacements, SideLayout):
         d = self.model.dims
         if kind in REPLICATED_KINDS:
             return replicated_template(shape, M)
+        kind = QKV_BIAS_KINDS.get(kind, kind)  # archs2: a q/k/v bias splits as its weight's rows
+        if kind in STACKED_KINDS:
+            return self._stacked_template(kind, shape)
+        if kind == "sinks":  # gpt-oss OAIAttention.sinks [num_heads // tp], loaded by narrowing heads
+            n, idx = self._attn_split("q")
+            return split_template(shape, 0, n, idx)
         if kind in ("embed", "lm_head"):
             split = self._vocab_split(kind)
             if split is None:
@@ -357,6 +402,21 @@ class VllmLayout(StagedPlacements, SideLayout):
                                   [self._mtp_of[j] if self._ep_of[j] in block else None for j in range(M)])
         return replicated_template(shape, M)
 
+    def _stacked_template(self, kind: str, shape: tuple[int, ...]) -> ShardTemplate:
+        """archs2, gpt-oss stacked experts (``gpt_oss.py _load_weights_other``): with EP, ``weight[ep_rank_start:
+        ep_rank_end]`` (dim 0); without, the fused-MoE TP rank ``r`` of ``n`` takes ``gate_up_proj[:, :, 2*r*I/n :
+        2*(r+1)*I/n]`` (gate/up interleaved, so a contiguous column range), ``gate_up_proj_bias[:, 2*r*I/n : ...]``,
+        ``down_proj[:, r*I/n : (r+1)*I/n, :]``, and ``down_proj_bias`` only on TP rank 0 (``weight.zero_()`` on the
+        others: their copy is zero, not a replica)."""
+        M = self.stage_size
+        if self.expert_map is not None:
+            return split_template(shape, 0, self.ep, self._ep_of)
+        if kind == "stacked_down_bias":
+            return split_template(shape, 0, 1, [0 if r == 0 else None for r in self._mtp_of])
+        dim = {"stacked_gate_up": 2, "stacked_gate_up_bias": 1, "stacked_down": 1}[kind]
+        assert M == len(self._mtp_of)
+        return split_template(shape, dim, self.moe_tp, self._mtp_of)
+
     def _local_expert_slots(self, t: TensorSpec, ep_rank: int) -> tuple[list[int], int]:
         """(local slots of expert ``t.expert`` on ``ep_rank``, number of local slots). An EPLB map may put
         one logical expert in several physical slots of one rank: all of them, in slot order."""
@@ -368,6 +428,13 @@ class VllmLayout(StagedPlacements, SideLayout):
 
     def local_params(self, rank: int) -> list[LocalParam]:
         d = self.model.dims
+        if d.arch == "gpt_oss":  # archs2
+            raise LayoutError(
+                "vLLM gpt-oss parameters are not expressible as HF boxes at offsets: gpt_oss.py "
+                "_load_weights_other stores mlp.experts.w13_weight = gate_up_proj[e, :, cols].permute(0, 2, 1) and "
+                "w2_weight = down_proj[e, rows, :].permute(0, 2, 1) (transposed), so the binding is refused; the "
+                "placements (which rank holds which box) are exact and can be planned and predicted",
+                hint="docs/layouts.md, \"GLM-4.5 MoE and gpt-oss\"")
         stage, j = self._rank_slot[rank]
         n_attn, idx_attn = self._attn_split("q") if d.num_heads else (self.tp, self._tp_of)
         t_rank = idx_attn[j]
@@ -440,8 +507,9 @@ class VllmLayout(StagedPlacements, SideLayout):
                 name, shape, offsets = self._scale_param(t, box, w, where(w, wbox))
             if t.layer is not None and t.layer >= d.num_layers:
                 name = self._mtp_name(name, w or t)
+            dtype = "float32" if t.kind == "router" and d.arch in FP32_ROUTER else t.dtype  # archs2: GLM's fp32 gate
             for off in offsets:
-                add(name, shape, t.dtype, t.name, box, off)
+                add(name, shape, dtype, t.name, box, off)
         return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
 
     def _scale_param(self, t: TensorSpec, box, w: TensorSpec, weight_param) -> tuple[str, tuple[int, ...], list]:

@@ -6,7 +6,8 @@ architecture numbers, so every architecture is a few lines of table, not code. `
 means the model dtype (``torch_dtype``).
 
 Symbols: H hidden, V vocab, hd head_dim, Q nh*hd, KV nkv*hd, I intermediate, Im moe_intermediate,
-E routed experts, S shared-expert width (Im*n_shared; Qwen2-MoE: shared_expert_intermediate_size), H2 2*H, 1 one; MLA: QL q_lora_rank,
+E routed experts, S shared-expert width (Im*n_shared; Qwen2-MoE: shared_expert_intermediate_size), H2 2*H, 1 one,
+NH num_heads, Im2 2*Im; MLA: QL q_lora_rank,
 QH nh*(nope+rope), KVA kv_lora+rope, KVL kv_lora_rank, KVB nh*(nope+v), OV nh*v.
 """
 
@@ -36,9 +37,12 @@ KIND_ROLE: dict[str, str] = {
     "router_bias": "router",
     **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), "expert"),
     "scale_inv": "scale",
-    # engineer "archs1": Qwen2 / Qwen2-MoE attention biases, Qwen2-MoE's sigmoid gate of the shared expert
-    **dict.fromkeys(("q_bias", "k_bias", "v_bias"), "attention"),
+    # engineer "archs1": Qwen2 / Qwen2-MoE attention biases, Qwen2-MoE's sigmoid gate of the shared expert;
+    # archs2 (GLM-4.5 MoE, gpt-oss): attention biases, gpt-oss sinks / router bias / stacked experts
+    **dict.fromkeys(("q_bias", "k_bias", "v_bias", "o_bias", "sinks"), "attention"),
     "shared_expert_gate": "ffn",
+    "router_linear_bias": "router",
+    **dict.fromkeys(("stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias"), "expert"),
 }
 
 # Linear weights stored as fp8 (with a fp32 ``weight_scale_inv``) in block-fp8 checkpoints
@@ -138,6 +142,34 @@ def is_expert_block(block: Block) -> bool:
     return "{e}" in block[0][0]
 
 
+# ---- archs2: GLM-4.5 MoE (transformers modeling_glm4_moe.py) and gpt-oss (modeling_gpt_oss.py) ----------
+QKV_BIAS: Block = (  # GLM-4.5 attention_bias=true: q/k/v biases, no o_proj bias (Glm4MoeAttention)
+    ("self_attn.q_proj.bias", "q_bias", ("Q",), None),
+    ("self_attn.k_proj.bias", "k_bias", ("KV",), None),
+    ("self_attn.v_proj.bias", "v_bias", ("KV",), None),
+)
+GPT_OSS_ATTN: Block = (  # GptOssAttention: q/k/v/o with bias, learned sinks [num_heads]
+    ("self_attn.q_proj.weight", "q", ("Q", "H"), None),
+    ("self_attn.q_proj.bias", "q_bias", ("Q",), None),
+    ("self_attn.k_proj.weight", "k", ("KV", "H"), None),
+    ("self_attn.k_proj.bias", "k_bias", ("KV",), None),
+    ("self_attn.v_proj.weight", "v", ("KV", "H"), None),
+    ("self_attn.v_proj.bias", "v_bias", ("KV",), None),
+    ("self_attn.o_proj.weight", "o", ("H", "Q"), None),
+    ("self_attn.o_proj.bias", "o_bias", ("H",), None),
+    ("self_attn.sinks", "sinks", ("NH",), None),
+)
+GPT_OSS_MOE: Block = (  # GptOssTopKRouter (weight + bias) and GptOssExperts: all experts in one tensor each,
+    # gate_up_proj [E, H, 2*Im] with gate/up INTERLEAVED on the last dim (gate = [..., ::2], up = [..., 1::2])
+    ("mlp.router.weight", "router", ("E", "H"), None),
+    ("mlp.router.bias", "router_linear_bias", ("E",), None),
+    ("mlp.experts.gate_up_proj", "stacked_gate_up", ("E", "H", "Im2"), None),
+    ("mlp.experts.gate_up_proj_bias", "stacked_gate_up_bias", ("E", "Im2"), None),
+    ("mlp.experts.down_proj", "stacked_down", ("E", "Im", "H"), None),
+    ("mlp.experts.down_proj_bias", "stacked_down_bias", ("E", "H"), None),
+)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture: its ``ModelDims.arch`` name, attention blocks and MoE blocks."""
@@ -166,6 +198,15 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2", lambda d: (GQA_BIAS,)),
     "qwen2_moe": Arch("qwen2_moe", lambda d: (GQA_BIAS,), moe=(ROUTER, EXPERT, SHARED_EXPERT, SHARED_EXPERT_GATE)),
     "mixtral": Arch("mixtral", lambda d: (GQA,), moe=(MIXTRAL_ROUTER, MIXTRAL_EXPERT)),
+    # archs2: GLM-4.5 (DeepSeek-V3's MoE, router bias and MTP layers with GQA attention + q/k/v bias, optional qk-norm)
+    "glm4_moe": Arch(
+        "glm4_moe",
+        lambda d: (GQA, QKV_BIAS, QK_NORM) if d.qk_norm else (GQA, QKV_BIAS),
+        moe=(ROUTER, ROUTER_BIAS, EXPERT, SHARED),
+        mtp=True,
+    ),
+    # archs2: gpt-oss (every layer MoE; BF16 form of the experts, MXFP4 refused in config.py)
+    "gpt_oss": Arch("gpt_oss", lambda d: (GPT_OSS_ATTN,), moe=(GPT_OSS_MOE,)),
 }
 
 # HF ``architectures[0]`` / ``model_type`` -> ARCHS key
@@ -181,6 +222,9 @@ BY_CLASS = {
 }
 BY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
                  "qwen2": "qwen2", "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}
+# archs2
+BY_CLASS.update({"Glm4MoeForCausalLM": "glm4_moe", "GptOssForCausalLM": "gpt_oss"})
+BY_MODEL_TYPE.update({"glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss"})
 
 
 def symbols(d: ModelDims) -> dict[str, int]:
@@ -204,4 +248,6 @@ def symbols(d: ModelDims) -> dict[str, int]:
         "KVB": nh * (d.qk_nope_head_dim + d.v_head_dim),
         "OV": nh * d.v_head_dim,
         "1": 1,  # Qwen2-MoE shared_expert_gate [1, H]
+        "NH": nh,  # archs2: gpt-oss sinks
+        "Im2": 2 * d.moe_intermediate,  # archs2: gpt-oss interleaved gate_up
     }

@@ -31,6 +31,13 @@ PRESETS: tuple[str, ...] = (
     "mixtral-8x7b",
     "tiny-qwen2-moe",
     "tiny-mixtral",
+    # archs2: GLM-4.5 MoE (zai-org/GLM-4.5, GLM-4.5-Air) and gpt-oss (openai/gpt-oss-20b, -120b: the BF16 form)
+    "glm-4.5",
+    "glm-4.5-air",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    "tiny-glm-4.5",
+    "tiny-gpt-oss",
 )
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

@@ -109,7 +109,8 @@ def detect_arch(config: Mapping[str, Any], where: str = "config") -> Arch:
     return ARCHS[key]
 
 
-def dims_from_config(config: Mapping[str, Any], *, where: str = "config", include_mtp: bool = False) -> ModelDims:
+def dims_from_config(config: Mapping[str, Any], *, where: str = "config", include_mtp: bool = False,
+                     bf16_view: bool = False) -> ModelDims:
     """Fill :class:`ModelDims` from a HF config (MoE layer rules as in the transformers modelling code: Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`, DeepSeek-V3 `first_k_dense_replace` / `moe_layer_freq`)."""
     arch = detect_arch(config, where)
     c = _Config(config, where)
@@ -119,10 +120,12 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
     vocab = c.get_int("vocab_size")
     tie = c.get_bool("tie_word_embeddings", False)
     for flag in ("attention_bias", "mlp_bias"):
-        if c.get_bool(flag, False):
+        if c.get_bool(flag, False) and not (flag == "attention_bias" and arch.key in _BIAS_ARCHS):
             raise c.fail(flag, "is true: bias tensors are not supported")
     kw: dict[str, Any] = {}
-    if arch.key == "deepseek_v3":
+    if arch.key in _BIAS_ARCHS:  # archs2
+        moe = _glm_gptoss_dims(c, arch.key, heads, layers, include_mtp, bf16_view, kw)
+    elif arch.key == "deepseek_v3":
         nope, rope = c.get_int("qk_nope_head_dim"), c.get_int("qk_rope_head_dim")
         kw.update(
             num_kv_heads=heads,  # MLA: one latent, num_key_value_heads unused
@@ -158,7 +161,9 @@ def dims_from_config(config: Mapping[str, Any], *, where: str = "config", includ
         elif arch.key in ("qwen2_moe", "mixtral"):
             moe = _archs1_moe(c, arch.key, layers, kw)
     if kw.get("num_experts"):
-        kw.update(moe_intermediate=kw.get("moe_intermediate") or c.get_int("moe_intermediate_size"), moe_layers=moe)
+        if "moe_intermediate" not in kw:  # gpt-oss: intermediate_size, already read
+            kw["moe_intermediate"] = c.get_int("moe_intermediate_size")
+        kw["moe_layers"] = moe
     else:
         moe = ()
     all_layers = layers + kw.get("num_mtp_layers", 0)
@@ -199,6 +204,56 @@ def _archs1_moe(c: _Config, arch: str, layers: int, kw: dict[str, Any]) -> tuple
     return tuple(l for l in range(layers) if l not in dense_only and (l + 1) % step == 0)
 
 
+_BIAS_ARCHS = ("glm4_moe", "gpt_oss")  # archs2: architectures whose bias tensors are in the tables
+
+
+def _glm_gptoss_dims(c: _Config, arch: str, heads: int, layers: int, include_mtp: bool, bf16_view: bool,
+                     kw: dict[str, Any]) -> tuple[int, ...]:
+    """archs2: GLM-4.5 MoE (transformers ``Glm4MoeConfig``) and gpt-oss (``GptOssConfig``) numbers into ``kw``;
+    returns the MoE layers. GLM-4.5: ``attention_bias`` must be true (every published GLM-4.5 has q/k/v
+    biases; the tables hold them), ``use_qk_norm``, ``first_k_dense_replace``, ``n_routed_experts``,
+    ``n_shared_experts``, MTP layers as DeepSeek's. gpt-oss: every layer MoE, ``num_local_experts`` experts
+    of width ``intermediate_size``; the published MXFP4 form is refused (``_refuse_mxfp4``)."""
+    kw.update(head_dim=c.get_int("head_dim"), num_kv_heads=c.get_int("num_key_value_heads", heads))
+    if arch == "glm4_moe":
+        if not c.get_bool("attention_bias", False):
+            raise c.fail("attention_bias", "is false: GLM-4.5 MoE is modelled with q/k/v biases "
+                                           "(Glm4MoeAttention, attention_bias=true in every published config)")
+        kw.update(num_experts=c.get_int("n_routed_experts", minimum=0),
+                  num_shared_experts=c.get_int("n_shared_experts", 0, minimum=0),
+                  qk_norm=c.get_bool("use_qk_norm", False))
+        first_dense = c.get_int("first_k_dense_replace", 0, minimum=0)
+        n_mtp = c.get_int("num_nextn_predict_layers", 0, minimum=0) if include_mtp else 0
+        kw["num_mtp_layers"] = n_mtp
+        return tuple(l for l in range(layers + n_mtp) if l >= first_dense)
+    _refuse_mxfp4(c, bf16_view)
+    if not c.get_bool("attention_bias", True):
+        raise c.fail("attention_bias", "is false: gpt-oss is modelled with q/k/v/o biases (GptOssAttention)")
+    kw.update(num_experts=c.get_int("num_local_experts"), moe_intermediate=c.get_int("intermediate_size"))
+    return tuple(range(layers))
+
+
+def _refuse_mxfp4(c: _Config, bf16_view: bool) -> None:
+    """gpt-oss: the published checkpoints store the expert weights as MXFP4 (``*_blocks`` uint8 + ``*_scales``,
+    ``quantization_config.quant_method = "mxfp4"``). Only the BF16 form is modelled: a MXFP4 config is refused
+    except in the training view (``bf16_view``: no ``include_scales``), which describes the BF16 tensors a trainer
+    holds, as the training view of a block-fp8 DeepSeek-V3 describes its bf16 tensors."""
+    q = c.c.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, Mapping) else None
+    if method is None:
+        return
+    if method == "mxfp4" and bf16_view:
+        return
+    raise ModelError(
+        f"{c.where}: key 'quantization_config.quant_method' is {_short(method)}: gpt-oss checkpoints quantized "
+        f"this way store the expert weights as mlp.experts.gate_up_proj_blocks / _scales and down_proj_blocks / "
+        f"_scales (uint8 MXFP4), which are not modelled. Modelled is the BF16 form (mlp.experts.gate_up_proj "
+        f"[E, H, 2*I], down_proj [E, I, H] and their biases), the tensors a trainer holds and a BF16 checkpoint "
+        f"stores (remove quantization_config from config.json for such a checkpoint). Why: MXFP4 packs two 4-bit "
+        f"values per byte with one uint8 scale per 32 values, so the refit would move quantized blocks, and "
+        f"neither the quantization nor vLLM's MXFP4 parameters (gpt_oss.py _load_weights_mxfp4) are modelled")
+
+
 def _check_consistency(c: _Config, arch: str, layers: int, heads: int, kw: dict[str, Any]) -> None:
     """Cross-key arithmetic a checkpoint of this config must satisfy, every problem in one ModelError
     (naming the file, the keys and the arithmetic) instead of a failure deep in a layout or the planner.
@@ -218,11 +273,12 @@ def _check_consistency(c: _Config, arch: str, layers: int, heads: int, kw: dict[
                             f"(grouped-query attention: {heads} % {kv} = {heads % kv})")
     experts = kw.get("num_experts", 0)
     if experts:
-        e_key = {"deepseek_v3": "n_routed_experts", "mixtral": "num_local_experts"}.get(arch, "num_experts")
+        e_key = {"deepseek_v3": "n_routed_experts", "glm4_moe": "n_routed_experts", "mixtral": "num_local_experts",
+                 "gpt_oss": "num_local_experts"}.get(arch, "num_experts")
         topk = opt_int("num_experts_per_tok")
         if topk is not None and not 1 <= topk <= experts:
             problems.append(f"'num_experts_per_tok' ({topk}) must be between 1 and '{e_key}' ({experts})")
-        if arch == "deepseek_v3":
+        if arch in ("deepseek_v3", "glm4_moe"):
             n_group, topk_group = opt_int("n_group"), opt_int("topk_group")
             if n_group is not None and (n_group < 1 or experts % n_group):
                 problems.append(f"'n_routed_experts' ({experts}) must be a multiple of 'n_group' ({n_group})"
@@ -328,14 +384,14 @@ def spec_from_config(
 ) -> ModelSpec:
     """The tensor inventory a HF checkpoint of this config holds.
 
-    ``include_mtp``: add DeepSeek MTP layers (``num_nextn_predict_layers``), as layers L, L+1, ...
+    ``include_mtp``: add DeepSeek / GLM-4.5 MTP layers (``num_nextn_predict_layers``), as layers L, L+1, ...
     ``include_scales``: for a block-fp8 ``quantization_config``, describe the fp8 linear weights as
     ``float8_*`` plus their fp32 ``weight_scale_inv`` (the checkpoint view). Default: every weight in
     the model dtype (the training view). No effect on configs without fp8 quantization.
     """
     where = source or f"config of {name}"
     arch = detect_arch(config, where)
-    dims = dims_from_config(config, where=where, include_mtp=include_mtp and arch.mtp)
+    dims = dims_from_config(config, where=where, include_mtp=include_mtp and arch.mtp, bf16_view=not include_scales)
     fp8 = fp8_format(config, where) if include_scales else None
     _check_tensor_count(arch, dims, fp8 is not None, where)
     b = _Builder(dims, model_dtype(config, where), fp8)

@@ -51,8 +51,12 @@ KINDS = (
     "expert_gate", "expert_up", "expert_down",  # routed experts (TensorSpec.expert set)
     "mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",  # DeepSeek MTP extras
     "scale_inv",  # fp8 block scale of another tensor (TensorSpec.scale_of set)
-    "q_bias", "k_bias", "v_bias",  # Qwen2 / Qwen2-MoE q/k/v_proj.bias [Q] / [KV]
+    "q_bias", "k_bias", "v_bias",  # Qwen2 / Qwen2-MoE / GLM-4.5 / gpt-oss q/k/v_proj.bias [Q] / [KV]
     "shared_expert_gate",  # Qwen2-MoE mlp.shared_expert_gate.weight [1, H]
+    # archs2: gpt-oss o_proj bias, sinks [num_heads], router bias (nn.Linear bias),
+    # gpt-oss stacked experts (all experts in one tensor: TensorSpec.expert None)
+    "o_bias", "sinks", "router_linear_bias",
+    "stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias",
 )
 
 
@@ -86,7 +90,7 @@ class TensorSpec:
 class ModelDims:
     """The architecture numbers layout rules need (HF config names in comments)."""
 
-    arch: str  # a key of models/architectures.py ARCHS ("llama", "qwen3_moe", "deepseek_v3", "mixtral", ...)
+    arch: str  # a key of models/architectures.py ARCHS ("llama", "qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss", ...)
     hidden: int  # hidden_size
     num_layers: int  # num_hidden_layers (main model, without MTP)
     num_heads: int  # num_attention_heads
@@ -106,6 +110,7 @@ class ModelDims:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    qk_norm: bool = False  # archs2: GLM-4.5 use_qk_norm (per-head q/k RMSNorm)
 
 
 @dataclass(frozen=True)

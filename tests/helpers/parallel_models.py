@@ -208,3 +208,106 @@ def tiny_mixtral(layers: int = 4) -> ModelSpec:
             n = f"{head.replace('.mlp.experts.', '.block_sparse_moe.experts.')}.{names[proj]}.{tail}"
         out.append(replace(t, name=n))
     return replace(m, tensors=tuple(out))
+
+
+# --------------------------------------------------------------------------- GLM-4.5 MoE, gpt-oss (engineer "archs2")
+def glm4_moe_model(name: str = "tiny-glm", *, H: int = 256, L: int = 3, nh: int = 8, nkv: int = 2, hd: int = 32,
+                   V: int = 1000, I: int = 512, E: int = 8, Im: int = 128, shared: int = 1, first_dense: int = 1,
+                   qk_norm: bool = True, mtp: int = 0) -> ModelSpec:
+    """GLM-4.5 MoE from transformers ``modeling_glm4_moe.py`` (``Glm4MoeAttention``: q/k/v ``bias=attention_bias``,
+    o_proj no bias, ``q_norm``/``k_norm`` RMSNorm(head_dim) when ``use_qk_norm``; ``Glm4MoeMoE``: ``gate.weight``
+    [E, H] + fp32 ``gate.e_score_correction_bias`` buffer, ``experts.{e}``, ``shared_experts`` of width
+    ``Im * n_shared``; layers ``< first_k_dense_replace`` dense) and the checkpoint's MTP layers
+    (``model.layers.{L+k}``: embed_tokens, enorm, hnorm, eh_proj [H, 2H], the decoder layer, shared_head)."""
+    ts: list[TensorSpec] = []
+    bf = "bfloat16"
+
+    def add(n, shape, role, kind, layer=None, expert=None, dtype=bf):
+        ts.append(TensorSpec(n, tuple(shape), dtype, role, kind, layer, expert))
+
+    def layer(l: int) -> None:
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        add(p + "input_layernorm.weight", (H,), "norm", "input_norm", l)
+        for proj, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            add(f"{a}{proj}_proj.weight", (rows, H), "attention", proj, l)
+            add(f"{a}{proj}_proj.bias", (rows,), "attention", f"{proj}_bias", l)
+        add(a + "o_proj.weight", (H, nh * hd), "attention", "o", l)
+        if qk_norm:
+            add(a + "q_norm.weight", (hd,), "norm", "q_norm", l)
+            add(a + "k_norm.weight", (hd,), "norm", "k_norm", l)
+        add(p + "post_attention_layernorm.weight", (H,), "norm", "post_attn_norm", l)
+        m = p + "mlp."
+        if l < first_dense:
+            for proj, kind, shape in (("gate", "mlp_gate", (I, H)), ("up", "mlp_up", (I, H)),
+                                      ("down", "mlp_down", (H, I))):
+                add(f"{m}{proj}_proj.weight", shape, "ffn", kind, l)
+            return
+        add(m + "gate.weight", (E, H), "router", "router", l)
+        add(m + "gate.e_score_correction_bias", (E,), "router", "router_bias", l, dtype="float32")
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            add(x + "gate_proj.weight", (Im, H), "expert", "expert_gate", l, e)
+            add(x + "up_proj.weight", (Im, H), "expert", "expert_up", l, e)
+            add(x + "down_proj.weight", (H, Im), "expert", "expert_down", l, e)
+        S = Im * shared
+        add(m + "shared_experts.gate_proj.weight", (S, H), "ffn", "shared_gate", l)
+        add(m + "shared_experts.up_proj.weight", (S, H), "ffn", "shared_up", l)
+        add(m + "shared_experts.down_proj.weight", (H, S), "ffn", "shared_down", l)
+
+    add("model.embed_tokens.weight", (V, H), "embedding", "embed")
+    for l in range(L):
+        layer(l)
+    add("model.norm.weight", (H,), "norm", "final_norm")
+    add("lm_head.weight", (V, H), "head", "lm_head")
+    for l in range(L, L + mtp):
+        p = f"model.layers.{l}."
+        add(p + "embed_tokens.weight", (V, H), "embedding", "embed", l)
+        add(p + "enorm.weight", (H,), "norm", "mtp_enorm", l)
+        add(p + "hnorm.weight", (H,), "norm", "mtp_hnorm", l)
+        add(p + "eh_proj.weight", (H, 2 * H), "ffn", "mtp_eh_proj", l)
+        layer(l)
+        add(p + "shared_head.norm.weight", (H,), "norm", "mtp_head_norm", l)
+        add(p + "shared_head.head.weight", (V, H), "head", "lm_head", l)
+    dims = ModelDims(arch="glm4_moe", hidden=H, num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=hd, vocab=V,
+                     intermediate=I, num_experts=E, moe_intermediate=Im, num_shared_experts=shared,
+                     moe_layers=tuple(range(first_dense, L + mtp)), num_mtp_layers=mtp, qk_norm=qk_norm)
+    return ModelSpec(name, dims, tuple(ts), source="test")
+
+
+def gpt_oss_model(name: str = "tiny-gpt-oss", *, H: int = 256, L: int = 2, nh: int = 8, nkv: int = 2, hd: int = 32,
+                  V: int = 1000, E: int = 8, Im: int = 128) -> ModelSpec:
+    """gpt-oss (BF16 form) from transformers ``modeling_gpt_oss.py``: ``GptOssAttention`` q/k/v/o with bias and
+    ``sinks`` [num_heads]; ``GptOssTopKRouter`` ``weight`` [E, H] + ``bias`` [E]; ``GptOssExperts``
+    ``gate_up_proj`` [E, H, 2*I], ``gate_up_proj_bias`` [E, 2*I], ``down_proj`` [E, I, H], ``down_proj_bias``
+    [E, H] (``intermediate_size`` = I); every layer MoE, no shared experts, untied lm_head."""
+    ts: list[TensorSpec] = []
+    bf = "bfloat16"
+
+    def add(n, shape, role, kind, layer=None):
+        ts.append(TensorSpec(n, tuple(shape), bf, role, kind, layer))
+
+    add("model.embed_tokens.weight", (V, H), "embedding", "embed")
+    for l in range(L):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        add(p + "input_layernorm.weight", (H,), "norm", "input_norm", l)
+        for proj, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            add(f"{a}{proj}_proj.weight", (rows, H), "attention", proj, l)
+            add(f"{a}{proj}_proj.bias", (rows,), "attention", f"{proj}_bias", l)
+        add(a + "o_proj.weight", (H, nh * hd), "attention", "o", l)
+        add(a + "o_proj.bias", (H,), "attention", "o_bias", l)
+        add(a + "sinks", (nh,), "attention", "sinks", l)
+        add(p + "post_attention_layernorm.weight", (H,), "norm", "post_attn_norm", l)
+        m = p + "mlp."
+        add(m + "router.weight", (E, H), "router", "router", l)
+        add(m + "router.bias", (E,), "router", "router_linear_bias", l)
+        add(m + "experts.gate_up_proj", (E, H, 2 * Im), "expert", "stacked_gate_up", l)
+        add(m + "experts.gate_up_proj_bias", (E, 2 * Im), "expert", "stacked_gate_up_bias", l)
+        add(m + "experts.down_proj", (E, Im, H), "expert", "stacked_down", l)
+        add(m + "experts.down_proj_bias", (E, H), "expert", "stacked_down_bias", l)
+    add("model.norm.weight", (H,), "norm", "final_norm")
+    add("lm_head.weight", (V, H), "head", "lm_head")
+    dims = ModelDims(arch="gpt_oss", hidden=H, num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=hd, vocab=V,
+                     intermediate=Im, num_experts=E, moe_intermediate=Im, moe_layers=tuple(range(L)))
+    return ModelSpec(name, dims, tuple(ts), source="test")

@@ -475,3 +475,52 @@ def load_like_vllm_archs1(model: ModelSpec, dep: Deployment, rank: int, params: 
             if target not in table:
                 continue
             table[target].loader(params[target], w, shard)
+
+
+# --------------------------------------------------------------------------- GLM-4.5 MoE (engineer "archs2")
+def glm4_moe_param_table(model: ModelSpec, dep: Deployment, rank: int) -> dict[str, VParam]:
+    """vLLM's ``glm4_moe.py`` parameters (read at vllm-project/vllm a4cd9d0d28bd; draft: ``glm4_moe_mtp.py``,
+    the same ``_rewrite_spec_layer_name`` as deepseek_mtp.py): the DeepSeek-V2 table above with GLM's
+    differences. ``Glm4MoeAttention``: ``QKVParallelLinear(bias=attention_bias)`` -> ``qkv_proj.bias`` with the
+    weight's q/k/v partition, ``q_norm``/``k_norm`` RMSNorm(head_dim) when ``use_qk_norm``, plain GQA (no MLA).
+    ``Glm4MoE``: ``gate = nn.Linear(H, E, bias=False, dtype=torch.float32)`` and
+    ``gate.e_score_correction_bias = nn.Parameter(empty(E, float32))``; ``shared_experts = Glm4MoeMLP(...)``
+    (``MergedColumnParallelLinear`` / ``RowParallelLinear`` without ``disable_tp``: TP-split always)."""
+    d = model.dims
+    assert d.arch == "glm4_moe"
+    out = vllm_param_table(model, dep, rank)
+    _, ppr, tpr = dep.coords(rank)
+    TP, H, nh, nkv, hd = dep.tp, d.hidden, d.num_heads, d.num_kv_heads, d.head_dim
+    kvh, reps = (1, TP // nkv) if TP >= nkv else (nkv // TP, 1)
+    dt = "bfloat16"
+    prefixes = [f"model.layers.{l}." for l in pp_indices(d.num_layers, ppr, dep.pp)]
+    if ppr == dep.pp - 1:
+        prefixes += [f"draft/model.layers.{d.num_layers + k}.mtp_block." for k in range(d.num_mtp_layers)]
+    for pre in prefixes:
+        layer = int(pre.split("layers.")[1].split(".")[0])
+        a, m = pre + "self_attn.", pre + "mlp."
+        parts = [nh // TP * hd, kvh * hd, kvh * hd]
+        out[a + "qkv_proj.bias"] = VParam((sum(parts),), dt, qkv(parts, tpr, reps))
+        if d.qk_norm:
+            out[a + "q_norm.weight"] = VParam((hd,), dt, replicated())
+            out[a + "k_norm.weight"] = VParam((hd,), dt, replicated())
+        if layer not in d.moe_layers:
+            continue
+        out[m + "gate.weight"] = VParam((d.num_experts, H), "float32", replicated())
+        out[m + "gate.e_score_correction_bias"] = VParam((d.num_experts,), "float32", replicated())
+        si = d.moe_intermediate * d.num_shared_experts // TP
+        out[m + "shared_experts.gate_up_proj.weight"] = VParam((2 * si, H), dt, merged([si, si], tpr))
+        out[m + "shared_experts.down_proj.weight"] = VParam((H, si), dt, row(tpr))
+    return out
+
+
+def load_like_vllm_glm4_moe(model: ModelSpec, dep: Deployment, rank: int, params: dict[str, torch.Tensor],
+                            hf: dict[str, torch.Tensor]) -> None:
+    """``load_like_vllm`` with :func:`glm4_moe_param_table` (the same name mapping: glm4_moe.py's
+    ``stacked_params_mapping`` maps ``q_proj.bias`` to ``qkv_proj.bias`` as it maps the weight)."""
+    table = glm4_moe_param_table(model, dep, rank)
+    with torch.no_grad():
+        for hf_name, w in hf.items():
+            name, shard = _target_name(model, hf_name)
+            if name in table:
+                table[name].loader(params[name], w, shard)

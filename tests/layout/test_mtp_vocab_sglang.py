@@ -41,7 +41,8 @@ def test_megatron_vocab_rows_every_preset(name, divisor):
             lay = MegatronLayout(m, P(spec))
         except LayoutError as e:
             unpadded_ragged = divisor is None and V % tp
-            assert unpadded_ragged or any("does not divide" in v and "vocab" not in v for v in e.violations), e
+            assert unpadded_ragged or any("does not divide" in v and "vocab" not in v or "gpt-oss is not modelled" in v
+                                          for v in e.violations), e  # (archs2: Megatron refuses gpt-oss)
             continue
         for name_, pname in (("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
                              ("lm_head.weight", "output_layer.weight")):

@@ -231,6 +231,14 @@ PRESET_LAYOUTS = {
     "mixtral-8x7b": [("megatron", "tp=2,pp=2,ep=8,etp=1"), ("vllm", "tp=8"), ("vllm", "tp=2,dp=4,ep=8")],
     "tiny-qwen2-moe": [("megatron", "tp=2,ep=2"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
     "tiny-mixtral": [("megatron", "tp=2,pp=2,ep=4,etp=1"), ("vllm", "tp=4")],
+    # archs2: GLM-4.5 MoE; gpt-oss has no Megatron layout (refused) and its published config is MXFP4, which the
+    # vLLM layout refuses: the BF16 tiny one on vLLM, the others as an FSDP (dtensor dp) trainer
+    "glm-4.5": [("megatron", "tp=8,pp=4,ep=16"), ("vllm", "tp=8,dp=4,dp_mode=engines")],
+    "glm-4.5-air": [("megatron", "tp=4,pp=2,ep=8"), ("vllm", "tp=4,ep=4")],
+    "tiny-glm-4.5": [("megatron", "tp=2,pp=3,ep=2"), ("vllm", "tp=2,dp=2,expert_parallel=true")],
+    "gpt-oss-20b": [("dtensor", "dp=2")],
+    "gpt-oss-120b": [("dtensor", "dp=2")],
+    "tiny-gpt-oss": [("vllm", "tp=2"), ("dtensor", "dp=2")],
 }
 
 
@@ -257,7 +265,7 @@ def test_preset_layout_coverage(name, style, spec):
     from reshardctl.layout.build import build_layout
 
     m = _full_preset(name)
-    side = "train" if style == "megatron" else "infer"
+    side = "train" if style in ("megatron", "dtensor") else "infer"
     lay = build_layout(m, side, spec, style)
     checked = check_train(lay) if side == "train" else check_infer(lay)
     assert 0 < checked <= len(m.tensors)

@@ -229,6 +229,8 @@ def test_vllm_and_sglang_pp_split_every_preset(name, pp):
     for cls, rule in ((VllmLayout, vllm_get_pp_indices), (SglangLayout, sglang_get_pp_indices)):
         if cls is SglangLayout and (m.dims.num_mtp_layers or m.dims.arch in SGLANG_UNMODELLED_ARCHS):
             continue
+        if m.dims.arch == "gpt_oss" or cls is SglangLayout and m.dims.arch == "glm4_moe":
+            continue  # archs2: refused (vLLM gpt-oss with pp > 1 or MXFP4; SGLang GLM-4.5 / gpt-oss)
         lay = cls(m, spec)
         for r in range(pp):
             a, b = rule(L, r, pp, part)

@@ -29,6 +29,12 @@ DEEPSEEK = dict(hidden=256, heads=8, kv=8, head_dim=24, vocab=1111, ffn=512, qk_
                 shared=1, first_dense=1, expert_bias=True,
                 mla=dict(q_lora=128, kv_lora=64, nope=16, rope=8, v=16))
 
+# engineer "archs2": GLM-4.5 MoE (q/k/v biases, qk-norm, a dense first layer, shared experts, router expert bias,
+# MTP), as Megatron-Bridge's GLM45Bridge provider sets it (add_qkv_bias=attention_bias, qk_layernorm=use_qk_norm)
+GLM45 = dict(hidden=64, heads=8, kv=2, head_dim=16, vocab=200, ffn=128, qk_norm=True, experts=8, moe_ffn=32,
+             shared=1, first_dense=1, expert_bias=True, qkv_bias=True)
+GLM45_KW = {"L": 2, "mtp": 1, "H": 64, "hd": 16, "V": 200, "I": 128, "Im": 32}
+
 # name: (builder, builder kwargs, reshardctl parallel spec, megatron dims, layers, tp, pp, vpp, ep, etp, extra)
 CONFIGS = {
     "dense_tp2": ("tiny_llama", {"layers": 2}, "tp=2", LLAMA, 2, 2, 1, None, 1, None, {}),
@@ -50,6 +56,8 @@ CONFIGS = {
                                          QWEN3_MOE, 2, 2, 2, None, 2, 1, {"order": "tp-cp-ep-pp-dp"}),
     "mla_no_q_lora_tp2": ("tiny_deepseek", {"layers": 2, "fp8": False, "q_lora": 0},
                           "tp=2,ep=2,etp=1,vocab_divisor=128", DEEPSEEK, 2, 2, 1, None, 2, 1, {"mtp": 1, "q_lora": 0}),
+    "glm45_moe_mtp_tp2_ep2": ("glm4_moe_model", GLM45_KW, "tp=2,ep=2,etp=1", GLM45, 2, 2, 1, None, 2, 1,
+                              {"mtp": 1}),  # archs2
 }
 # engineer "archs1": Qwen2 (add_qkv_bias; Megatron-Bridge's Qwen2 provider sets add_qkv_bias=True) and Qwen2-MoE
 # (shared expert of 2 x moe_ffn with moe_shared_expert_gate=True, as Bridge's Qwen2-MoE provider), kv 2 < tp 4
@@ -99,7 +107,7 @@ def build_config(dims: dict, layers: int, tp: int, pp: int, vpp, ep: int, etp, e
             kw["moe_shared_expert_gate"] = True
         if dims.get("expert_bias"):
             kw.update(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")
-    if dims.get("qkv_bias"):  # archs1: Qwen2
+    if dims.get("qkv_bias"):  # Qwen2, GLM-4.5
         kw["add_qkv_bias"] = True
     if extra.get("mtp"):
         kw["mtp_num_layers"] = extra["mtp"]
