@@ -6,8 +6,9 @@ vLLM (``vllm/model_executor/layers/fused_moe/layer.py``):
   ``linear``: rank j holds ``[j*base + min(j, rem), ...)``; ``round_robin``: experts ``j, j+ep, j+2ep, ...``.
 * ``determine_expert_placement_strategy``: ``round_robin`` is kept only when the model has grouped routing
   (``num_expert_group > 1``), no redundant experts, no EPLB, and either no all2all kernels
-  (``FusedMoEParallelConfig.use_all2all_kernels = dp_size > 1 and use_ep``) or the DeepEP low-latency
-  backend; otherwise vLLM falls back to ``linear`` (with a warning).
+  (``FusedMoEParallelConfig.use_all2all_kernels``: EP with in-engine DP > 1) or a backend with round-robin
+  routing tables (per vLLM version, ``vllm_versions.py``: DeepEP low-latency; from 0.20 on also
+  ``nixl_ep``); otherwise vLLM falls back to ``linear`` (with a warning).
 * EPLB (``FusedMoE.__init__``): ``global_num_experts = E + num_redundant_experts`` physical slots, which
   must divide evenly over the EP ranks; slot -> logical expert starts as
   ``EplbState.build_initial_global_physical_to_logical_map`` (``[0..E) + [i % E for i < R]``) and is
@@ -29,10 +30,6 @@ from reshardctl.bounded_load import LoadError, load_file
 from reshardctl.layout.shard_rules import frac
 
 MAX_MAP_BYTES = 64 << 20  # an expert_map= file (EPLB physical -> logical ids)
-
-SP_ALL2ALL = frozenset({"allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency",
-                        "mori_high_throughput", "mori_low_latency", "nixl_ep"})
-ALL2ALL_BACKENDS = SP_ALL2ALL | {"pplx", "flashinfer_all2allv"}
 
 
 @dataclass(frozen=True)
@@ -91,16 +88,17 @@ def vllm_expert_ranges(num_experts: int, ep: int) -> list[tuple[int, int]]:
 
 
 def effective_strategy(asked: str, *, num_expert_group: int, redundant: int, all2all_kernels: bool,
-                       all2all: str) -> tuple[str, str]:
-    """``(strategy, why)`` after vLLM's ``determine_expert_placement_strategy`` fallbacks."""
+                       all2all: str, round_robin_backends: frozenset[str]) -> tuple[str, str]:
+    """``(strategy, why)`` after vLLM's ``determine_expert_placement_strategy`` fallbacks
+    (``round_robin_backends``: the version's backends with round-robin routing tables)."""
     if asked != "round_robin":
         return "linear", ""
     if num_expert_group <= 1 or redundant:
         return "linear", ("round_robin needs grouped routing (n_group > 1) and no redundant experts; "
                           "vLLM falls back to linear")
-    if all2all_kernels and all2all != "deepep_low_latency":
-        return "linear", (f"round_robin with all2all kernels needs the DeepEP low-latency backend (all2all="
-                          f"{all2all}); vLLM falls back to linear")
+    if all2all_kernels and all2all not in round_robin_backends:
+        return "linear", (f"round_robin with all2all kernels needs all2all="
+                          f"{' or '.join(sorted(round_robin_backends))} (all2all={all2all}); vLLM falls back to linear")
     return "round_robin", ""
 
 

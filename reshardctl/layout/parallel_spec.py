@@ -5,8 +5,9 @@ Keys (all positive integers unless noted; every key optional):
 ==================== =========================================================================
 ``tp``               tensor parallel size (default 1)
 ``pp``               pipeline parallel size (default 1)
-``ep``               expert parallel size (default 1). vLLM: ``ep=N`` switches expert parallel on
-                     and must equal ``dp*tp`` (vLLM's EP group is the flattened DP x TP ranks).
+``ep``               expert parallel size (default 1). vLLM: ``ep=N`` switches expert parallel on;
+                     ``ep = tp`` (separate engines) or a multiple of ``tp`` dividing ``dp*tp`` (vLLM's
+                     EP group is the flattened DP x TP ranks of an in-engine-DP engine).
 ``etp``              Megatron expert tensor parallel size (default: ``tp``)
 ``dp``               data parallel size. May be omitted: it is then derived from the world size
                      (``world / (tp*cp*pp)``) when the layout is given one, else 1.
@@ -25,9 +26,13 @@ Keys (all positive integers unless noted; every key optional):
                      Megatron ``account_for_embedding/loss_in_pipeline_split`` (booleans)
 ``pp_partition``     vLLM ``VLLM_PP_LAYER_PARTITION`` / SGLang ``SGLANG_PP_LAYER_PARTITION``, layers
                      per stage separated by ``:`` or ``/`` (e.g. ``pp_partition=30:31``)
-``dp_mode``          vLLM: ``in_engine`` (one engine, vLLM data parallel; EP over dp x tp) or
-                     ``engines`` (each dp replica its own engine, NeMo RL; EP over tp). Default:
-                     ``engines`` when ``ep == tp < dp*tp``, else ``in_engine``
+``dp_mode``          vLLM: ``in_engine`` (vLLM data parallel inside an engine; EP over the
+                     engine's dp x tp; ``ep = k*tp`` makes ``dp/k`` such engines of in-engine DP k)
+                     or ``engines`` (each dp replica its own engine; EP, if on, = tp inside each).
+                     Default: ``in_engine`` iff ``ep > tp`` (NeMo RL's rule, ``vllm_dp_size = ep //
+                     tp``), else ``engines`` (one engine per replica, as NeMo RL, verl and slime run)
+``vllm``             vLLM version whose rules apply (a string such as ``0.33``; default ``0.33``;
+                     the known versions: ``reshardctl/layout/vllm_versions.py``)
 ``placement``        vLLM ``expert_placement_strategy``: ``linear`` (default) or ``round_robin``
 ``all2all``          vLLM ``all2all_backend`` (default ``allgather_reducescatter``)
 ``redundant``        vLLM EPLB ``num_redundant_experts`` (turns EPLB on; E + R physical slots)
@@ -62,7 +67,7 @@ _INT_KEYS = ("tp", "pp", "ep", "etp", "dp", "cp", "vpp", "first_stage_layers", "
 _BOOL_KEYS = ("expert_parallel", "embedding_in_split", "loss_in_split", "dp_attention")
 _CHOICE_KEYS = {"dp_mode": ("in_engine", "engines"), "placement": ("linear", "round_robin"),
                 "mla_down_proj": ("replicated", "column"), "rank_order": ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")}
-_STR_KEYS = ("pp_layout", "all2all", "expert_map")
+_STR_KEYS = ("pp_layout", "all2all", "expert_map", "vllm")
 _OTHER_KEYS = ("vocab_divisor", "pp_partition")
 _ALIASES = {"first": "first_stage_layers", "last": "last_stage_layers", "ep_enabled": "expert_parallel",
             "account_for_embedding_in_pipeline_split": "embedding_in_split",
@@ -106,6 +111,7 @@ class ParallelSpec:
     dp_attention: bool | None = None
     mla_down_proj: str | None = None  # None: "replicated" (the TE spec)
     rank_order: str | None = None  # None: "tp-cp-ep-dp-pp" (megatron-core's default order)
+    vllm: str | None = None  # the vLLM version whose rules apply (None: vllm_versions.DEFAULT_VLLM)
 
     def given(self) -> list[str]:
         """Names of the keys set away from their defaults (for "not a vLLM option" checks)."""

@@ -47,6 +47,7 @@ class SglangLayout(VllmLayout):
     keys = SGLANG_KEYS
     fused_qkv_a = "fused_qkv_a_proj_with_mqa.weight"
     tied_last_name = "lm_head.weight"  # tied + pp > 1: the last rank's lm_head receives the embedding
+    pp_copies: dict[str, str] = {}  # vLLM's every-stage embed/norm/lm_head copies are not modelled for SGLang
 
     def _configure(self, spec: ParallelSpec, world_size: int | None, problems: list[str]) -> None:
         d, TP, PP = self.model.dims, spec.tp, spec.pp

@@ -9,13 +9,21 @@ Ranks: ``rank = tp + TP*(pp + PP*dp)`` (``arange(world).reshape(DP, PP, TP)``, T
 over the ``DP*TP`` ranks of one pipeline stage, slot ``j = dp*TP + tp``; every DP replica is a full copy of
 the non-expert weights (replica slots). Two data-parallel deployments (``dp_mode``):
 
-* ``in_engine``: one vLLM engine with vLLM data parallelism; the fused-MoE world is flattened over DP x TP
-  (``FusedMoEParallelConfig.make``): expert parallel over ``dp*tp`` ranks (EP rank = slot ``j``), or,
-  without EP, every expert TP-sharded over ``dp*tp`` ranks. With DP > 1, EP, TP > 1 and a
-  sequence-parallel all2all backend, ``ParallelConfig.use_sequence_parallel_moe`` holds and DeepSeek's
-  shared experts are built with ``disable_tp=True`` (``DeepseekV2MoE`` -> ``DeepseekV2MLP``): replicated.
-* ``engines``: each DP replica is its own engine (NeMo RL's generation workers): the MoE world is one
-  engine's TP ranks, EP = TP inside each engine (EP rank = ``j % TP``), every replica the same map.
+* ``engines`` (the default unless ``ep > tp``): each DP replica is its own engine, as NeMo RL, verl and
+  slime run generation: the MoE world is one engine's TP ranks; with EP, EP = TP inside each engine (EP rank
+  = ``j % TP``), every replica the same map; without, every expert TP-split over ``tp``.
+* ``in_engine`` (the default when ``ep > tp``: NeMo RL's ``vllm_dp_size = ep // tp``, ``VLLM_DP_SIZE``):
+  engines of ``k = ep // tp`` in-engine DP ranks (``dp / k`` of them; without ``ep``, one engine of all ``dp``);
+  the fused-MoE world of an engine is flattened over its DP x TP (``FusedMoEParallelConfig.make``): expert
+  parallel over its ``k*tp`` ranks (EP rank = ``j % (k*TP)``), or, without EP, every expert TP-sharded over
+  them. With in-engine DP > 1, EP, TP > 1 and a sequence-parallel all2all backend of the vLLM version
+  (``vllm_versions.py``), ``ParallelConfig.use_sequence_parallel_moe`` holds and DeepSeek's shared experts
+  are built with ``disable_tp=True`` (``DeepseekV2MoE`` -> ``DeepseekV2MLP``): replicated.
+
+``vllm=<version>`` picks the rule set (``vllm_versions.VLLM_RULES``: accepted backends, SP-MoE backends,
+round-robin placement). Pipeline copies: architectures in ``VLLM_PP_COPIES`` (Qwen3-MoE) build
+``embed_tokens``, the final norm and ``lm_head`` on every stage; with PP > 1 those tensors are placed on
+every stage (the same split on each), so a refit sends them the new weights.
 
 Rules: ``qkv_proj = [q_r | k_(r//rep) | v_(r//rep)]`` (``QKVParallelLinear``, ``rep = TP/nkv``); merged
 gate_up ``[gate_r; up_r]``; row-parallel o/down; vocab padded to ``ceil(V/64)*64`` split by TP, real rows
@@ -45,9 +53,7 @@ gpt-oss's stacked experts and sinks; gpt-oss ``local_params`` refused, its param
 from __future__ import annotations
 
 from reshardctl.errors import LayoutError
-from reshardctl.layout.expert_maps import (
-    ALL2ALL_BACKENDS, SP_ALL2ALL, ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges,
-)
+from reshardctl.layout.expert_maps import ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges
 from reshardctl.layout.fp8_rules import check_vllm_fp8, fp8_block_size
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.pipeline import vllm_pp_parts
@@ -56,13 +62,14 @@ from reshardctl.layout.shard_rules import (
     Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
+from reshardctl.layout.vllm_versions import DEFAULT_VLLM, vllm_rules
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
 __all__ = ["VllmLayout", "vllm_expert_ranges", "vllm_qkv_runs", "vllm_padded_vocab"]
 
 VOCAB_PAD = 64
 VLLM_KEYS = frozenset({"tp", "pp", "dp", "ep", "expert_parallel", "pp_partition", "dp_mode", "placement", "all2all",
-                       "redundant", "expert_map"})
+                       "redundant", "expert_map", "vllm"})
 
 REPLICATED_KINDS = frozenset({
     "final_norm", "input_norm", "post_attn_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "router",
@@ -92,6 +99,17 @@ SHARED_ALWAYS_TP = frozenset({"qwen2_moe", "glm4_moe"})  # shared expert TP-spli
 FP32_ROUTER = frozenset({"glm4_moe"})
 # gpt-oss experts stored stacked (GptOssExperts); gpt_oss.py GptOssModel._load_weights_other slices them
 STACKED_KINDS = frozenset({"stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias"})
+# Architectures (ARCHS keys) whose vLLM model builds embed_tokens, the final norm and lm_head on EVERY pipeline
+# stage (no PPMissingLayer for them): those copies are loaded from the checkpoint at start-up, so a refit must
+# send them the new weights too. Value: where vLLM builds them (file:line, vLLM 0.33.0).
+VLLM_PP_COPIES: dict[str, str] = {
+    "qwen3_moe": "qwen3_moe.py:468 embed_tokens, :479 norm (Qwen3MoeModel.__init__), :580 lm_head "
+                 "(Qwen3MoeForCausalLM.__init__); 0.14.1 the same at :406, :417, :662",
+    "qwen2_moe": "qwen2_moe.py:372 embed_tokens, :388 norm (Qwen2MoeModel.__init__), :462 lm_head "
+                 "(Qwen2MoeForCausalLM.__init__)",
+    "mixtral": "mixtral.py:316 embed_tokens, :336 norm (MixtralModel.__init__), :406 lm_head "
+               "(MixtralForCausalLM.__init__)",
+}
 
 
 def vllm_padded_vocab(vocab: int) -> int:
@@ -113,6 +131,7 @@ class VllmLayout(StagedPlacements, SideLayout):
     keys = VLLM_KEYS
     fused_qkv_a = "fused_qkv_a_proj.weight"  # DeepSeek's replicated [q_a; kv_a] (MergedColumnParallelLinear)
     tied_last_name = "model.embed_tokens.weight"  # the last stage's own embed_tokens, lm_head tied to it
+    pp_copies: dict[str, str] = VLLM_PP_COPIES
 
     def __init__(self, model: ModelSpec, spec: ParallelSpec, world_size: int | None = None):
         self.model, self.spec = model, spec
@@ -124,6 +143,7 @@ class VllmLayout(StagedPlacements, SideLayout):
         TP, PP = spec.tp, spec.pp
         self.mla = d.kv_lora_rank > 0
         self.moe = d.num_experts > 0 and bool(d.moe_layers)
+        self._copies = PP > 1 and d.arch in self.pp_copies  # embed/norm/lm_head on every stage
         self._configure(spec, world_size, problems)  # sets dp, world, stage slots and the MoE plan
         DP, M = self.dp, self.stage_size
         self.tp, self.pp = TP, PP
@@ -176,32 +196,57 @@ class VllmLayout(StagedPlacements, SideLayout):
     # ------------------------------------------------------------------ configuration (per framework)
     def _configure(self, spec: ParallelSpec, world_size: int | None, problems: list[str]) -> None:
         d, TP, PP = self.model.dims, spec.tp, spec.pp
+        try:
+            self.version_rules = vllm_rules(spec.vllm)
+        except LayoutError as e:
+            problems.extend(e.violations)
+            self.version_rules = vllm_rules(None)
         ep_on = spec.expert_parallel if spec.expert_parallel is not None else (
             spec.ep > 1 or bool(spec.redundant) or spec.expert_map is not None)
         if spec.dp is not None:
             DP = spec.dp
-        elif spec.ep > 1 and spec.ep % TP == 0 and spec.dp_mode != "engines":
-            DP = spec.ep // TP
         elif world_size is not None and world_size % (TP * PP) == 0:
             DP = world_size // (TP * PP)
+        elif spec.ep > TP and spec.ep % TP == 0 and spec.dp_mode != "engines":
+            DP = spec.ep // TP
         else:
             DP = 1
-        mode = spec.dp_mode or ("engines" if (spec.ep > 1 and spec.ep == TP and DP > 1) else "in_engine")
-        self.dp, self.dp_mode, self.expert_parallel = DP, mode, ep_on
-        self.stage_size = M = DP * TP
-        group = TP if mode == "engines" else M  # the fused-MoE world of one engine
-        if spec.ep > 1 and spec.ep != group:
+        # NeMo RL (nemo_rl/models/generation/vllm/vllm_generation.py, VllmGeneration.__init__): vLLM DP inside
+        # an engine only when ep > tp (vllm_dp_size = ep // tp, VLLM_DP_SIZE); otherwise one engine per replica
+        mode = spec.dp_mode or ("in_engine" if spec.ep > TP else "engines")
+        engine_dp = 1
+        if mode == "in_engine":
+            engine_dp = DP if spec.ep <= 1 else spec.ep // TP
+            if spec.ep > 1 and spec.ep % TP:
+                problems.append(f"vLLM ep={spec.ep} with in-engine DP must be a multiple of tp={TP} (vLLM's EP = "
+                                f"DP x TP of one engine; {spec.ep} % {TP} = {spec.ep % TP})")
+                engine_dp = 1
+            elif engine_dp and DP % engine_dp:
+                problems.append(f"vLLM ep={spec.ep} = tp({TP}) x {engine_dp} in-engine DP ranks, which does not "
+                                f"divide dp={DP} into engines ({frac(DP, engine_dp)} engines)")
+                engine_dp = 1
+            elif spec.dp_mode and 1 < spec.ep == TP and DP > 1:
+                problems.append(f"vLLM dp_mode=in_engine with ep=tp={TP}: each engine would hold one DP rank (that "
+                                f"is dp_mode=engines); in-engine DP needs ep = k x tp with k > 1 dividing dp={DP}")
+        elif spec.ep > 1 and spec.ep != TP:
             problems.append(f"vLLM ep={spec.ep} must be tp({TP}) = {TP} (dp_mode=engines: {DP} separate engines, "
-                            f"EP = TP inside each) or dp({DP}) x tp({TP}) = {M} (dp_mode=in_engine: vLLM's DP+EP "
-                            f"over the flattened DP x TP ranks)"
-                            + (f"; dp_mode={mode} needs ep={group}" if spec.dp_mode else ""))
+                            f"EP = TP inside each) or k x tp({TP}) with k > 1 dividing dp({DP}) (dp_mode=in_engine: "
+                            f"vLLM's DP+EP over the flattened DP x TP ranks of each engine)")
+        engine_dp = max(1, engine_dp)
+        self.dp, self.dp_mode, self.expert_parallel = DP, mode, ep_on
+        self.engine_dp, self.engines = engine_dp, DP // engine_dp
+        self.stage_size = M = DP * TP
+        group = TP * engine_dp  # the fused-MoE world of one engine (its dp x tp ranks of a stage)
         if spec.ep > 1 and spec.expert_parallel is False:
             problems.append(f"ep={spec.ep} contradicts expert_parallel=false")
-        all2all = spec.all2all or "allgather_reducescatter"
-        if all2all not in ALL2ALL_BACKENDS:
-            problems.append(f"all2all={all2all!r}: expected one of {', '.join(sorted(ALL2ALL_BACKENDS))}")
-        engine_dp = DP if mode == "in_engine" else 1
-        self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in SP_ALL2ALL)
+        rules = self.version_rules
+        asked = spec.all2all or "allgather_reducescatter"
+        if asked not in rules.backends:
+            problems.append(f"all2all={asked!r} is not a backend of vLLM {rules.version} (expected one of "
+                            f"{', '.join(sorted(rules.backends))}; {rules.source.split(':', 1)[0]} All2AllBackend)")
+        all2all = rules.effective_backend(asked)
+        self.all2all = all2all
+        self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in rules.sp_moe)
         self.shared_tp = 1 if self.sp_moe and d.arch not in SHARED_ALWAYS_TP else TP
         self._tp_of = [j % TP for j in range(M)]
         self.expert_map: ExpertMap | None = None
@@ -218,7 +263,8 @@ class VllmLayout(StagedPlacements, SideLayout):
             self._mtp_of = [0] * M
             strategy, self.placement_note = effective_strategy(
                 spec.placement or "linear", num_expert_group=int(self.model.config.get("n_group") or 1),
-                redundant=spec.redundant or 0, all2all_kernels=engine_dp > 1, all2all=all2all)
+                redundant=spec.redundant or 0, all2all_kernels=engine_dp > 1, all2all=all2all,
+                round_robin_backends=rules.round_robin)
             self.expert_map = build_vllm_expert_map(
                 num_experts=d.num_experts, ep=group, strategy=strategy, redundant=spec.redundant or 0,
                 map_file=spec.expert_map, moe_layers=tuple(d.moe_layers), problems=problems)
@@ -227,7 +273,7 @@ class VllmLayout(StagedPlacements, SideLayout):
                 problems.append("vLLM expert placement / EPLB options need expert parallel (ep=N)")
             self.ep = 1
             self.moe_tp = group
-            self.moe_tp_what = f"dp({DP}) x tp({TP})" if mode == "in_engine" else f"tp({TP}) (one engine)"
+            self.moe_tp_what = f"dp({engine_dp}) x tp({TP})" if engine_dp > 1 else f"tp({TP}) (one engine)"
             self._ep_of = [0] * M
             self._mtp_of = [j % group for j in range(M)]
             if d.arch == "qwen3_moe" and TP > d.num_experts:
@@ -286,6 +332,10 @@ class VllmLayout(StagedPlacements, SideLayout):
         s = f"{self.framework.lower()} tp={self.tp},pp={self.pp},dp={self.dp}"
         if self.dp > 1:
             s += f",dp_mode={self.dp_mode}"
+            if self.dp_mode == "in_engine" and self.engines > 1:
+                s += f",engines={self.engines}"
+        if self.version_rules.version != DEFAULT_VLLM:
+            s += f",vllm={self.version_rules.version}"
         if self.moe:
             s += f",expert_parallel={'on' if self.expert_parallel else 'off'}"
             if self.expert_parallel:
@@ -302,12 +352,21 @@ class VllmLayout(StagedPlacements, SideLayout):
 
     def framework_rules(self) -> str:
         """Which framework rules (and versions) this layout models, for ``layout show``."""
-        dp = ("in-engine DP (one engine; MoE world flattened over dp x tp)" if self.dp_mode == "in_engine" else
-              f"{self.dp} separate engines (NeMo RL style; EP = TP = {self.tp} inside each)")
+        if self.dp_mode == "in_engine":
+            dp = (f"in-engine DP: {self.engines} engine(s) of dp={self.engine_dp} x tp={self.tp}; MoE world "
+                  f"flattened over each engine's dp x tp" + (f" (EP = {self.ep})" if self.expert_parallel else ""))
+        else:
+            inside = (f"EP = TP = {self.tp} inside each" if self.moe and self.expert_parallel else
+                      f"experts TP-split over tp={self.tp} inside each, no EP" if self.moe else "")
+            dp = f"{self.dp} separate engines, one per replica" + (f" ({inside})" if inside else "")
         note = f"; {self.placement_note}" if self.placement_note else ""
-        return (f"vLLM (main 2025-26, first-ranks expert remainder; QKVParallelLinear, FusedMoEParallelConfig.make, "
-                f"determine_expert_map, get_pp_indices, validate_fp8_block_shape); {dp}"
-                + ("; shared experts replicated (use_sequence_parallel_moe)" if self.sp_moe else "") + note)
+        a2a = (f"; all2all={self.spec.all2all} runs as {self.all2all}"
+               if self.spec.all2all and self.spec.all2all != self.all2all else "")
+        return (f"vLLM {self.version_rules.version} rules ({self.version_rules.source}; QKVParallelLinear, "
+                f"FusedMoEParallelConfig.make, determine_expert_map, get_pp_indices, validate_fp8_block_shape); {dp}"
+                + ("; shared experts replicated (use_sequence_parallel_moe)" if self.sp_moe else "") + a2a + note
+                + (f"; embed/norm/lm_head built on every pipeline stage ({self.pp_copies[self.model.dims.arch]})"
+                   if self._copies else ""))
 
     def coords(self, rank: int) -> dict[str, int]:
         return {"dp": rank // (self.tp * self.pp), "pp": (rank // self.tp) % self.pp, "tp": rank % self.tp}
@@ -330,14 +389,19 @@ class VllmLayout(StagedPlacements, SideLayout):
     def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind
         block = self._expert_holders(t) if t.expert is not None else ()
-        tied = kind == "embed" and t.layer is None and self._tied_pp
-        key = (kind, t.shape, stage, block, tied)
+        copies = self._copies and t.layer is None
+        tied = kind == "embed" and t.layer is None and self._tied_pp and not copies
+        key = (kind, t.shape, stage, block, tied, copies)
         p = self._placements._d.get(key)
         if p is None:
             def build() -> Placement:
                 tmpl = self._templates.get((kind, t.shape, block), lambda: self._build_template(kind, t.shape, block))
                 ranks = self._stage_ranks[stage]
-                if tied:  # the last stage holds the tied weight as its output head (split like lm_head)
+                if copies:  # built on every stage (VLLM_PP_COPIES): the same split on each stage's ranks
+                    tmpl = self._templates.get(("copies", kind, t.shape),
+                                               lambda: ShardTemplate(t.shape, tmpl.holdings * self.pp))
+                    ranks = tuple(r for rs in self._stage_ranks for r in rs)
+                elif tied:  # the last stage holds the tied weight as its output head (split like lm_head)
                     head = self._templates.get(("lm_head", t.shape, ()), lambda: self._build_template("lm_head", t.shape, ()))
                     tmpl = self._templates.get(("tied", t.shape),
                                                lambda: ShardTemplate(t.shape, tmpl.holdings + head.holdings))

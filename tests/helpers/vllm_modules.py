@@ -1,10 +1,11 @@
 """vLLM's own parameters on one rank of a vLLM deployment, and vLLM's weight loaders, for the layout tests.
 
-Written from vLLM's source (``vllm-project/vllm``, main as stored in the code index, late 2025 - 2026:
+Written from vLLM's source (the vLLM 0.33.0 wheel for the dp modes, the sequence-parallel backends and the
+pipeline copies; before that ``vllm-project/vllm`` main as stored in the code index, late 2025 - 2026:
 ``vllm/model_executor/layers/fused_moe/expert_map_manager.py`` at 04d26335ddf7, ``fused_moe/layer.py`` at
 0014ec6c58e1 (``make_expert_params_mapping``), ``models/deepseek_v2.py`` (router bias), the rest as named
 per rule below), independently of ``reshardctl.layout`` (nothing here imports it): a test compares the two.
-vLLM 0.33 itself was not in the index; the rules cited have been stable across the versions read.
+The rules cited have been stable across the versions read (0.14.1 to 0.33.0).
 
 ``vllm_params(model, dep, rank)``: ``{name: (shape, dtype)}`` of what ``named_parameters()`` yields on that
 rank (the MTP draft model, a separate module next to the target on the last pipeline stage, under
@@ -52,6 +53,8 @@ class Deployment:
     def spec(self, map_file: str | None = None) -> str:
         """The same deployment as a reshardctl ``--infer`` spec."""
         s = f"tp={self.tp},pp={self.pp},dp={self.dp}"
+        if self.dp > 1:  # one engine with vLLM's own DP (reshardctl's default is an engine per replica)
+            s += ",dp_mode=in_engine"
         if self.expert_parallel:
             s += ",expert_parallel=true"
             if self.placement != "linear":
@@ -321,17 +324,22 @@ def vllm_param_table(model: ModelSpec, dep: Deployment, rank: int) -> dict[str, 
     padded = -(-d.vocab // PAD) * PAD
     emb = VParam((padded // dep.tp, d.hidden), dt, vocab(d.vocab, dep.tp, tpr))
     out: dict[str, VParam] = {}
-    # llama.py LlamaModel.__init__: embed_tokens on the first PP rank, or tied and the last; else PPMissingLayer
-    if first or (d.tie_embeddings and last):
+    # llama.py LlamaModel.__init__: embed_tokens on the first PP rank, or tied and the last; else PPMissingLayer.
+    # vLLM 0.33.0 qwen3_moe.py:468/:479 Qwen3MoeModel.__init__ builds embed_tokens and norm on every PP rank,
+    # :580 Qwen3MoeForCausalLM.__init__ lm_head too (no PPMissingLayer for them): they are on every stage; so do
+    # qwen2_moe.py:372/:388/:462 and mixtral.py:316/:336/:406 (0.33.0)
+    every = d.arch in ("qwen3_moe", "qwen2_moe", "mixtral")
+    if first or (d.tie_embeddings and last) or every:
         out["model.embed_tokens.weight"] = emb
     # make_layers(num_hidden_layers, ...): layers outside get_pp_indices are PPMissingLayer (no parameters),
     # the others keep their global index in ``model.layers.{i}``
     for layer in pp_indices(d.num_layers, ppr, dep.pp):
         _layer_params(model, dep, rank, layer, f"model.layers.{layer}.", dt, out)
-    if last:
+    if last or every:
         out["model.norm.weight"] = VParam((d.hidden,), dt, replicated())  # last rank's RMSNorm
         if not d.tie_embeddings:  # LlamaForCausalLM: ParallelLMHead on the last rank; tied: the same Parameter
             out["lm_head.weight"] = emb  # (named_parameters() yields it once, as model.embed_tokens.weight)
+    if last:
         # the MTP draft (deepseek_mtp.py DeepSeekMTP) is built by the drafter on the last PP rank only
         for k in range(d.num_mtp_layers):
             layer = d.num_layers + k

@@ -85,6 +85,8 @@ def check_infer(lay):
         tied = lay.model.dims.tie_embeddings and t.kind == "embed" and t.layer is None and lay.pp > 1
         # vLLM's tied embedding: the last stage builds embed_tokens too (LlamaModel.__init__)
         last = set(lay.stage_ranks(lay.num_stages() - 1)) if tied else set()
+        if t.layer is None and lay.pp > 1 and lay.model.dims.arch in getattr(lay, "pp_copies", {}):
+            last = set(range(lay.world_size))  # vLLM builds embed/norm/lm_head on every stage (VLLM_PP_COPIES)
         assert set(pl.ranks) == set(lay.stage_ranks(key[1])) | last
         groups = [list(pl.items())] if expert_like else [
             [(r, h) for r, h in pl.items() if r // per_replica == d] for d in range(lay.dp)]

@@ -21,8 +21,11 @@ from reshardctl.layout.vllm import VllmLayout
 from reshardctl.models import load_model
 from helpers.parallel_models import tiny_llama
 
-SP_BACKENDS = {"allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency",
-               "mori_high_throughput", "mori_low_latency", "nixl_ep"}
+# vLLM 0.33.0 config/parallel.py:768-785 use_sequence_parallel_moe; :537-543 naive and pplx are replaced by
+# allgather_reducescatter at validation (so they run as the default backend, sequence parallel included)
+SP_BACKENDS = {"allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+               "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "nixl_ep"}
+REPLACED = {"naive": "allgather_reducescatter", "pplx": "allgather_reducescatter"}
 
 
 def full_rows(shape):
@@ -63,7 +66,7 @@ def test_shared_experts_replicated_under_sequence_parallel_moe(name, spec, engin
         spec = spec.replace("tp=8", "tp=2").replace("ep=16", "ep=4").replace("ep=8", "ep=2")
     lay = VllmLayout(m, P(spec))
     TP = lay.tp
-    sp = ep_on and TP > 1 and engine_dp > 1 and a2a in SP_BACKENDS  # use_sequence_parallel_moe
+    sp = ep_on and TP > 1 and engine_dp > 1 and REPLACED.get(a2a, a2a) in SP_BACKENDS  # use_sequence_parallel_moe
     assert lay.sp_moe == sp
     layer = m.dims.moe_layers[0]
     for kind, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
@@ -156,7 +159,7 @@ def test_fp8_block_rules_match_vllm(name, tp, dp, ep_mode):
     elif ep_mode == "engines":
         spec += f",ep={tp},dp_mode=engines"
     ep_on = ep_mode != "off"
-    engine_dp = dp if ep_mode in ("on", "in_engine", "off") else 1
+    engine_dp = dp if ep_mode == "in_engine" else 1  # default: one engine per replica unless ep > tp
     group = tp * engine_dp
     if ep_on and d.num_experts < group:
         return
@@ -235,7 +238,8 @@ def test_nemo_rl_layouts_accepted_by_plan_inputs():
                                 ("qwen3-235b-a22b", "tp=4,pp=8,ep=16,first=11,last=11", "tp=8,dp=16,ep=8")):
         inp = prepare(RefitRequest(site="dgx-h100", model=model, train=train, infer=infer, transport="reshard"))
         assert inp.infer.dp_mode == "engines" and inp.infer.ep == inp.infer.tp
-    with pytest.raises(LayoutError, match=r"vLLM ep=16 must be tp\(32\) = 32 .* or dp\(8\) x tp\(32\) = 256"):
+    with pytest.raises(LayoutError, match=r"vLLM ep=16 must be tp\(32\) = 32 .* or k x tp\(32\) with k > 1 "
+                                          r"dividing dp\(8\)"):
         VllmLayout(load_model("deepseek-v3"), P("tp=32,dp=8,ep=16"))
 
 

@@ -49,7 +49,7 @@ def test_vocab_pad64_zero_filled_rows():
 def test_expert_parallel_remainder_first_ranks():
     assert vllm_expert_ranges(128, 6) == [(0, 22), (22, 44), (44, 65), (65, 86), (86, 107), (107, 128)]
     m = tiny_qwen3_moe()  # E=8
-    lay = VllmLayout(m, P("tp=1,dp=3,expert_parallel=true"))
+    lay = VllmLayout(m, P("tp=1,dp=3,expert_parallel=true,dp_mode=in_engine"))
     assert lay.expert_ranges == [(0, 3), (3, 6), (6, 8)]
     pl = lay.placement(m.index("model.layers.0.mlp.experts.5.down_proj.weight"))
     assert [r for r, h in pl.items() if h] == [1] and pl.holding(1) == (((0, 64), (0, 32)),)
@@ -66,7 +66,7 @@ def test_expert_parallel_remainder_first_ranks():
 
 def test_experts_tp_sharded_over_dp_x_tp_without_ep():
     m = tiny_qwen3_moe()  # Im=32 over dp*tp = 4
-    lay = VllmLayout(m, P("tp=2,dp=2"))
+    lay = VllmLayout(m, P("tp=2,dp=2,dp_mode=in_engine"))
     pl = lay.placement(m.index("model.layers.0.mlp.experts.3.gate_proj.weight"))
     assert [h for _, h in sorted(pl.items())] == [(((8 * j, 8 * j + 8), (0, 64)),) for j in range(4)]
     # ranks (dp, pp, tp) row-major: rank 2 = dp 1, tp 0 = flattened MoE rank 2
@@ -111,13 +111,13 @@ def test_validation_lists_every_violation_with_arithmetic():
     s = "\n".join(ei.value.violations)
     assert "vLLM tp=6 > num_kv_heads=4 requires 6 % 4 == 0" in s
     assert "tp=6 does not divide num_attention_heads=64 (64/6 = 10.67)" in s
-    assert "vLLM ep=5 must be tp(6) = 6 (dp_mode=engines" in s and "or dp(1) x tp(6) = 6 (dp_mode=in_engine" in s
+    assert "vLLM ep=5 must be tp(6) = 6 (dp_mode=engines" in s and "or k x tp(6) with k > 1 dividing dp(1)" in s
     assert "vLLM pp=2 > 1 layers" in s
     assert len(ei.value.violations) >= 4
     with pytest.raises(LayoutError, match="16 ranks, but 12 were given"):
         VllmLayout(tiny_llama(), P("tp=8,pp=2"), world_size=12)
     with pytest.raises(LayoutError, match="moe_intermediate_size=32"):
-        VllmLayout(tiny_qwen3_moe(), P("tp=8,dp=8"))
+        VllmLayout(tiny_qwen3_moe(), P("tp=8,dp=8,dp_mode=in_engine"))
 
 
 def test_deepseek_v3_full_scale_placements():
