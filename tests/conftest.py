@@ -59,7 +59,9 @@ def pytest_configure(config):
 # environment changes through monkeypatch (per process). The groups reach the scheduler through
 # helpers/worker_groups.py (xdist's own loadgroup loses them under pytest 9.2).
 SLURM_GROUP = "slurm"
-FREE_MODULE_FIXTURES = {"cluster"}  # module-scoped but nothing to share (a check that the cluster answers)
+# module-scoped but cheap, nothing worth sharing: the check that the cluster answers, a small plan
+# (test_commit_protocol.py, bind/test_binding_checks.py), a one-layer model and its layout (test_input_fuzz.py)
+FREE_MODULE_FIXTURES = {"cluster", "plan", "llama_plan", "tiny", "exported"}
 GROUP = pytest.StashKey[str]()
 GROUPS_DIR = pytest.StashKey[Path]()
 
