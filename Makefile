@@ -25,8 +25,12 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(VENV)/bin/reshardctl run
 
+# the suite in TEST_WORKERS parallel worker processes (pytest-xdist; tests/conftest.py keeps the tests that
+# share the Slurm cluster or a module's set-up in one worker each); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 3
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # the NCCL tests (marked gpu), on a machine with at least 2 GPUs; the CPU suite never runs them
 test-gpu: install

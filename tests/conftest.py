@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from helpers import worker_groups
 from helpers.slurm_cluster import require_cluster
 from helpers.small_llama import SMALL_LLAMA
 
@@ -39,11 +44,68 @@ GPU_FLAG = "RESHARDCTL_TEST_GPU"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs and NCCL; runs only with RESHARDCTL_TEST_GPU=1 (make test-gpu)")
+    config.addinivalue_line("markers", f"slurm: uses the local Slurm cluster; under pytest-xdist every such test runs in "
+                                       f"one worker, one at a time (the group {SLURM_GROUP!r}, see below)")
+
+
+# ---- parallel workers (pytest-xdist, `make test`: -n with --dist loadgroup) --------------------------
+# Tests run in several worker processes; a test leaves its worker only through what it shares:
+# * the local Slurm cluster (4 nodes, one accounting): every test that submits to it (the `cluster`
+#   fixture or the `slurm` marker) runs in the group SLURM_GROUP, one after the other in one worker, so
+#   no job waits in the queue behind another test's and the timing bounds stay the run's own;
+# * a module-scoped fixture (a spawned world measured once and read by several tests): the tests that
+#   use one run in their module's group, so it is built once, not once per worker.
+# Everything else a test touches is its own: tmp_path, XDG_STATE_HOME (above), ports from the OS,
+# environment changes through monkeypatch (per process). The groups reach the scheduler through
+# helpers/worker_groups.py (xdist's own loadgroup loses them under pytest 9.2).
+SLURM_GROUP = "slurm"
+# module-scoped but cheap, nothing worth sharing: the check that the cluster answers, a small plan
+# (test_commit_protocol.py, bind/test_binding_checks.py), a one-layer model and its layout (test_input_fuzz.py)
+FREE_MODULE_FIXTURES = {"cluster", "plan", "llama_plan", "tiny", "exported"}
+GROUP = pytest.StashKey[str]()
+GROUPS_DIR = pytest.StashKey[Path]()
+
+
+def _worker_group(item) -> str | None:
+    if item.get_closest_marker("slurm") is not None or "cluster" in item.fixturenames:
+        return SLURM_GROUP
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        if name not in FREE_MODULE_FIXTURES and defs and defs[-1].scope in ("module", "package", "class"):
+            return f"module:{item.path.relative_to(item.config.rootpath)}"
+    return None
+
+
+def pytest_collection_finish(session):
+    """On a worker: write the groups of what it collected where the controller reads them."""
+    path = getattr(session.config, "workerinput", {}).get(worker_groups.GROUPS_KEY)
+    if path is not None:
+        worker_groups.write_groups(path, {item.nodeid: item.stash[GROUP] for item in session.items
+                                          if item.stash.get(GROUP, None) is not None})
+
+
+def pytest_configure_node(node):
+    """On the controller, for each worker it starts: the file the worker writes its groups to."""
+    config = node.config
+    if GROUPS_DIR not in config.stash:
+        config.stash[GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="reshardctl-test-groups-"))
+    node.workerinput[worker_groups.GROUPS_KEY] = str(config.stash[GROUPS_DIR] / f"{node.gateway.id}.json")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return worker_groups.GroupScheduling(config, log, groups_dir=config.stash.get(GROUPS_DIR, None))
+    return None
+
+
+def pytest_unconfigure(config):
+    if GROUPS_DIR in config.stash:
+        shutil.rmtree(config.stash[GROUPS_DIR], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
-    import os
-
+    for item in items:
+        item.stash[GROUP] = _worker_group(item)
     if os.environ.get(GPU_FLAG) == "1":
         return
     skip = pytest.mark.skip(reason=f"GPU test: set {GPU_FLAG}=1 (make test-gpu)")

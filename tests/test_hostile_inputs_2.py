@@ -493,6 +493,7 @@ def _unsettled_slurm_run(tmp_path: Path, run: Path, job: str) -> None:
                                                     "job_ids": {"het": job}, "submitted_at": 0.0}) + "\n")
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
 def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_copy, ended_job, target):
     """``run.json`` is read by `jobs` (settling a run) and `collect`: a FIFO hung both (before the
@@ -515,6 +516,7 @@ def test_a_fifo_or_zero_run_json_is_refused_or_skipped_not_read(tmp_path, run_co
     assert stat.S_ISFIFO(os.lstat(f).st_mode) or os.path.islink(f)  # nothing replaced it
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
 def test_a_fifo_or_zero_events_file_is_skipped_with_a_note_by_collect(tmp_path, run_copy, ended_job, target):
     """`collect` (building summary.json: drills, where lost ranks stopped) read every events file plainly:
@@ -610,6 +612,7 @@ def test_a_truncated_newer_or_special_session_json_is_refused_by_collect(tmp_pat
     assert (run_copy / "summary.json").read_bytes() == before  # nothing written
 
 
+@pytest.mark.slurm
 def test_a_deeply_nested_or_huge_event_line_is_skipped_by_report_and_collect(tmp_path, run_copy, ended_job):
     """One event parser (runs/records.parse_event, bounded): the report read lines with ``json.loads`` (a
     deeply nested line was a RecursionError traceback), and so did collect's Slurm readiness time (when

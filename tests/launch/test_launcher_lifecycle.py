@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,14 +60,23 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
-def _start_run(tmp_path, small_llama, out):
+@pytest.fixture
+def short_tmpdir():
+    """The launcher's private $TMPDIR, on a short path: the fork server's socket is made in it and an AF_UNIX
+    path has at most 107 bytes (under tmp_path, .../pytest-NNN/popen-gwN/test_.../tmpdir/pymp-*/listener-*,
+    the launcher failed with "AF_UNIX path too long" in a pytest-xdist worker)."""
+    d = Path(tempfile.mkdtemp(prefix="ll-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _start_run(tmpdir, small_llama, out):
     # a rank that hangs keeps the run going until the launcher is stopped
     cmd = [sys.executable, "-m", "reshardctl.cli", "run", "--model", small_llama, "--train", "tp=2",
            "--infer", "tp=2", "--iters", "3", "--out", str(out), "--timeout-s", "600",
            "--inject", "hang:rank=1:phase=start:step=2"]
-    (tmp_path / "tmpdir").mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-           "TMPDIR": str(tmp_path / "tmpdir")}
+           "TMPDIR": str(tmpdir)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ranks: list[int] = []
     for _ in range(600):  # until the four ranks exist and the hang started (a drill event)
@@ -88,9 +99,9 @@ def _wait_gone(pids: list[int], tries: int = 120) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama, capsys):
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path, short_tmpdir, small_llama, capsys):
     out = tmp_path / "run"
-    proc, ranks = _start_run(tmp_path, small_llama, out)
+    proc, ranks = _start_run(short_tmpdir, small_llama, out)
     proc.kill()  # SIGKILL: the launcher cannot clean up
     proc.wait()
     assert _wait_gone(ranks) == []
@@ -99,7 +110,7 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama, capsys)
     # nothing of the run in $TMPDIR (the ranks' plans file is in the run directory, 0600, without the token);
     # what a launcher killed outright leaves there is multiprocessing's own private directory of the fork
     # server's socket (Python removes it at a normal exit)
-    for d in (tmp_path / "tmpdir").iterdir():
+    for d in short_tmpdir.iterdir():
         assert d.name.startswith("pymp-") and d.is_dir() and d.stat().st_mode & 0o777 == 0o700, d
         assert all(f.name.startswith("listener-") and f.is_socket() for f in d.iterdir()), list(d.iterdir())
     (left,) = out.glob(".ranks-*.pickle")
@@ -120,9 +131,9 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path, small_llama, capsys)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, small_llama, sig):
+def test_sigterm_stops_the_ranks_and_writes_an_interrupted_summary(tmp_path, short_tmpdir, small_llama, sig):
     out = tmp_path / "run"
-    proc, ranks = _start_run(tmp_path, small_llama, out)
+    proc, ranks = _start_run(short_tmpdir, small_llama, out)
     proc.send_signal(sig)
     _, err = proc.communicate()
     assert proc.returncode == 130, err  # as an interrupted Slurm run (the CLI's Interrupted code)
@@ -198,6 +209,7 @@ def test_gpu_memory_is_checked_per_rank():
 
 _FROM_STDIN = """
 import sys
+import tempfile
 from reshardctl.launch import local
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare

@@ -17,6 +17,8 @@ from reshardctl.site.loading import shipped_dir
 
 from helpers.runbook_helpers import ledger_lines
 
+pytestmark = pytest.mark.slurm  # jobs on the local test cluster
+
 
 @pytest.fixture
 def slurm_site(tmp_path) -> str:

@@ -261,6 +261,7 @@ def test_the_default_runs_base_is_created_private(tmp_path, small_llama, capsys,
     assert _not_private(run) == {}
 
 
+@pytest.mark.slurm
 # ---- a real Slurm run: every file Slurm, the job script and the ranks create is private ----------
 def test_a_slurm_run_dir_is_private(tmp_path, small_llama, capsys):
     why = cluster_problem()

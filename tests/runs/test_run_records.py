@@ -139,6 +139,7 @@ def test_detection_is_never_negative_nor_measured_without_a_drill():
     assert "detected_after_s" not in fs["failures"][1]  # before the drill's time (another host's clock)
 
 
+@pytest.mark.slurm
 def test_a_lost_slurm_rank_says_where_it_was(tmp_path, small_llama, capsys):
     """A rank killed on Slurm leaves no report; its record's phase and step come from the last event it
     wrote (they were null)."""

@@ -4,21 +4,13 @@ result, and every step's wait is the caller's (so the runtime bounds each one)."
 
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from reshardctl.runtime.control_tree import tree_all_reduce
+from helpers.spawned_ranks import run_ranks
 
 WORLD = 9
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, q) -> None:
@@ -42,20 +34,12 @@ def _rank(rank: int, port: int, q) -> None:
         s = torch.tensor([rank + 1, 1], dtype=torch.int64)
         tree_all_reduce(s, torch.add, rank=rank, world=m, group=group, wait=wait)
         out[m] = (v.tolist(), s.tolist(), waits)
-    q.put((rank, out))
+    q.put((rank, out, None))
     dist.destroy_process_group()
 
 
 def test_tree_all_reduce_gives_every_rank_the_result_at_every_world_size():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _port()
-    procs = [ctx.Process(target=_rank, args=(r, port, q)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    got = run_ranks(_rank, WORLD, lambda r, port, q: (r, port, q))
     for m in range(1, WORLD + 1):
         want_v = [[r, 10 * r + 7, -r] for r in range(m)]
         want_s = [m * (m + 1) // 2, m]
