@@ -252,16 +252,38 @@ def test_hostile_profile_values_never_execute(cluster, tmp_path, model, capsys):
     assert sorted(p.name for p in marks.iterdir()) == []
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT at its default and unblocked, as in a terminal (a SIGINT ignored or
+    blocked by the test's own process, e.g. a parallel test worker, would be inherited, and Python
+    then leaves Ctrl-C ignored, as it should for a command started that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "(gone)"
+    return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def test_ctrl_c_cancels_the_jobs_and_says_so(cluster, tmp_path, model):
     out = tmp_path / "ctrlc"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "reshardctl", "run", "--site", "slurm-local", "--model", model, *LAYOUT, "--iters",
-         "2000", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+         "2000", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=_interruptible)
+    state = ""
     try:
         wait_for(lambda: _committed(out), what="a first commit")
+        state = _signal_state(proc.pid)
         proc.send_signal(signal.SIGINT)
         _stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"no exit 120 s after SIGINT; the CLI's signal state then: {state}; "
+                             f"stderr: {exc.stderr!r}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
