@@ -149,13 +149,7 @@ QKV_BIAS: Block = (  # GLM-4.5 attention_bias=true: q/k/v biases, no o_proj bias
     ("self_attn.v_proj.bias", "v_bias", ("KV",), None),
 )
 GPT_OSS_ATTN: Block = (  # GptOssAttention: q/k/v/o with bias, learned sinks [num_heads]
-    ("self_attn.q_proj.weight", "q", ("Q", "H"), None),
-    ("self_attn.q_proj.bias", "q_bias", ("Q",), None),
-    ("self_attn.k_proj.weight", "k", ("KV", "H"), None),
-    ("self_attn.k_proj.bias", "k_bias", ("KV",), None),
-    ("self_attn.v_proj.weight", "v", ("KV", "H"), None),
-    ("self_attn.v_proj.bias", "v_bias", ("KV",), None),
-    ("self_attn.o_proj.weight", "o", ("H", "Q"), None),
+    *GQA_BIAS,
     ("self_attn.o_proj.bias", "o_bias", ("H",), None),
     ("self_attn.sinks", "sinks", ("NH",), None),
 )

@@ -428,6 +428,20 @@ def load_like_vllm(model: ModelSpec, dep: Deployment, rank: int, params: dict[st
             table[name].loader(params[name], w, shard)
 
 
+def apply_segments(lps, hf) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Each parameter zero, then each segment ``param[offset...] = hf[box]``; also how often each element
+    was written."""
+    vals = {p.name: torch.zeros(p.shape, dtype=torch.float64) for p in lps}
+    counts = {p.name: torch.zeros(p.shape, dtype=torch.int32) for p in lps}
+    for p in lps:
+        for s in p.segments:
+            lead = len(s.offset) - len(s.box)
+            idx = tuple(s.offset[:lead]) + tuple(slice(o, o + b - a) for o, (a, b) in zip(s.offset[lead:], s.box))
+            vals[p.name][idx] = hf[s.hf_name][tuple(slice(a, b) for a, b in s.box)]
+            counts[p.name][idx] += 1
+    return vals, counts
+
+
 # --------------------------------------------------------------------------- engineer "archs1": Qwen2, Qwen2-MoE, Mixtral
 # Written from vLLM main (vllm/model_executor/models/qwen2_moe.py at 002fb90788ae; qwen2.py; mixtral.py), as edits
 # of the table above (which is Llama / Qwen3-MoE / DeepSeek shaped):

@@ -18,7 +18,7 @@ from reshardctl.layout.sglang import SglangLayout
 from reshardctl.layout.vllm import VllmLayout
 from reshardctl.models import load_model
 from helpers.parallel_models import tiny_mixtral, tiny_qwen2, tiny_qwen2_moe
-from helpers.vllm_modules import Deployment, load_like_vllm_archs1, vllm_param_table_archs1
+from helpers.vllm_modules import Deployment, apply_segments, load_like_vllm_archs1, vllm_param_table_archs1
 
 D = Deployment
 MODELS = {"qwen2": tiny_qwen2, "qwen2-tied": lambda: tiny_qwen2(tie=True), "qwen2-moe": tiny_qwen2_moe,
@@ -43,16 +43,6 @@ def hf_tensors(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def fill_by_segments(lps, hf):
-    vals = {p.name: torch.zeros(p.shape, dtype=torch.float64) for p in lps}
-    counts = {p.name: torch.zeros(p.shape, dtype=torch.int32) for p in lps}
-    for p in lps:
-        for s in p.segments:
-            lead = len(s.offset) - len(s.box)
-            idx = tuple(s.offset[:lead]) + tuple(slice(o, o + b - a) for o, (a, b) in zip(s.offset[lead:], s.box))
-            vals[p.name][idx] = hf[s.hf_name][tuple(slice(a, b) for a, b in s.box)]
-            counts[p.name][idx] += 1
-    return vals, counts
 
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1].spec()}")
@@ -70,7 +60,7 @@ def test_local_params_are_vllms_on_every_rank(case):
         want = {n: (p.shape, p.dtype) for n, p in table.items()}
         assert got == want, (rank, sorted(set(got) ^ set(want))[:6],
                              [(n, got[n], want[n]) for n in set(got) & set(want) if got[n] != want[n]][:6])
-        vals, counts = fill_by_segments(lps, hf)
+        vals, counts = apply_segments(lps, hf)
         loaded = {n: torch.full(s, -1.0, dtype=torch.float64) for n, (s, _) in want.items()}
         load_like_vllm_archs1(model, dep, rank, loaded, hf)
         for n in want:

@@ -18,7 +18,7 @@ from reshardctl.models.catalog import load_model
 from helpers.parallel_models import (
     tiny_deepseek, tiny_deepseek_grouped, tiny_deepseek_v2_lite, tiny_llama, tiny_qwen3_moe,
 )
-from helpers.vllm_modules import Deployment, load_like_vllm, local_experts, vllm_module, vllm_params
+from helpers.vllm_modules import Deployment, apply_segments, load_like_vllm, local_experts, vllm_module, vllm_params
 
 D = Deployment
 MODELS = {
@@ -81,18 +81,6 @@ def layout_for(model, dep: Deployment, tmp_path=None) -> VllmLayout:
     return VllmLayout(model, parse_parallel(dep.spec(map_file)), world_size=dep.world)
 
 
-def apply_segments(lps, hf) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Each parameter zero, then each segment ``param[offset...] = hf[box]``; also how often each element
-    was written."""
-    vals = {p.name: torch.zeros(p.shape, dtype=torch.float64) for p in lps}
-    counts = {p.name: torch.zeros(p.shape, dtype=torch.int32) for p in lps}
-    for p in lps:
-        for s in p.segments:
-            lead = len(s.offset) - len(s.box)
-            idx = tuple(s.offset[:lead]) + tuple(slice(o, o + b - a) for o, (a, b) in zip(s.offset[lead:], s.box))
-            vals[p.name][idx] = hf[s.hf_name][tuple(slice(a, b) for a, b in s.box)]
-            counts[p.name][idx] += 1
-    return vals, counts
 
 
 def check_rank(model, dep: Deployment, lay: VllmLayout, rank: int, hf) -> None:
