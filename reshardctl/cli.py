@@ -75,6 +75,7 @@ from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
 from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noqa: E402
 from reshardctl.commands import runbook as _runbook  # noqa: E402
 from reshardctl.commands.report import report_cmd as _report_cmd  # noqa: E402
+from reshardctl.commands.trace import trace_cmd as _trace_cmd  # noqa: E402
 from reshardctl.commands import slurm as _slurm  # noqa: E402
 from reshardctl.commands.selftest import selftest_cmd as _selftest_cmd  # noqa: E402
 
@@ -88,6 +89,7 @@ app.command("status")(_runbook.status_cmd)
 app.command("promote")(_runbook.promote_cmd)
 app.command("rollback")(_runbook.rollback_cmd)
 app.command("report")(_report_cmd)
+app.command("trace")(_trace_cmd)
 app.command("jobs")(_slurm.jobs_cmd)
 app.command("cancel")(_slurm.cancel_cmd)
 app.command("collect")(_slurm.collect_cmd)
