@@ -17,14 +17,15 @@ from reshardctl.runs.records import event_logs, events_dir, read_events_tolerant
 
 
 def find_event_logs(run_dir: Path) -> list[Path]:
-    """The ``rank-N.jsonl`` logs of a run directory (``events/``) or of an API refit's ``events_dir``
-    (the logs themselves); ``InputError`` naming the directory when it has none."""
+    """The ``rank-N.jsonl`` logs under ``events/`` of a run directory or of an API refit's ``events_dir``
+    (the same layout, without ``summary.json``), or in the ``events/`` directory itself; ``InputError``
+    naming the directory when it has none."""
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory (give a run directory or an API refit's events_dir)")
     logs = event_logs(events_dir(run_dir)) or event_logs(run_dir)
     if not logs:
-        raise InputError(f"{run_dir}: no event logs: neither {events_dir(run_dir)}/rank-N.jsonl (a run directory) "
-                         "nor rank-N.jsonl (an API refit's events_dir)")
+        raise InputError(f"{run_dir}: no event logs: neither {events_dir(run_dir)}/rank-N.jsonl (a run directory "
+                         "or an API refit's events_dir) nor rank-N.jsonl in it")
     return logs
 
 

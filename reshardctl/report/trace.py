@@ -6,7 +6,9 @@ Pure: the events (``runs/records.py`` reads them) in, the trace dict out; ``resh
   ``trainer 3`` / ``inference 5`` (the global rank) by ``thread_name`` metadata, ordered by rank.
 * Each phase is a complete (``"X"``) slice, ``ts`` / ``dur`` in microseconds from the earliest event; an
   ``attempt`` event is the refit's own slice (``refit step 3``, ``warm-up`` marked, ``attempt k`` for a
-  retry), so its rounds (``round/transfer r1``), buckets, verify and commit nest inside it.
+  retry), so its rounds (``round/transfer r1``), buckets, verify and commit nest inside it. Where no
+  ``attempt`` event encloses a step's refit phases (an API refit writes none), a refit slice is derived
+  from them (first start to last end, ``args.derived`` true; ``otherData.derived_refits`` counts them).
 * A slice that overlaps the one it starts in without ending inside it (a pipelined round: round 1 packs
   while round 0 is on the wire) cannot nest on one track; it goes to an overflow track of the same rank
   (``tid`` = rank + k * ``LANE_STRIDE``, named ``inference 2 (overlap k)``), so every track nests strictly.
@@ -31,6 +33,7 @@ LANE_STRIDE = 1 << 20  # overflow tracks: tid = rank + lane * LANE_STRIDE (above
 TOLERANCE_US = 2  # start and duration are rounded to the microsecond apart: an end 2 us past its parent nests
 STRUCTURAL = ("phase", "rank", "side", "start", "duration_s")
 ROLES = {"train": "trainer", "infer": "inference"}
+REFIT_PHASES = ("round/", "bucket/")  # with verify, verify/full, commit and decide: the phases of one refit
 
 
 def _number(v: Any) -> float | None:
@@ -90,6 +93,44 @@ def _lanes(slices: list[dict]) -> None:
         stacks[lane].append(s)
 
 
+def _in_refit(phase: str) -> bool:
+    return phase.startswith(REFIT_PHASES) or phase in ("verify", "verify/full", "commit", "decide")
+
+
+def _derive_refits(slices: dict[int, list[dict]]) -> int:
+    """A refit slice for each rank and step whose refit phases no ``attempt`` event encloses (an API
+    refit writes none): from its first phase's start to its last one's end, ``args.derived`` true.
+    Returns how many were added."""
+    added = 0
+    for rank, rank_slices in slices.items():
+        attempts = [s for s in rank_slices if s["cat"] == "refit"]
+        loose: dict[Any, list[dict]] = {}
+        for s in rank_slices:
+            step = s["args"].get("step")
+            if s["cat"] == "refit" or not _in_refit(s["args"].get("_phase", "")) or step is None:
+                continue
+            if not any(a["args"].get("step") == step and a["ts"] <= s["ts"]
+                       and s["ts"] + s["dur"] <= a["ts"] + a["dur"] + TOLERANCE_US for a in attempts):
+                loose.setdefault(str(step), []).append(s)
+        for group in loose.values():
+            ts = min(s["ts"] for s in group)
+            end = max(s["ts"] + s["dur"] for s in group)
+            step = group[0]["args"]["step"]
+            warmup = any(s["args"].get("warmup") for s in group)
+            args = {"step": step, "derived": True, "phases": len(group)}
+            transports = {s["args"].get("transport") for s in group} - {None}
+            if len(transports) == 1:
+                args["transport"] = transports.pop()
+            rank_slices.append({"name": slice_name({"phase": "attempt", "step": step, "warmup": warmup}),
+                                "cat": "refit", "ph": "X", "ts": ts, "dur": end - ts, "pid": PID, "tid": rank,
+                                "args": args})
+            added += 1
+    for rank_slices in slices.values():
+        for s in rank_slices:
+            s["args"].pop("_phase", None)
+    return added
+
+
 def build_trace(events: Iterable[Mapping[str, Any]], *, name: str, skipped_lines: int = 0,
                 skipped_logs: Sequence[str] = ()) -> dict[str, Any]:
     """The trace of ``events`` (any order, any ranks); ``name`` names the process (the run directory).
@@ -119,12 +160,14 @@ def build_trace(events: Iterable[Mapping[str, Any]], *, name: str, skipped_lines
                              "ph": "i", "s": "t", "ts": ts, "pid": PID, "tid": rank, "args": _args(ev)})
             continue
         slices.setdefault(rank, []).append({"name": slice_name(ev), "cat": _category(phase), "ph": "X", "ts": ts,
-                                            "dur": us(dur), "pid": PID, "tid": rank, "args": _args(ev)})
+                                            "dur": us(dur), "pid": PID, "tid": rank,
+                                            "args": {**_args(ev), "_phase": phase}})
         if ev.get("error_type") is not None or ev.get("error") is not None:
             instants.append({"name": f"{phase} failed: {ev.get('error_type') or 'error'}", "cat": "failure",
                              "ph": "i", "s": "t", "ts": ts + us(dur), "pid": PID, "tid": rank,
                              "args": {"error": ev.get("error"), **_args(ev)}})
 
+    derived = _derive_refits(slices)
     meta: list[dict] = [{"name": "process_name", "ph": "M", "pid": PID, "tid": 0, "args": {"name": name}}]
     out: list[dict] = []
     for rank in sorted(set(slices) | {i["tid"] for i in instants}):
@@ -148,5 +191,5 @@ def build_trace(events: Iterable[Mapping[str, Any]], *, name: str, skipped_lines
         "otherData": {"source": name, "start_unix": t0, "events": len(usable),
                       "ranks": len(set(slices) | {i["tid"] for i in instants}),
                       "skipped_lines": skipped_lines, "skipped_logs": list(skipped_logs),
-                      "unusable_events": unusable},
+                      "unusable_events": unusable, "derived_refits": derived},
     }

@@ -10,13 +10,18 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reshardctl import api
 from reshardctl.cli import main
 from reshardctl.report.trace import LANE_STRIDE, TOLERANCE_US, build_trace
+from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from helpers.small_llama import SMALL_LLAMA
+from helpers.spawned_ranks import run_ranks
 
 REFIT_PHASES = ("round/", "bucket/", "verify", "commit")
 
@@ -75,6 +80,17 @@ def assert_tracks_nest(trace: dict) -> None:
             stack.append(s["ts"] + s["dur"])
 
 
+def assert_refit_phases_nest(slices: list[dict]) -> None:
+    """Every round, bucket, verify and commit slice lies inside a refit slice of its rank and step."""
+    refits = [s for s in slices if s["cat"] == "refit"]
+    for p in slices:
+        if not p["name"].startswith(REFIT_PHASES) or p["args"].get("step") is None:
+            continue
+        rank, step = p["tid"] % LANE_STRIDE, p["args"]["step"]
+        around = [r for r in refits if r["tid"] % LANE_STRIDE == rank and r["args"]["step"] == step]
+        assert any(r["ts"] <= p["ts"] and p["ts"] + p["dur"] <= r["ts"] + r["dur"] for r in around), p
+
+
 def test_a_run_opens_as_a_trace_with_a_track_per_rank_and_refits_around_their_phases(run_dir, tmp_path, capsys):
     run = _copy(run_dir, tmp_path / "run")
     assert main(["trace", str(run)]) == 0
@@ -89,6 +105,7 @@ def test_a_run_opens_as_a_trace_with_a_track_per_rank_and_refits_around_their_ph
         0: "trainer 0", 1: "trainer 1", 2: "inference 2", 3: "inference 3"}
     slices = [e for e in ev if e["ph"] == "X"]
     assert len(slices) == _lines(run / "events") == trace["otherData"]["events"]  # every event, none dropped
+    assert trace["otherData"]["derived_refits"] == 0  # a run's refits are its attempt events
     assert trace["otherData"]["skipped_lines"] == 0 and not [e for e in ev if e["ph"] == "i"]
     assert min(s["ts"] for s in slices) == 0
     assert_tracks_nest(trace)
@@ -99,11 +116,8 @@ def test_a_run_opens_as_a_trace_with_a_track_per_rank_and_refits_around_their_ph
     assert len(refits) == 4 * 3
     phases = [s for s in slices if s["name"].startswith(REFIT_PHASES)]
     assert {s["cat"] for s in phases} >= {"round", "verify", "commit"}
-    for p in phases:
-        rank, step = p["tid"] % LANE_STRIDE, p["args"]["step"]
-        around = [r for r in refits if r["tid"] % LANE_STRIDE == rank and r["args"]["step"] == step]
-        assert any(r["ts"] <= p["ts"] and p["ts"] + p["dur"] <= r["ts"] + r["dur"] for r in around), p
-        assert p["args"]["transport"] == "reshard"
+    assert_refit_phases_nest(slices)
+    assert all(p["args"]["transport"] == "reshard" for p in phases)
     assert any(s["name"].startswith("round/transfer r") and s["args"]["bytes"] > 0 for s in phases)
 
 
@@ -123,13 +137,45 @@ def test_a_fault_drill_is_an_instant_and_the_failures_carry_their_error(drill_di
     assert not (drill_dir / "trace.json").exists()
 
 
-def test_an_api_events_dir_traces_without_a_summary(run_dir, tmp_path, capsys):
-    """``Refitter(events_dir=...)`` leaves the rank-N.jsonl files alone in a directory."""
-    events = tmp_path / "api-events"
-    shutil.copytree(run_dir / "events", events)
+def _api_rank(rank: int, world: int, port: int, cfg: str, events: str, q) -> None:
+    """An RL framework's rank: two refits through ``Refitter(events_dir=...)``."""
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
+        by_name = {t.name: t for t in plan.model.tensors}
+        refitter = api.Refitter(plan, events_dir=events, timeout_s=60)
+        holdings = refitter.holdings()
+        for step in (1, 2):
+            local = {n: [synthetic_region(by_name[n], b, step if rank < plan.train_world else 0) for b in boxes]
+                     for n, boxes in holdings.items()}
+            refitter.refit(step, **({"local_src": local} if rank < plan.train_world else {"local_dst": local}))
+        refitter.close()
+        dist.destroy_process_group()
+        q.put((rank, True, None))
+    except BaseException as exc:  # noqa: BLE001
+        q.put((rank, None, repr(exc)))
+
+
+def test_an_api_refits_events_dir_traces_without_a_summary(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMALL_LLAMA))
+    events = tmp_path / "api-refits"
+    run_ranks(_api_rank, 4, lambda r, port, q: (r, 4, port, str(cfg), str(events), q), timeout_s=600)
+    assert not (events / "summary.json").exists()
     assert main(["trace", str(events)]) == 0
     trace = json.loads((events / "trace.json").read_text())
-    assert trace["otherData"]["events"] == _lines(events) and trace["otherData"]["ranks"] == 4
+    assert trace["otherData"]["events"] == _lines(events / "events") and trace["otherData"]["ranks"] == 4
+    refits = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "refit" and e["tid"] < LANE_STRIDE]
+    # the API writes no attempt events: each rank's refit is derived from its phases
+    assert sorted(r["name"] for r in refits) == ["refit step 1"] * 4 + ["refit step 2"] * 4
+    assert all(r["args"]["derived"] for r in refits) and trace["otherData"]["derived_refits"] == 8
+    assert_refit_phases_nest([e for e in trace["traceEvents"] if e["ph"] == "X"])
+    assert_tracks_nest(trace)
+    # the events/ directory itself (its rank-N.jsonl files alone) traces the same
+    assert main(["trace", str(events / "events"), "--out", str(tmp_path / "t.json")]) == 0
+    again = json.loads((tmp_path / "t.json").read_text())
+    assert again["traceEvents"][1:] == trace["traceEvents"][1:]  # the process is named after the directory
 
 
 def test_a_corrupt_line_is_skipped_and_counted_and_a_huge_log_is_skipped_unread(run_dir, tmp_path, capsys):
@@ -203,8 +249,11 @@ def test_any_events_give_tracks_that_nest_and_lose_no_event(events, junk):
     trace = build_trace([*events, *junk], name="r")
     assert_tracks_nest(trace)
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == len(events) and trace["otherData"]["unusable_events"] == len(junk)
-    assert sorted(s["tid"] % LANE_STRIDE for s in slices) == sorted(e["rank"] for e in events)
+    assert len(slices) == len(events) + trace["otherData"]["derived_refits"]
+    assert trace["otherData"]["unusable_events"] == len(junk)
+    assert_refit_phases_nest(slices)
+    assert sorted(s["tid"] % LANE_STRIDE for s in slices if not s["args"].get("derived")) == sorted(
+        e["rank"] for e in events)
     t0 = min((e["start"] for e in events), default=0)
     for e in events:  # each event keeps its start and its duration (an end moves by the rounding at most)
         ts, dur = round((e["start"] - t0) * 1e6), round(e["duration_s"] * 1e6)
