@@ -11,6 +11,13 @@ to ``refit_s``); each carries ``slowest_rank``, the rank that had that maximum p
 to send or to receive (padding and trailers included): a point-to-point message is counted twice, once
 by its sender and once by its receiver. Effective GB/s = bytes the inference ranks end up holding /
 refit seconds.
+
+``prediction_warning`` is set when ``measured_vs_predicted`` (the median refit, i.e. the busiest rank's,
+over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x): a heuristic names the cost
+term most likely wrong (``most_likely_wrong``): the phase whose measured median is furthest from the
+terms predicted for it (``PHASE_TERMS``: transfer = wire, latency, pack; verify = checksum, sync; commit
+= landing) in the direction of the miss, and in that phase its largest predicted term, with the profile
+key that sets it (``TERM_KEYS``). It is a pointer to what to check first (or to calibrate), not a proof.
 """
 
 from __future__ import annotations
@@ -39,6 +46,18 @@ def _finite(x):
 
 
 PHASES = ("transfer_s", "verify_s", "commit_s")
+PREDICTION_RANGE = (0.5, 2.0)  # measured/predicted outside it: a warning naming the term most likely wrong
+# the cost terms (plan/cost.py) each phase's seconds are mostly made of (checksums of staged blocks are
+# taken during the transfer too: they count in ``verify`` here)
+PHASE_TERMS = {"transfer_s": ("wire", "latency", "pack"), "verify_s": ("checksum", "sync"), "commit_s": ("landing",)}
+TERM_KEYS = {  # the site-profile keys (docs/site-profiles.md) that set each term's figure
+    "wire": "links.nic_gbits_per_s / links.nvlink_gbytes_per_s (and their *_efficiency)",
+    "latency": "links.launch_us / links.nic_latency_us / links.nvlink_latency_us",
+    "pack": "links.mem_gbytes_per_s",
+    "checksum": "links.checksum_gbytes_per_s (default: links.mem_gbytes_per_s / 4)",
+    "sync": "links.nic_latency_us / links.nvlink_latency_us (calibrated: the control round)",
+    "landing": "links.landing_us_per_param",
+}
 
 
 def _rank_value(it, phase: str) -> float:
@@ -105,10 +124,43 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "measured_vs_predicted": (med / predicted_s) if predicted_s and refit else None,
         "lower_bound_s": lower_bound_s,
     }
+    out["prediction_warning"] = prediction_warning(_finite(out))
     if base_s:
         out["raw_baseline_s"] = base_s
         out["transfer_vs_raw"] = base_s / med_t if med_t and med_t > 0 else None
     return _finite(out)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.1f} ms"
+
+
+def prediction_warning(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The warning of one transport's figures (``summarize_transport``'s) when measured/predicted is outside
+    ``PREDICTION_RANGE``: ``{"measured_vs_predicted", "phase", "phase_measured_s", "phase_predicted_s",
+    "term", "term_s", "profile_key", "message"}``; None when within range or nothing to compare."""
+    ratio, br = s.get("measured_vs_predicted"), s.get("predicted_breakdown_s") or {}
+    lo, hi = PREDICTION_RANGE
+    if ratio is None or lo <= ratio <= hi or not br:
+        return None
+    gaps = {}
+    for ph, terms in PHASE_TERMS.items():
+        measured = (s.get(ph) or {}).get("median")
+        if measured is not None:
+            gaps[ph] = (measured - sum(br.get(t, 0.0) for t in terms), measured, sum(br.get(t, 0.0) for t in terms))
+    if not gaps:
+        return None
+    slow = ratio > hi  # slower than predicted: the phase that took most longer; else the most over-predicted
+    ph = (max if slow else min)(gaps, key=lambda p: gaps[p][0])
+    term = max(PHASE_TERMS[ph], key=lambda t: br.get(t, 0.0))
+    _, measured, predicted = gaps[ph]
+    message = (f"{s['transport']}: measured/predicted {ratio:.2f}, outside {lo:g}-{hi:g}x: the {ph[:-2]} phase "
+               f"measured {_ms(measured)} against {_ms(predicted)} predicted; most likely the `{term}` term "
+               f"({_ms(br.get(term, 0.0))} predicted) is {'too low' if slow else 'too high'}: its figure is set by "
+               f"{TERM_KEYS[term]} (or `reshardctl calibrate` measures it)")
+    return {"measured_vs_predicted": ratio, "phase": ph[:-2], "phase_measured_s": measured,
+            "phase_predicted_s": predicted, "term": term, "term_s": br.get(term, 0.0), "profile_key": TERM_KEYS[term],
+            "message": message}
 
 
 def speedups(summaries: dict[str, dict], reference: str = "reshard") -> dict[str, float]:
