@@ -13,11 +13,14 @@ by its sender and once by its receiver. Effective GB/s = bytes the inference ran
 refit seconds.
 
 ``prediction_warning`` is set when ``measured_vs_predicted`` (the median refit, i.e. the busiest rank's,
-over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x): a heuristic names the cost
-term most likely wrong (``most_likely_wrong``): the phase whose measured median is furthest from the
-terms predicted for it (``PHASE_TERMS``: transfer = wire, latency, pack; verify = checksum, sync; commit
-= landing) in the direction of the miss, and in that phase its largest predicted term, with the profile
-key that sets it (``TERM_KEYS``). It is a pointer to what to check first (or to calibrate), not a proof.
+over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x). It names the cost term most
+likely wrong, by a heuristic: the plan predicts each measured phase (``predicted_phases_s``: ``transfer``,
+``verify``, ``commit``) as a sum of terms; for each term, the one factor by which it alone would have to
+be off to best match the measured phase medians (least squares of the relative misses) is found, and
+the term whose corrected prediction misses least is named (ties: the larger term), with the profile key
+that sets it (``TERM_KEYS``). A term that shows in two phases (checksums: staged blocks during the
+transfer, the rest in the verify phase) is told apart from one that shows in one. A pointer to what to
+check first (or to calibrate), not a proof: the message says "most likely".
 """
 
 from __future__ import annotations
@@ -47,9 +50,6 @@ def _finite(x):
 
 PHASES = ("transfer_s", "verify_s", "commit_s")
 PREDICTION_RANGE = (0.5, 2.0)  # measured/predicted outside it: a warning naming the term most likely wrong
-# the cost terms (plan/cost.py) each phase's seconds are mostly made of (checksums of staged blocks are
-# taken during the transfer too: they count in ``verify`` here)
-PHASE_TERMS = {"transfer_s": ("wire", "latency", "pack"), "verify_s": ("checksum", "sync"), "commit_s": ("landing",)}
 TERM_KEYS = {  # the site-profile keys (docs/site-profiles.md) that set each term's figure
     "wire": "links.nic_gbits_per_s / links.nvlink_gbytes_per_s (and their *_efficiency)",
     "latency": "links.launch_us / links.nic_latency_us / links.nvlink_latency_us",
@@ -75,7 +75,8 @@ def _stats(values: list[float], slowest_rank: list[int]) -> dict[str, Any]:
 
 def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, predicted_s: float | None = None,
                         lower_bound_s: float | None = None, bucket_bytes: int | None = None,
-                        fingerprint: str = "", predicted_breakdown_s: dict | None = None) -> dict[str, Any]:
+                        fingerprint: str = "", predicted_breakdown_s: dict | None = None,
+                        predicted_phases_s: dict | None = None) -> dict[str, Any]:
     """Figures of one transport from the RankReports of every rank (any order)."""
     failures = [
         {"rank": r.global_rank, "side": r.side, "side_rank": r.side_rank, "error": r.error_type, "message": r.error_message}
@@ -120,6 +121,7 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "bucket_bytes": bucket_bytes,
         "predicted_s": predicted_s,
         "predicted_breakdown_s": predicted_breakdown_s,
+        "predicted_phases_s": predicted_phases_s,  # the breakdown by measured phase (plan/cost.py Prediction.phases)
         # measured median refit / predicted: 1 is a perfect prediction, > 1 the refit was slower
         "measured_vs_predicted": (med / predicted_s) if predicted_s and refit else None,
         "lower_bound_s": lower_bound_s,
@@ -135,32 +137,47 @@ def _ms(x: float) -> str:
     return f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.1f} ms"
 
 
+def _misfit(term: str, phases: dict[str, tuple[float, dict]]) -> tuple[float, float]:
+    """(relative squared miss left, factor) when ``term`` alone is scaled to match the measured phases
+    (``{phase: (measured_s, {term: predicted_s})}``)."""
+    num = den = 0.0
+    for measured, terms in phases.values():
+        a, gap = terms.get(term, 0.0), measured - sum(terms.values())
+        num, den = num + a * gap / measured ** 2, den + a * a / measured ** 2
+    x = max(-1.0, num / den) if den > 0 else 0.0  # the term's seconds are (1 + x) times the predicted
+    miss = sum((measured - sum(terms.values()) - terms.get(term, 0.0) * x) ** 2 / measured ** 2
+               for measured, terms in phases.values())
+    return miss, 1.0 + x
+
+
 def prediction_warning(s: dict[str, Any]) -> dict[str, Any] | None:
     """The warning of one transport's figures (``summarize_transport``'s) when measured/predicted is outside
-    ``PREDICTION_RANGE``: ``{"measured_vs_predicted", "phase", "phase_measured_s", "phase_predicted_s",
-    "term", "term_s", "profile_key", "message"}``; None when within range or nothing to compare."""
+    ``PREDICTION_RANGE``: ``{"measured_vs_predicted", "term", "term_s", "factor", "profile_key",
+    "message"}`` (``factor``: how far off the term looks, measured over predicted); None when within range
+    or nothing to compare."""
     ratio, br = s.get("measured_vs_predicted"), s.get("predicted_breakdown_s") or {}
     lo, hi = PREDICTION_RANGE
     if ratio is None or lo <= ratio <= hi or not br:
         return None
-    gaps = {}
-    for ph, terms in PHASE_TERMS.items():
-        measured = (s.get(ph) or {}).get("median")
-        if measured is not None:
-            gaps[ph] = (measured - sum(br.get(t, 0.0) for t in terms), measured, sum(br.get(t, 0.0) for t in terms))
-    if not gaps:
+    split = s.get("predicted_phases_s") or {"refit": br}  # older session records: the refit as one phase
+    phases = {}
+    for ph, terms in split.items():
+        measured = (s.get(f"{ph}_s") or {}).get("median")
+        if isinstance(measured, (int, float)) and measured > 0:
+            phases[ph] = (float(measured), terms)
+    if not phases:
         return None
-    slow = ratio > hi  # slower than predicted: the phase that took most longer; else the most over-predicted
-    ph = (max if slow else min)(gaps, key=lambda p: gaps[p][0])
-    term = max(PHASE_TERMS[ph], key=lambda t: br.get(t, 0.0))
-    _, measured, predicted = gaps[ph]
-    message = (f"{s['transport']}: measured/predicted {ratio:.2f}, outside {lo:g}-{hi:g}x: the {ph[:-2]} phase "
-               f"measured {_ms(measured)} against {_ms(predicted)} predicted; most likely the `{term}` term "
-               f"({_ms(br.get(term, 0.0))} predicted) is {'too low' if slow else 'too high'}: its figure is set by "
-               f"{TERM_KEYS[term]} (or `reshardctl calibrate` measures it)")
-    return {"measured_vs_predicted": ratio, "phase": ph[:-2], "phase_measured_s": measured,
-            "phase_predicted_s": predicted, "term": term, "term_s": br.get(term, 0.0), "profile_key": TERM_KEYS[term],
-            "message": message}
+    fits = {t: _misfit(t, phases) for t in br if t in TERM_KEYS and br[t] > 0}
+    if not fits:
+        return None
+    term = min(fits, key=lambda t: (round(fits[t][0], 6), -br[t]))
+    factor = fits[term][1]
+    message = (f"{s['transport']}: measured/predicted {ratio:.2f}, outside {lo:g}-{hi:g}x ("
+               + ", ".join(f"{ph} {_ms(m)} vs {_ms(sum(t.values()))} predicted" for ph, (m, t) in phases.items())
+               + f"); most likely the `{term}` term is off: {_ms(br[term])} predicted, the phases fit best with "
+               f"{factor:.3g}x that; its figure is set by {TERM_KEYS[term]} (or `reshardctl calibrate` measures it)")
+    return {"measured_vs_predicted": ratio, "term": term, "term_s": br[term], "factor": factor,
+            "profile_key": TERM_KEYS[term], "message": message}
 
 
 def speedups(summaries: dict[str, dict], reference: str = "reshard") -> dict[str, float]:
