@@ -253,6 +253,9 @@ def render(summary: dict) -> None:
         if br:
             con.print(f"  {name} predicted: " + ", ".join(f"{k} {_s(v)}" for k, v in br.items()), markup=False,
                       highlight=False)
+    for s in trs.values():  # measured/predicted outside 0.5-2x: the term most likely wrong (runs/summary.py)
+        if (s.get("prediction_warning") or {}).get("message"):
+            con.print(f"warning: {s['prediction_warning']['message']}", markup=False, highlight=False)
     sl = summary.get("slurm")
     if sl:
         ids = ", ".join(sl.get("job_ids", {}).values())

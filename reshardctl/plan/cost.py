@@ -137,6 +137,9 @@ class Prediction:
     num_steps: int  # rounds + buckets
     breakdown: dict = field(default_factory=dict)  # term -> seconds on the critical path (sums to predicted_s)
     landing: dict = field(default_factory=dict)  # the landing term's counts, and what a loader path would take
+    # the breakdown split by the refit's measured phases (runs/summary.py): ``verify`` = the checksums taken
+    # after the last round and the closing collectives, ``commit`` = landing, ``transfer`` = the rest
+    phases: dict = field(default_factory=dict)
 
 
 def _shared(per_rank_max: np.ndarray, total: np.ndarray, rate: float, together: float | None) -> np.ndarray:
@@ -295,6 +298,7 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
     total = np.zeros(len(STEP_TERMS))
     busiest = (0, "none", 0.0, 0.0)  # rank, link, bytes, seconds of the slowest step's wire
     moved = 0
+    verify_ck = 0.0
     if plan.rounds:
         stats = stats or p2p_stats(plan)
         moved += stats.bytes_total
@@ -308,7 +312,8 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             total += np.where(pick, transfer, copies).sum(axis=1)
         else:
             total += transfer.sum(axis=1) + copies.sum(axis=1)
-        total[TERMS.index("checksum")] += _verify_checksums(stats, links)
+        verify_ck = _verify_checksums(stats, links)
+        total[TERMS.index("checksum")] += verify_ck
     if plan.buckets:
         bs = bstats or bucket_stats(plan)
         moved += int(bs.link_bytes.sum())
@@ -326,9 +331,13 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             if phase[0, k] > busiest[3]:
                 nb = bs.nbytes[k] if name == "broadcast" else bs.root_nic_recv[k] + bs.root_nvl_recv[k]
                 busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
-    total[TERMS.index("sync")] += _sync(plan, links)
+    sync = _sync(plan, links)
+    total[TERMS.index("sync")] += sync
     landing = _landing(plan, links)  # after the commit: on the critical path, alone
     land_s = landing["seconds"] if land else 0.0
     breakdown = {t: float(v) for t, v in zip(STEP_TERMS, total)} | {"landing": land_s}
+    verify = {"checksum": float(verify_ck), "sync": float(sync)}
+    phases = {"transfer": {t: breakdown[t] - verify.get(t, 0.0) for t in STEP_TERMS}, "verify": verify,
+              "commit": {"landing": land_s}}
     return Prediction(plan.transport, float(total.sum()) + land_s, int(moved), busiest[0], busiest[1], int(busiest[2]),
-                      len(plan.rounds) + len(plan.buckets), breakdown, landing)
+                      len(plan.rounds) + len(plan.buckets), breakdown, landing, phases)

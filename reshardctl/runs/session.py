@@ -104,7 +104,7 @@ def session_context(inp: Inputs, plans: dict[str, Plan], *, iterations: int, war
 def _transport_context(plan: Plan, inp: Inputs, needed: int, lower_bound_s: float) -> dict:
     pred = predict(plan, inp.links, land=False)  # run's ranks commit by swapping their arena: nothing lands
     return {"bytes_needed": needed, "predicted_s": pred.predicted_s, "predicted_breakdown_s": pred.breakdown,
-            "lower_bound_s": lower_bound_s, "bucket_bytes": plan.bucket_bytes, "fingerprint": plan.fingerprint}
+            "predicted_phases_s": pred.phases, "lower_bound_s": lower_bound_s, "bucket_bytes": plan.bucket_bytes, "fingerprint": plan.fingerprint}
 
 
 def build_summary(ctx: dict, reports: dict | None, *, error: ReshardError | None, wall_s: float,

@@ -11,6 +11,16 @@ to ``refit_s``); each carries ``slowest_rank``, the rank that had that maximum p
 to send or to receive (padding and trailers included): a point-to-point message is counted twice, once
 by its sender and once by its receiver. Effective GB/s = bytes the inference ranks end up holding /
 refit seconds.
+
+``prediction_warning`` is set when ``measured_vs_predicted`` (the median refit, i.e. the busiest rank's,
+over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x). It names the cost term most
+likely wrong, by a heuristic: the plan predicts each measured phase (``predicted_phases_s``: ``transfer``,
+``verify``, ``commit``) as a sum of terms; for each term, the one factor by which it alone would have to
+be off to best match the measured phase medians (least squares of the relative misses) is found, and
+the term whose corrected prediction misses least is named (ties: the larger term), with the profile key
+that sets it (``TERM_KEYS``). A term that shows in two phases (checksums: staged blocks during the
+transfer, the rest in the verify phase) is told apart from one that shows in one. A pointer to what to
+check first (or to calibrate), not a proof: the message says "most likely".
 """
 
 from __future__ import annotations
@@ -39,6 +49,15 @@ def _finite(x):
 
 
 PHASES = ("transfer_s", "verify_s", "commit_s")
+PREDICTION_RANGE = (0.5, 2.0)  # measured/predicted outside it: a warning naming the term most likely wrong
+TERM_KEYS = {  # the site-profile keys (docs/site-profiles.md) that set each term's figure
+    "wire": "links.nic_gbits_per_s / links.nvlink_gbytes_per_s (and their *_efficiency)",
+    "latency": "links.launch_us / links.nic_latency_us / links.nvlink_latency_us",
+    "pack": "links.mem_gbytes_per_s",
+    "checksum": "links.checksum_gbytes_per_s (default: links.mem_gbytes_per_s / 4)",
+    "sync": "links.nic_latency_us / links.nvlink_latency_us (calibrated: the control round)",
+    "landing": "links.landing_us_per_param",
+}
 
 
 def _rank_value(it, phase: str) -> float:
@@ -56,7 +75,8 @@ def _stats(values: list[float], slowest_rank: list[int]) -> dict[str, Any]:
 
 def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, predicted_s: float | None = None,
                         lower_bound_s: float | None = None, bucket_bytes: int | None = None,
-                        fingerprint: str = "", predicted_breakdown_s: dict | None = None) -> dict[str, Any]:
+                        fingerprint: str = "", predicted_breakdown_s: dict | None = None,
+                        predicted_phases_s: dict | None = None) -> dict[str, Any]:
     """Figures of one transport from the RankReports of every rank (any order)."""
     failures = [
         {"rank": r.global_rank, "side": r.side, "side_rank": r.side_rank, "error": r.error_type, "message": r.error_message}
@@ -101,14 +121,63 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "bucket_bytes": bucket_bytes,
         "predicted_s": predicted_s,
         "predicted_breakdown_s": predicted_breakdown_s,
+        "predicted_phases_s": predicted_phases_s,  # the breakdown by measured phase (plan/cost.py Prediction.phases)
         # measured median refit / predicted: 1 is a perfect prediction, > 1 the refit was slower
         "measured_vs_predicted": (med / predicted_s) if predicted_s and refit else None,
         "lower_bound_s": lower_bound_s,
     }
+    out["prediction_warning"] = prediction_warning(_finite(out))
     if base_s:
         out["raw_baseline_s"] = base_s
         out["transfer_vs_raw"] = base_s / med_t if med_t and med_t > 0 else None
     return _finite(out)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.1f} ms"
+
+
+def _misfit(term: str, phases: dict[str, tuple[float, dict]]) -> tuple[float, float]:
+    """(relative squared miss left, factor) when ``term`` alone is scaled to match the measured phases
+    (``{phase: (measured_s, {term: predicted_s})}``)."""
+    num = den = 0.0
+    for measured, terms in phases.values():
+        a, gap = terms.get(term, 0.0), measured - sum(terms.values())
+        num, den = num + a * gap / measured ** 2, den + a * a / measured ** 2
+    x = max(-1.0, num / den) if den > 0 else 0.0  # the term's seconds are (1 + x) times the predicted
+    miss = sum((measured - sum(terms.values()) - terms.get(term, 0.0) * x) ** 2 / measured ** 2
+               for measured, terms in phases.values())
+    return miss, 1.0 + x
+
+
+def prediction_warning(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The warning of one transport's figures (``summarize_transport``'s) when measured/predicted is outside
+    ``PREDICTION_RANGE``: ``{"measured_vs_predicted", "term", "term_s", "factor", "profile_key",
+    "message"}`` (``factor``: how far off the term looks, measured over predicted); None when within range
+    or nothing to compare."""
+    ratio, br = s.get("measured_vs_predicted"), s.get("predicted_breakdown_s") or {}
+    lo, hi = PREDICTION_RANGE
+    if ratio is None or lo <= ratio <= hi or not br:
+        return None
+    split = s.get("predicted_phases_s") or {"refit": br}  # older session records: the refit as one phase
+    phases = {}
+    for ph, terms in split.items():
+        measured = (s.get(f"{ph}_s") or {}).get("median")
+        if isinstance(measured, (int, float)) and measured > 0:
+            phases[ph] = (float(measured), terms)
+    if not phases:
+        return None
+    fits = {t: _misfit(t, phases) for t in br if t in TERM_KEYS and br[t] > 0}
+    if not fits:
+        return None
+    term = min(fits, key=lambda t: (round(fits[t][0], 6), -br[t]))
+    factor = fits[term][1]
+    message = (f"{s['transport']}: measured/predicted {ratio:.2f}, outside {lo:g}-{hi:g}x ("
+               + ", ".join(f"{ph} {_ms(m)} vs {_ms(sum(t.values()))} predicted" for ph, (m, t) in phases.items())
+               + f"); most likely the `{term}` term is off: {_ms(br[term])} predicted, the phases fit best with "
+               f"{factor:.3g}x that; its figure is set by {TERM_KEYS[term]} (or `reshardctl calibrate` measures it)")
+    return {"measured_vs_predicted": ratio, "term": term, "term_s": br[term], "factor": factor,
+            "profile_key": TERM_KEYS[term], "message": message}
 
 
 def speedups(summaries: dict[str, dict], reference: str = "reshard") -> dict[str, float]:

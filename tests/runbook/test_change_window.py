@@ -40,18 +40,21 @@ def _status(site: str, capsys) -> dict:
 
 
 def _bench(small: str, site: str, out: Path, capsys) -> tuple[dict, str]:
-    """A bench run and the transport (reshard or hybrid) that beat gather_broadcast in it; benches once
-    more when timing noise on this shared machine made neither faster."""
+    """A bench run and the transport (reshard or hybrid) that beat gather_broadcast in it (median and p90:
+    the gate's conditions); benches once more when timing noise on this shared machine made neither faster."""
     for attempt in range(2):
         d = out.with_name(f"{out.name}-{attempt}")
         assert main(["bench", "--site", site, "--model", small, *LAYOUT, "--iters", str(3 + 2 * attempt),
                      "--out", str(d), "--json"]) == 0
         summary = _json(capsys)
         med = {t: s["refit_s"]["median"] for t, s in summary["transports"].items()}
-        winners = sorted((med[t], t) for t in ("reshard", "hybrid") if med[t] < med["gather_broadcast"])
+        p90 = {t: s["refit_s"]["p90"] for t, s in summary["transports"].items()}
+        # the gate wants the tail too: a faster median and a p90 no worse than gather_broadcast's
+        winners = sorted((med[t], t) for t in ("reshard", "hybrid")
+                         if med[t] < med["gather_broadcast"] and p90[t] <= p90["gather_broadcast"])
         if winners:
             return summary, winners[0][1]
-    pytest.fail(f"neither reshard nor hybrid beat gather_broadcast in two bench runs: {med}")
+    pytest.fail(f"neither reshard nor hybrid beat gather_broadcast in two bench runs: median {med}, p90 {p90}")
 
 
 def _png_ok(path: Path) -> None:
