@@ -15,7 +15,6 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.commands.progress import LiveProgress, end_line
 from reshardctl.request.request import RefitRequest
 
 LABELS = {
@@ -59,6 +58,7 @@ def calibrate_cmd(
     """Run microbenchmarks on the site's ranks and write a calibration file for its predictions."""
     from reshardctl.atomic_write import write_json_atomic
     from reshardctl.calibrate.runner import calibration, measure
+    from reshardctl.commands.progress import LiveProgress  # not at module level: rich.progress, 10-20 ms at start
     from reshardctl.atomic_write import output_problem
     from reshardctl.errors import InputError
     from reshardctl.site import load_profile
@@ -110,6 +110,7 @@ def _measure_in(prof, reps: int, d, *, quiet: bool) -> dict:
     import sys
 
     from reshardctl.calibrate.runner import measure_slurm
+    from reshardctl.commands.progress import LiveProgress, end_line
 
     if not quiet:
         output.info(f"calibrating site {prof.name} on Slurm: two nodes x {prof.gpus_per_node} ranks; job files in {d}")

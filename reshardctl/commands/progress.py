@@ -1,4 +1,4 @@
-"""The live progress of long work on stderr (`run`, `bench`, `calibrate` on Slurm): one owner of it.
+"""The live progress of long work on stderr (`run`, `bench`, `calibrate`, `collect --wait`): one owner of it.
 
 On a terminal: a rich progress bar (the description, a bar and ``done/total`` once a total is known,
 the elapsed time), gone when the work ends. Not a terminal (a pipe, a log file, a CI job): plain lines,
@@ -46,6 +46,17 @@ def end_line(states: dict) -> str:
     if not states:
         return "job(s) ended (no final state from Slurm)"
     return ", ".join(f"job {j} {st}" for j, st in states.items())
+
+
+def session_end_line(summary: dict | None) -> str | None:
+    """The last progress line of a refit session (`run`, `bench`, `collect --wait`): on Slurm each job's
+    end state; here whether every refit committed; None for a detached run (its own lines say where it is)."""
+    if summary is None:
+        return None
+    sl = summary.get("slurm")
+    if sl:
+        return end_line(sl.get("states") or {})
+    return "ranks ended: " + ("every refit committed" if summary.get("ok") else "the run failed (below)")
 
 
 class _Count(ProgressColumn):
@@ -129,4 +140,4 @@ class LiveProgress:
         self.console.print(self._text(), markup=False, highlight=False, soft_wrap=True)
 
 
-__all__ = ["LiveProgress", "end_line", "slurm_state_line", "PLAIN_EVERY_S"]
+__all__ = ["LiveProgress", "end_line", "session_end_line", "slurm_state_line", "PLAIN_EVERY_S"]

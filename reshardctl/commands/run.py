@@ -15,7 +15,6 @@ from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.commands.progress import LiveProgress, end_line
 from reshardctl.errors import InputError, TransferError
 from reshardctl.request.request import RefitRequest, RunSettings
 from reshardctl.request.resolve import prepare
@@ -54,6 +53,7 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
     """Run ``request`` (its ``run`` settings say what and how) and show its summary. ``source``: who chose
     the transport (``transport_source`` of session.json and summary.json)."""
     # imported here, not at module level: every command's module is imported at start (cli.py)
+    from reshardctl.commands.progress import LiveProgress, session_end_line  # rich.progress: 10-20 ms
     from reshardctl.launch.launcher import LAUNCHERS, launcher_for
     from reshardctl.runs.session import run_refit_session
 
@@ -114,7 +114,7 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
                                 on_failure=rs.on_failure, timeout_s=timeout_s, progress=progress, launcher=launcher,
                                 mode=slurm_mode, detach=detach, on_state=on_slurm_state, transport_source=source)
     finally:
-        prog.stop(None if res is None else _end_of(res))
+        prog.stop(None if res is None else session_end_line(res.summary))
     announce(bar=False)  # a session that ended (or detached) before its first progress report
     if res.summary is None:  # detached
         run = res.launched
@@ -160,18 +160,6 @@ def split_text(summary: dict) -> str | None:
         return None
     return ("SPLIT: the inference ranks end on different weights (" + " | ".join(parts)
             + "); serve nothing from this run before every inference rank is refitted again")
-
-
-def _end_of(res) -> str | None:
-    """The progress display's last line: how the session ended (Slurm: each job's end state; here: whether
-    every refit committed); None for a detached run (its own lines say where it is)."""
-    summary = res.summary
-    if summary is None:
-        return None
-    sl = summary.get("slurm")
-    if sl:
-        return end_line(sl.get("states") or {})
-    return "ranks ended: " + ("every refit committed" if summary.get("ok") else "the run failed (below)")
 
 
 def _versus(name: str, sp: dict) -> str:

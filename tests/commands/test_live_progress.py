@@ -147,3 +147,22 @@ def test_piped_slurm_run_says_job_states_and_ends_on_the_end_state(cluster, tmp_
     assert any(line.startswith("job ") and " RUNNING" in line for line in lines), err
     job = next(iter(json.loads((out / "summary.json").read_text())["slurm"]["job_ids"].values()))
     assert lines[-1] == f"job {job} COMPLETED", err  # not a stale "submitted"
+
+
+def test_piped_collect_wait_says_job_states_and_ends_on_the_end_state(cluster, tmp_path, small_llama):
+    out = tmp_path / "detached"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "reshardctl", *argv], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL, check=False)
+
+    run = cli("run", "--site", "slurm-local", "--model", small_llama, "--train", "tp=2", "--infer", "tp=2",
+              "--iters", "1", "--transport", "reshard", "--out", str(out), "--detach", "--json")
+    assert run.returncode == 0, run.stderr
+    (job,) = json.loads(run.stdout)["job_ids"].values()
+    proc = cli("collect", str(out), "--wait")
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "\r" not in err and "\x1b" not in err and "None" not in err
+    assert err.splitlines()[-1] == f"job {job} COMPLETED", err
