@@ -126,7 +126,7 @@ class LiveProgress:
             self.console.print(final, markup=False, highlight=False, soft_wrap=True)
 
     def _text(self) -> str:
-        return self.what + (f" {self.done}/{self.total}" if self.total is not None else "")
+        return self.what + (f" ({self.done}/{self.total})" if self.total is not None else "")
 
     def _plain(self, force: bool = False) -> None:
         now = self.clock()

@@ -39,9 +39,9 @@ class Clock:
 
 def _drive(prog: LiveProgress, clock: Clock | None = None) -> None:
     prog.start()
-    for states in SEQUENCE:
+    for states, done in zip(SEQUENCE, (0, 0, 8, 8)):  # as the Slurm launcher polls: the counts, then the states
+        prog.update(done, 24, None)
         prog.state(states, {"train": 0, "infer": 0})
-        prog.update(0, 24)
         if clock is not None:
             clock.t += 1.0
     prog.update(24, 24)
@@ -58,9 +58,9 @@ def test_plain_lines_when_not_a_terminal_no_none_end_state_last():
     assert "None" not in text
     assert lines == [
         "submitting",
-        "job 812 waiting for the queue",  # the total not known yet: no "0/None"
-        "job 812 PENDING (Resources) 0/24",
-        "job 812 RUNNING on n[1-2] 0/24",
+        "job 812 waiting for the queue (0/24)",
+        "job 812 PENDING (Resources) (0/24)",
+        "job 812 RUNNING on n[1-2] (8/24)",  # a state line carries the counts of its own poll
         "job 812 COMPLETED",  # the end state, not a stale "submitted"
     ]
 
@@ -75,7 +75,7 @@ def test_plain_lines_say_counts_at_most_every_interval():
         prog.update(done, 24)
     prog.update(what="verify")  # a new phase: said at once
     prog.stop("ranks ended: every refit committed")
-    assert buf.getvalue().splitlines() == ["refits", "refits 10/24", "refits 20/24", "verify 24/24",
+    assert buf.getvalue().splitlines() == ["refits", "refits (10/24)", "refits (20/24)", "verify (24/24)",
                                            "ranks ended: every refit committed"]
 
 
