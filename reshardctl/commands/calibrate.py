@@ -58,6 +58,7 @@ def calibrate_cmd(
     """Run microbenchmarks on the site's ranks and write a calibration file for its predictions."""
     from reshardctl.atomic_write import write_json_atomic
     from reshardctl.calibrate.runner import calibration, measure
+    from reshardctl.commands.progress import LiveProgress  # not at module level: rich.progress, 10-20 ms at start
     from reshardctl.atomic_write import output_problem
     from reshardctl.errors import InputError
     from reshardctl.site import load_profile
@@ -78,9 +79,16 @@ def calibrate_cmd(
     if launcher == "slurm":
         raw = _measure_on_slurm(prof, reps, run_dir, quiet=as_json or output.quiet())
     else:
-        if not as_json and not output.quiet():
+        show = not as_json and not output.quiet()
+        if show:
             output.info(f"calibrating site {prof.name}: microbenchmarks on {2 * min(prof.gpus_per_node, 4)} local ranks")
-        raw = measure(prof, reps=reps)
+        prog = LiveProgress(output.err_console(), "microbenchmarks running", enabled=show)
+        prog.start()
+        raw = None
+        try:
+            raw = measure(prof, reps=reps)
+        finally:
+            prog.stop(None if raw is None else "microbenchmarks done")
     data = calibration(prof, raw)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data, indent=2)
@@ -101,18 +109,18 @@ def _measure_on_slurm(prof, reps: int, run_dir: str | None, *, quiet: bool) -> d
 def _measure_in(prof, reps: int, d, *, quiet: bool) -> dict:
     import sys
 
-    from rich.progress import Progress, TextColumn, TimeElapsedColumn
-
     from reshardctl.calibrate.runner import measure_slurm
-    from reshardctl.commands.run import slurm_state_line
+    from reshardctl.commands.progress import LiveProgress, end_line
 
     if not quiet:
         output.info(f"calibrating site {prof.name} on Slurm: two nodes x {prof.gpus_per_node} ranks; job files in {d}")
-    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=output.err_console(),
-                  disable=quiet, transient=True) as prog:
-        task = prog.add_task("submitting", total=None)
-        raw, _ = measure_slurm(prof, d, python=sys.executable, reps=reps,
-                               on_state=lambda states: prog.update(task, description=slurm_state_line(states)))
+    prog = LiveProgress(output.err_console(), "submitting", enabled=not quiet)
+    prog.start()
+    raw = None
+    try:
+        raw, _ = measure_slurm(prof, d, python=sys.executable, reps=reps, on_state=prog.state)
+    finally:
+        prog.stop(None if raw is None else end_line((raw.get("slurm") or {}).get("states") or {}))
     return raw
 
 

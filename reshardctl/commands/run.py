@@ -53,8 +53,7 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
     """Run ``request`` (its ``run`` settings say what and how) and show its summary. ``source``: who chose
     the transport (``transport_source`` of session.json and summary.json)."""
     # imported here, not at module level: every command's module is imported at start (cli.py)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from reshardctl.commands.progress import LiveProgress, session_end_line  # rich.progress: 10-20 ms
     from reshardctl.launch.launcher import LAUNCHERS, launcher_for
     from reshardctl.runs.session import run_refit_session
 
@@ -98,16 +97,16 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
 
     def progress(done, total, what) -> None:
         announce()
-        prog.update(task, completed=done, total=total, **({"description": what} if launcher == "local" else {}))
+        prog.update(done, total, what if launcher == "local" else None)
 
     def on_slurm_state(states, sides) -> None:
         announce()
-        prog.update(task, description=slurm_state_line(states, sides))
+        prog.state(states, sides)
 
     # started by announce(): an input error before the first report leaves no progress line behind
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=output.err_console(), disable=not show, transient=True)
-    task = prog.add_task("starting ranks" if launcher == "local" else "submitting", total=None)
+    prog = LiveProgress(output.err_console(), "starting ranks" if launcher == "local" else "submitting",
+                        enabled=show)
+    res = None
     try:
         res = run_refit_session(inp, list(transports), iterations=rs.iterations, warmup=rs.warmup, baseline=baseline,
                                 out=out, force=force, checkpoint=rs.checkpoint, full_check=rs.full_check,
@@ -115,8 +114,7 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
                                 on_failure=rs.on_failure, timeout_s=timeout_s, progress=progress, launcher=launcher,
                                 mode=slurm_mode, detach=detach, on_state=on_slurm_state, transport_source=source)
     finally:
-        if announced:
-            prog.stop()
+        prog.stop(None if res is None else session_end_line(res.summary))
     announce(bar=False)  # a session that ended (or detached) before its first progress report
     if res.summary is None:  # detached
         run = res.launched
@@ -162,22 +160,6 @@ def split_text(summary: dict) -> str | None:
         return None
     return ("SPLIT: the inference ranks end on different weights (" + " | ".join(parts)
             + "); serve nothing from this run before every inference rank is refitted again")
-
-
-def slurm_state_line(states: dict, sides: dict | None = None) -> str:
-    """``job 12 PENDING (Resources)`` / ``job 12 RUNNING on n1,n2; train 4, infer 4 commits``: the live
-    line of a Slurm run."""
-    if not states:
-        return "submitted"
-    parts = []
-    for j, s in states.items():
-        if s.state == "PENDING":
-            parts.append(f"job {j} PENDING ({s.reason or 'queued'})")
-        else:
-            parts.append(f"job {j} {s.state}" + (f" on {s.nodes}" if s.nodes else ""))
-    if sides and any(sides.values()):
-        parts.append(f"commits: train {sides.get('train', 0)}, infer {sides.get('infer', 0)}")
-    return escape("; ".join(parts))
 
 
 def _versus(name: str, sp: dict) -> str:

@@ -85,7 +85,20 @@ def collect_cmd(
 ) -> None:
     """Build summary.json of a detached Slurm run once its jobs ended, and print the refit table. Exit 3
     (nothing collected) while its jobs are queued or running, unless --wait."""
+    from reshardctl.commands.progress import LiveProgress, session_end_line
     from reshardctl.commands.run import show_summary
     from reshardctl.runs.collect import collect_session
 
-    show_summary(collect_session(run_dir, wait=wait, job=job), as_json)
+    # --wait: the queue's states while the jobs run, then their end state
+    prog = LiveProgress(output.err_console(), "waiting for the run's jobs", enabled=wait and not as_json and not output.quiet())
+    res = None
+
+    def on_state(states: dict) -> None:
+        prog.start()  # at the first state: a run refused for its inputs prints its error alone
+        prog.state(states)
+
+    try:
+        res = collect_session(run_dir, wait=wait, job=job, on_state=on_state if wait else None)
+    finally:
+        prog.stop(None if res is None else session_end_line(res.summary))
+    show_summary(res, as_json)

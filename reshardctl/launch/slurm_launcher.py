@@ -151,11 +151,11 @@ class SlurmLauncher:
             return Outcome(None, None, 0.0, handle=run, detached=True)
         total = len(plans) * (job.warmup + options.iterations) * inp.topology.world
 
-        def update(states: dict) -> None:
-            if on_state is not None:
-                on_state(states, commits_by_side(run_dir / "events"))
+        def update(states: dict) -> None:  # the counts first: a state line said at once carries this poll's
             if progress is not None:
                 progress(min(total, count_commits(run_dir / "events")), total, "refits: rank commits")
+            if on_state is not None:
+                on_state(states, commits_by_side(run_dir / "events"))
 
         try:
             with _TermAsInterrupt():
