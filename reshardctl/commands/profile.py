@@ -7,7 +7,6 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
@@ -66,10 +65,8 @@ def _render(p: SiteProfile) -> None:
     unit = "ranks" if p.cpu_only else "GPUs"
     top.add(f"NVLink domain: {p.nvlink_domain_nodes} node(s) = {p.gpus_per_domain} {unit}; {p.num_domains} domain(s)")
 
-    links = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    links.add_column("link")
-    links.add_column("bandwidth (per direction)", justify="right")
-    links.add_column("latency", justify="right")
+    links = output.table("link", "bandwidth (per direction)", "latency", text=("link",),
+                         right=("bandwidth (per direction)", "latency"))
     # on a cpu_only site the "NVLink" figures describe the ranks' shared-memory / loopback path within a node
     fast = "intra-node loopback (per rank)" if p.cpu_only else "NVLink (per GPU)"
     links.add_row(fast, f"{p.links.nvlink_gbytes_per_s:g} GB/s", f"{p.links.nvlink_latency_us:g} us")
@@ -191,9 +188,7 @@ def list_profiles(
     if as_json:
         output.print_json(rows)
         return
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("name", "source", "summary"):
-        table.add_column(col)
+    table = output.table("name", "source", "summary", text=("source", "summary"))
     for r in rows:
         table.add_row(Text(r["name"]), Text(r["source"]), Text(r["summary"]))
-    output.console().print(table)
+    output.print_table(table)

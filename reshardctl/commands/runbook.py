@@ -7,7 +7,6 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
@@ -58,14 +57,13 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
               + ("yes" if meets else "NO" if meets is False else "not measured yet"))
     if a["run_dir"]:
         con.print(f"active from run: {a['run_dir']}", markup=False)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("transport", "measured", "median", "p90", "verified", "within budget", "run"):
-        table.add_column(c, no_wrap=c != "run")
+    table = output.table("transport", "measured", "median", "p90", "verified", "within budget", "run",
+                         text=("run",), right=("median", "p90"))
     for t, e in st["latest_measured"].items():
         table.add_row(t, e["time"], seconds(e["median_s"]), seconds(e["p90_s"]), "yes" if e["verified"] else "NO",
                       "yes" if e["within_budget_now"] else "no", escape(e["run_dir"] or ""))
     if st["latest_measured"]:
-        con.print(table)
+        output.print_table(table, ("within budget", "verified"), con)
     else:
         con.print("no measured runs recorded yet (promote or rollback --verify record them)")
     rb = st["last_rollback"]
@@ -118,13 +116,10 @@ def promote_cmd(
                            "framework_settings_refused": no_settings})
     else:
         con = output.console()
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("condition", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        table.add_column("numbers")
+        table = output.table("condition", "", "numbers", text=("numbers",))
         for c in res.checks:
             table.add_row(c.name, "ok" if c.ok else "[bold red]FAILED[/bold red]", escape(c.detail))
-        con.print(table)
+        output.print_table(table, con=con)
     bad = [c for c in res.checks if not c.ok]
     if res.refused:
         raise RefusedError(
