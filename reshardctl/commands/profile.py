@@ -12,6 +12,7 @@ from rich.tree import Tree
 
 from reshardctl.commands import output
 from reshardctl.errors import ProfileError
+from reshardctl.site.default_site import choose_site
 from reshardctl.site import (
     DEFAULT_PROFILE,
     SiteProfile,
@@ -132,21 +133,25 @@ def _render_measured(tree, p: SiteProfile) -> None:
 @app.command("show")
 def show(
     profile: Optional[str] = typer.Argument(
-        None, help=f"Profile name or file (.yaml/.yml/.toml). Default: {DEFAULT_PROFILE}."
+        None, help=f"Profile name or file (.yaml/.yml/.toml). Default: $RESHARDCTL_SITE, else site in "
+                   f"~/.config/reshardctl/config.toml, else {DEFAULT_PROFILE}."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved profile as JSON (errors too, as JSON)."),
 ) -> None:
-    """Print the resolved profile (defaults filled in, hostlists expanded)."""
-    p = load_profile(profile)  # a ProfileError: one paragraph on stderr, or JSON with --json (cli.main)
+    """Print the resolved profile (defaults filled in, hostlists expanded) and where the site came from."""
+    choice = choose_site(profile)
+    p = load_profile(choice.site)  # a ProfileError: one paragraph on stderr, or JSON with --json (cli.main)
+    chosen = {"source": choice.source, "text": choice.describe(), **({"file": choice.where} if choice.where else {})}
     if as_json:
         try:
             measured = measured_json(p)
         except ProfileError as exc:
             _report(exc)
             raise typer.Exit(exc.exit_code) from None
-        output.print_json({**profile_to_dict(p), "derived": derived(p), "calibration": measured})
+        output.print_json({**profile_to_dict(p), "derived": derived(p), "calibration": measured, "chosen_by": chosen})
     else:
         try:
+            output.console().print(choice.describe(), markup=False, highlight=False)
             _render(p)
         except ProfileError as exc:
             _report(exc)

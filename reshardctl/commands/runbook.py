@@ -11,10 +11,13 @@ from rich.markup import escape
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, RefusedError
+from reshardctl.site.default_site import choose_site
 
 # the runbook modules are imported by each command: every command's module is imported at start (cli.py)
 
-SITE = typer.Option(..., "--site", help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl).")
+SITE = typer.Option(None, "--site", metavar="NAME|FILE",
+                    help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl); default: "
+                         "$RESHARDCTL_SITE, else site in ~/.config/reshardctl/config.toml (no fallback: required).")
 WRITE = typer.Option(None, "--write", help="Also write the matching framework settings (NeMo RL YAML) to FILE.")
 # what is promoted / validated: the flags given (promote: over the run's own; rollback: over the last promoted run's)
 LAYOUT_FLAGS = opt.refit_options(tuple(opt.RUNBOOK_OPTIONS), options=opt.RUNBOOK_OPTIONS, given=True)
@@ -39,8 +42,9 @@ def _settings(transport: str, site: str, origin: str, write: Optional[str], show
         output.info(f"framework settings written to {write}")
 
 
-def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
+def status_cmd(site: Optional[str] = SITE, as_json: bool = opt.JSON) -> None:
     """Active refit transport and since when, the budget, the latest measured runs, the last rollback."""
+    site = choose_site(site, required=True, what="status").site
     from reshardctl.runbook import operations
     from reshardctl.runbook.gate import seconds
 
@@ -78,7 +82,7 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
 
 @LAYOUT_FLAGS
 def promote_cmd(
-    site: str = SITE,
+    site: Optional[str] = SITE,
     run: str = typer.Option(..., "--run", help="Run directory of a `reshardctl bench` run."),
     transport: str = typer.Option("reshard", "--transport", help="reshard | hybrid"),
     force: bool = typer.Option(False, "--force", help="Promote even when a condition fails (needs --reason; recorded)."),
@@ -91,6 +95,7 @@ def promote_cmd(
     from reshardctl.runbook import framework, operations
     from reshardctl.runbook.run_record import load_run
 
+    site = choose_site(site, required=True, what="promote").site
     if transport not in ("reshard", "hybrid"):
         raise InputError(f"--transport {transport!r}: promote takes reshard or hybrid (gather_broadcast is "
                          "`reshardctl rollback`)")
@@ -137,7 +142,7 @@ def promote_cmd(
 
 @LAYOUT_FLAGS
 def rollback_cmd(
-    site: str = SITE,
+    site: Optional[str] = SITE,
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded in the ledger)."),
     verify: bool = typer.Option(False, "--verify",
                                 help="First run a gather_broadcast validation refit; refuse (exit 1) unless verified."),
@@ -152,6 +157,7 @@ def rollback_cmd(
     from reshardctl.runbook import framework, operations
     from reshardctl.runbook.gate import seconds
 
+    site = choose_site(site, required=True, what="rollback").site
     operations.check_writable(write)
     if request and not verify:
         raise InputError("--model/--train/--infer and the layout flags choose the validation refit's layouts: "
