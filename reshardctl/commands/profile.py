@@ -99,7 +99,7 @@ def _render(p: SiteProfile) -> None:
 
     tree.add(f"[bold]ledger[/bold] {escape(str(ledger_path(p)))}"
              + ("" if p.state_dir else " [dim](state_dir not set: the per-user state directory)[/dim]"))
-    output.console().print(tree, markup=True)
+    output.console().print(tree, markup=True, soft_wrap=False)  # long lines wrap inside the tree, never cut
 
 
 def measured_json(p: SiteProfile) -> dict | None:

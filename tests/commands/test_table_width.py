@@ -134,3 +134,15 @@ def test_fit_table_never_cuts_a_value(values, notes, width):
         for c, v in zip(cols, row):
             if c in kept:
                 assert any(v in line.split() for line in lines), (v, text)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_profile_show_wraps_its_tree_and_keeps_the_link_figures(capsys, monkeypatch, width):
+    text, p = _cli(capsys, monkeypatch, width, "profile", "show", "dgx-h100")
+    assert "…" not in text
+    too_wide = [line for line in text.splitlines() if len(line.rstrip()) > width]
+    assert not too_wide, too_wide  # the long lines (the calibration hint, the ledger path) wrap, not cut
+    flat = " ".join(text.split())
+    assert "reshardctl calibrate --site dgx-h100" in flat.replace("│ ", "")
+    for value in (f"{p['links']['nvlink_gbytes_per_s']:g} GB/s", f"{p['links']['nvlink_latency_us']:g} us"):
+        assert value in text, value
