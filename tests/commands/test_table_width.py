@@ -146,3 +146,28 @@ def test_profile_show_wraps_its_tree_and_keeps_the_link_figures(capsys, monkeypa
     assert "reshardctl calibrate --site dgx-h100" in flat.replace("│ ", "")
     for value in (f"{p['links']['nvlink_gbytes_per_s']:g} GB/s", f"{p['links']['nvlink_latency_us']:g} us"):
         assert value in text, value
+
+
+def _measure(transport: str, median: float, run_dir: str) -> dict:
+    return {"v": 1, "time": "2026-01-01T00:00:00.000Z", "user": "u", "host": "h", "site": "local", "action": "measure",
+            "transport": transport, "run_dir": run_dir, "plan_fingerprint": None, "median_s": median,
+            "p90_s": median * 1.5, "budget_s": 5.0, "verdict": "within_budget", "reason": None}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_table_wraps_the_run_directory_not_the_numbers(tmp_path, capsys, monkeypatch, width):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ledger = tmp_path / "state" / "reshardctl" / "local.ledger.jsonl"
+    ledger.parent.mkdir(parents=True)
+    run_dir = str(tmp_path / ("a-long-run-directory-name-" * 3) / "bench-2026-01-01")
+    ledger.write_text("".join(json.dumps(_measure(t, m, run_dir)) + "\n"
+                              for t, m in (("gather_broadcast", 2.62123), ("reshard", 0.0123456))))
+    text, st = _cli(capsys, monkeypatch, width, "status", "--site", "local")
+    _fits(text, width, "transport")
+    from reshardctl.runbook.gate import seconds
+
+    for t, e in st["latest_measured"].items():
+        row = next(line for line in text.splitlines() if line.startswith(t + " "))
+        for value in (seconds(e["median_s"]), seconds(e["p90_s"])):
+            assert value in row, (value, row)
+    assert run_dir in "".join(line.strip() for line in text.splitlines())  # wrapped, whole
