@@ -171,3 +171,24 @@ def test_status_table_wraps_the_run_directory_not_the_numbers(tmp_path, capsys, 
         for value in (seconds(e["median_s"]), seconds(e["p90_s"])):
             assert value in row, (value, row)
     assert run_dir in "".join(line.strip() for line in text.splitlines())  # wrapped, whole
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_jobs_table_keeps_job_ids_whole_and_wraps_the_run_directory(cluster, tmp_path, capsys, monkeypatch, width):
+    """Two runs in the per-user run index whose jobs the queue no longer knows (state UNKNOWN)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    index = tmp_path / "state" / "reshardctl" / "slurm-runs.jsonl"
+    index.parent.mkdir(parents=True)
+    runs = [{"run_dir": str(tmp_path / ("a-long-run-directory-name-" * 3) / str(i)), "site": "slurm-local",
+             "job_ids": {"train": str(99999990 + i), "infer": str(99999980 + i)}, "submitted_at": 1796134121.88,
+             "mode": "two-jobs"} for i in range(2)]
+    index.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    text, rows = _cli(capsys, monkeypatch, width, "jobs", "--all")
+    _fits(text, width, "submitted (UTC)")
+    lines = text.splitlines()
+    at = lines[0].index("run directory")  # the last column: its wrapped pieces, read top to bottom
+    last = "".join(line[at:].strip() for line in lines[1:] if not line.startswith("(left out"))
+    for r in rows:
+        row = next(line for line in lines if ", ".join(r["job_ids"].values()) in line)
+        assert r["submitted"] in row
+        assert r["run_dir"] in last
