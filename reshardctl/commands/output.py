@@ -98,7 +98,7 @@ def fit_table(con: Console, t: Table, secondary: Sequence[str] = ()) -> list[str
                 del t.columns[i]
                 dropped.append(name)
                 break
-    for i, col in enumerate(t.columns):
+    for i, col in enumerate(t.columns):  # rich pads a column by its index (first/last: no outer padding)
         col._index = i
     return dropped
 
