@@ -44,7 +44,7 @@ app = typer.Typer(
     cls=output.HelpGroup,
     pretty_exceptions_show_locals=False,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

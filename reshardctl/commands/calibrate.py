@@ -38,9 +38,7 @@ def figure_text(key: str, value: float) -> str:
 
 
 def figures_table(figs: dict) -> Table:
-    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    t.add_column("measured")
-    t.add_column("figure", justify="right")
+    t = output.table("measured", "figure", text=("measured",), right=("figure",))
     for k, v in figs.items():
         t.add_row(LABELS[k][0], figure_text(k, v))
     return t

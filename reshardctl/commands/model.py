@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
@@ -100,12 +100,10 @@ def show(
         if as_json:
             output.print_json(rows)
             return
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for col in ("tensor", "shape", "dtype", "role"):
-            table.add_column(col)
+        table = output.table("tensor", "shape", "dtype", "role", text=("tensor",))
         for r in rows:
-            table.add_row(r["name"], str(r["shape"]), r["dtype"], r["role"])
-        output.console().print(table)
+            table.add_row(escape(r["name"]), str(r["shape"]), r["dtype"], r["role"])
+        output.print_table(table, ("dtype", "role"))
         return
     if as_json:
         output.print_json(summary(m))
@@ -118,12 +116,10 @@ def show(
     con.print(f"tensors       {len(m.tensors):,}  (dtypes: {', '.join(dtypes)})", markup=False)
     con.print(f"parameters    {human_count(m.num_params)}  ({m.num_params:,})", markup=False)
     con.print(f"bytes         {human_bytes(m.num_bytes)}  ({m.num_bytes:,})", markup=False)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("role", "tensors", "params", "bytes", ""):
-        table.add_column(col, justify="left" if col == "role" else "right")
+    table = output.table("role", "tensors", "params", "bytes", "", text=("role",), right=("tensors", "params", "bytes", ""))
     for role, v in role_totals(m).items():
         table.add_row(role, f"{v['tensors']:,}", f"{v['params']:,}", f"{v['bytes']:,}", human_bytes(v["bytes"]))
-    con.print(table)
+    output.print_table(table, ("bytes",), con)
 
 
 @app.command("list")
@@ -133,12 +129,11 @@ def list_presets(as_json: bool = opt.JSON) -> None:
     if as_json:
         output.print_json([{k: v for k, v in r.items() if k != "roles"} for r in rows])
         return
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("preset", "arch", "layers", "tensors", "params", "bytes"):
-        table.add_column(col, justify="left" if col in ("preset", "arch") else "right")
+    table = output.table("preset", "arch", "layers", "tensors", "params", "bytes",
+                         right=("layers", "tensors", "params", "bytes"))
     for r in rows:
         table.add_row(
             r["name"], r["arch"], str(r["dims"]["num_layers"]), f"{r['num_tensors']:,}",
             human_count(r["num_params"]), human_bytes(r["num_bytes"]),
         )
-    output.console().print(table)
+    output.print_table(table, ("arch", "tensors"))

@@ -28,8 +28,11 @@ import typer
 from reshardctl.commands import output
 from reshardctl.request.from_config import apply_from
 from reshardctl.request.request import RefitRequest
+from reshardctl.site.default_site import choose_site
 
-SITE = typer.Option("local", "--site", metavar="NAME|FILE", help="Site profile name or file.")
+SITE = typer.Option(None, "--site", metavar="NAME|FILE",
+                    help="Site profile name or file (default: $RESHARDCTL_SITE, else site in "
+                         "~/.config/reshardctl/config.toml, else local).")
 MODEL = typer.Option("tiny-llama", "--model", "-m", metavar="MODEL",
                      help="Preset name or path (config.json / index / directory).")
 LAYERS = typer.Option(None, "--layers", metavar="N", help="Keep only the first N decoder layers (N >= 1).")
@@ -54,7 +57,7 @@ REQUEST: Any = None  # the default of a `request` parameter after defaulted ones
 
 # the request's options: field -> (type, option), in the order --help lists them
 REQUEST_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "site": (str, SITE), "model": (str, MODEL), "layers": (Optional[int], LAYERS), "train": (Optional[str], TRAIN),
+    "site": (Optional[str], SITE), "model": (str, MODEL), "layers": (Optional[int], LAYERS), "train": (Optional[str], TRAIN),
     "infer": (Optional[str], INFER), "train_style": (str, TRAIN_STYLE), "infer_style": (str, INFER_STYLE),
     "train_layout": (Optional[str], TRAIN_LAYOUT), "infer_layout": (Optional[str], INFER_LAYOUT),
     "mtp": (bool, MTP), "bucket_mb": (Optional[float], BUCKET_MB), "relay": (str, RELAY),
@@ -110,6 +113,8 @@ def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, t
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
             values = {f: kwargs.pop(f) for f in mine}
+            if "site" in values and values["site"] is None:  # not given: RESHARDCTL_SITE, the config, local
+                values["site"] = choose_site(None).site
             ctx = kwargs.pop("refit_context", None)
             source = values.pop("from_config", None)
             if source is not None:

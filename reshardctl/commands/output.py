@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 from typer.core import TyperGroup
 
 from reshardctl.errors import ReshardError
@@ -45,12 +48,70 @@ def quiet() -> bool:
     return bool(_state["quiet"])
 
 
+PIPED_WIDTH = 120  # the width of stdout when it is not a terminal and COLUMNS is not set
+
+
 def console() -> Console:
-    """stdout; when stdout is not a terminal (a pipe, a log file), wide enough for the report tables."""
+    """stdout at the terminal's width; when stdout is not a terminal (a pipe, a log file) at ``COLUMNS``
+    when set, else ``PIPED_WIDTH``."""
     con = Console(highlight=False, soft_wrap=True)
     if not con.is_terminal:
-        con = Console(highlight=False, soft_wrap=True, width=180)
+        cols = os.environ.get("COLUMNS", "")
+        con = Console(highlight=False, soft_wrap=True, width=int(cols) if cols.isdigit() and int(cols) > 0 else PIPED_WIDTH)
     return con
+
+
+def table(*columns: str, text: Sequence[str] = (), right: Sequence[str] = (), **kwargs: Any) -> Table:
+    """A borderless table of ``columns``. Columns named in ``text`` wrap (words, then folded); every other
+    column is a value column (numbers, units, names) kept whole on one line, right-aligned if in ``right``."""
+    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False, **kwargs)
+    for c in columns:
+        wrap = c in text
+        t.add_column(c, justify="right" if c in right else "left", no_wrap=not wrap, overflow="fold")
+    return t
+
+
+_TEXT_MIN = 12  # the narrowest a wrapping column is squeezed to before secondary columns are dropped
+
+
+def _needed_width(con: Console, t: Table) -> int:
+    """The narrowest ``t`` renders without cutting a value column: value columns at their widest cell,
+    text columns at ``_TEXT_MIN`` (or their widest cell, if narrower), one padding column each side."""
+    total = 0
+    for col in t.columns:
+        cells = [col.header, *col.cells]
+        widths = [Measurement.get(con, con.options, con.render_str(c) if isinstance(c, str) else c) for c in cells]
+        widest = max(m.maximum for m in widths)
+        total += widest if col.no_wrap else min(widest, _TEXT_MIN)
+    return total + 2 * max(len(t.columns) - 1, 0)
+
+
+def fit_table(con: Console, t: Table, secondary: Sequence[str] = ()) -> list[str]:
+    """Make ``t`` fit ``con``'s width: drop the ``secondary`` columns (by header, in the order named)
+    while the value columns and the squeezed text columns do not fit. Returns the dropped headers."""
+    dropped: list[str] = []
+    for name in secondary:
+        if _needed_width(con, t) <= con.width:
+            break
+        for i, col in enumerate(t.columns):
+            if col.header == name:
+                del t.columns[i]
+                dropped.append(name)
+                break
+    for i, col in enumerate(t.columns):  # rich pads a column by its index (first/last: no outer padding)
+        col._index = i
+    return dropped
+
+
+def print_table(t: Table, secondary: Sequence[str] = (), con: Console | None = None) -> None:
+    """Print ``t`` on ``con`` (default stdout) fitted to its width (``fit_table``), and a footnote line
+    naming the columns dropped to fit (``--json`` has them all)."""
+    con = con or console()
+    dropped = fit_table(con, t, secondary)
+    con.print(t)
+    if dropped:
+        con.print(f"(left out to fit {con.width} columns: {', '.join(dropped)}; --json has all)",
+                  markup=False, highlight=False)
 
 
 def err_console() -> Console:

@@ -15,7 +15,6 @@ from typing import Iterator, List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
@@ -57,18 +56,12 @@ def _human_reason(reason: str) -> str:
     return _BYTES_RE.sub(lambda m: _b(int(m[1])) + (f" of {m[2]}bytes" if m[2] else ""), reason)
 
 
-def _console():
-    """stdout console; when stdout is not a terminal (a pipe, a log) wide enough for the tables."""
-    con = output.console()
-    if not con.is_terminal:
-        from rich.console import Console
-
-        con = Console(highlight=False, soft_wrap=True, width=160)
-    return con
+# the plan table's columns dropped (in this order) when the terminal is too narrow for all
+SECONDARY = ("busiest step: rank, link, bytes", "eff.", "rounds/bkts", "transfers", "staging max")
 
 
 def render(result: dict, con=None) -> None:
-    con = con or _console()
+    con = con or output.console()
     inp = result["inputs"]
     topo = inp["topology"]
     con.print(f"[bold]{escape(inp['model'])}[/bold] ({inp['num_tensors']} tensors, {_b(result['bytes_total'])}) "
@@ -77,13 +70,11 @@ def render(result: dict, con=None) -> None:
     con.print(f"infer {inp['infer']}  ({topo['infer_world']} ranks, {topo['infer_nodes']} node(s))", markup=False)
     con.print(f"bucket {_b(inp['bucket_bytes'])}, relay {'on' if inp['relay'] else 'off'} ({inp['relay_reason']})",
               markup=False)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     # the busiest column: the most loaded link of the single busiest step (a p2p round or a bucket's
     # gather / broadcast), not a total over the refit
     cols = ("transport", "on wire", "transfers", "rounds/bkts", "staging max", "predicted", "eff.",
             "busiest step: rank, link, bytes")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("transport", cols[-1]) else "right", no_wrap=True)
+    table = output.table(*cols, text=cols[-1:], right=cols[1:-1])
     for name, r in result["transports"].items():
         bz = r["busiest"]
         mark = "*" if name == result["primary_transport"] else ""
@@ -92,7 +83,7 @@ def render(result: dict, con=None) -> None:
             _b(r["max_staging_bytes"]), _s(r["predicted_s"]), _pct(r["efficiency"]),
             escape(f"{bz['side']}{bz['side_rank']} {bz['link']} {_b(bz['bytes'])}"),
         )
-    con.print(table)
+    output.print_table(table, SECONDARY, con)
     con.print(f"lower bound {_s(result['lower_bound_s'])}: {_human_reason(result['lower_bound_reason'])}", markup=False)
     figs = result.get("cost_figures", "datasheet")
     con.print(f"predicted from {figs} figures" + ("" if figs != "datasheet" else
@@ -112,15 +103,14 @@ def render(result: dict, con=None) -> None:
 
     con.print(summary_line(result["m2n_compat"]), markup=False)
     if "compare" in result:
-        ct = Table(show_header=True, header_style="bold", box=None, pad_edge=False,
-                   title=f"inference layouts by predicted refit time ({result['compare'][0]['transport']})")
-        for col in ("#", "infer", "layout", "ranks", "predicted", "lower bound", "efficiency", "bytes on wire"):
-            ct.add_column(col, justify="left" if col in ("infer", "layout") else "right")
+        ccols = ("#", "infer", "layout", "ranks", "predicted", "lower bound", "efficiency", "bytes on wire")
+        ct = output.table(*ccols, text=("infer", "layout"), right=("#", *ccols[3:]),
+                          title=f"inference layouts by predicted refit time ({result['compare'][0]['transport']})")
         for r in result["compare"]:
             ct.add_row(str(r["rank"]), escape(r["infer"] + (" (current)" if r["current"] else "")), escape(r["layout"]),
                        str(r["infer_world"]), _s(r["predicted_s"]), _s(r["lower_bound_s"]),
                        _pct(r["efficiency"]), _b(r["bytes_moved"]))
-        con.print(ct)
+        output.print_table(ct, ("lower bound", "efficiency", "ranks"), con)
 
 
 @contextmanager

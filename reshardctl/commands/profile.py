@@ -7,12 +7,12 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from reshardctl.commands import output
 from reshardctl.errors import ProfileError
+from reshardctl.site.default_site import choose_site
 from reshardctl.site import (
     DEFAULT_PROFILE,
     SiteProfile,
@@ -66,10 +66,8 @@ def _render(p: SiteProfile) -> None:
     unit = "ranks" if p.cpu_only else "GPUs"
     top.add(f"NVLink domain: {p.nvlink_domain_nodes} node(s) = {p.gpus_per_domain} {unit}; {p.num_domains} domain(s)")
 
-    links = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    links.add_column("link")
-    links.add_column("bandwidth (per direction)", justify="right")
-    links.add_column("latency", justify="right")
+    links = output.table("link", "bandwidth (per direction)", "latency", text=("link",),
+                         right=("bandwidth (per direction)", "latency"))
     # on a cpu_only site the "NVLink" figures describe the ranks' shared-memory / loopback path within a node
     fast = "intra-node loopback (per rank)" if p.cpu_only else "NVLink (per GPU)"
     links.add_row(fast, f"{p.links.nvlink_gbytes_per_s:g} GB/s", f"{p.links.nvlink_latency_us:g} us")
@@ -101,7 +99,7 @@ def _render(p: SiteProfile) -> None:
 
     tree.add(f"[bold]ledger[/bold] {escape(str(ledger_path(p)))}"
              + ("" if p.state_dir else " [dim](state_dir not set: the per-user state directory)[/dim]"))
-    output.console().print(tree, markup=True)
+    output.console().print(tree, markup=True, soft_wrap=False)  # long lines wrap inside the tree, never cut
 
 
 def measured_json(p: SiteProfile) -> dict | None:
@@ -135,21 +133,25 @@ def _render_measured(tree, p: SiteProfile) -> None:
 @app.command("show")
 def show(
     profile: Optional[str] = typer.Argument(
-        None, help=f"Profile name or file (.yaml/.yml/.toml). Default: {DEFAULT_PROFILE}."
+        None, help=f"Profile name or file (.yaml/.yml/.toml). Default: $RESHARDCTL_SITE, else site in "
+                   f"~/.config/reshardctl/config.toml, else {DEFAULT_PROFILE}."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved profile as JSON (errors too, as JSON)."),
 ) -> None:
-    """Print the resolved profile (defaults filled in, hostlists expanded)."""
-    p = load_profile(profile)  # a ProfileError: one paragraph on stderr, or JSON with --json (cli.main)
+    """Print the resolved profile (defaults filled in, hostlists expanded) and where the site came from."""
+    choice = choose_site(profile)
+    p = load_profile(choice.site)  # a ProfileError: one paragraph on stderr, or JSON with --json (cli.main)
+    chosen = {"source": choice.source, "text": choice.describe(), **({"file": choice.where} if choice.where else {})}
     if as_json:
         try:
             measured = measured_json(p)
         except ProfileError as exc:
             _report(exc)
             raise typer.Exit(exc.exit_code) from None
-        output.print_json({**profile_to_dict(p), "derived": derived(p), "calibration": measured})
+        output.print_json({**profile_to_dict(p), "derived": derived(p), "calibration": measured, "chosen_by": chosen})
     else:
         try:
+            output.console().print(choice.describe(), markup=False, highlight=False)
             _render(p)
         except ProfileError as exc:
             _report(exc)
@@ -191,9 +193,7 @@ def list_profiles(
     if as_json:
         output.print_json(rows)
         return
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("name", "source", "summary"):
-        table.add_column(col)
+    table = output.table("name", "source", "summary", text=("source", "summary"))
     for r in rows:
         table.add_row(Text(r["name"]), Text(r["source"]), Text(r["summary"]))
-    output.console().print(table)
+    output.print_table(table)

@@ -11,7 +11,6 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
@@ -211,16 +210,18 @@ NEXT_STEPS = ("next: a bigger model (--model, see `reshardctl model list`), a la
               "(`reshardctl bench`)")
 
 
+# the results table's columns dropped (in this order) when the terminal is too narrow for all
+SECONDARY = ("verify", "GB/s", "of ceiling", "raw ceiling", "peak staging", "transfer", "predicted")
+
+
 def render(summary: dict) -> None:
     con = output.console()
     trs = summary["transports"]
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     cols, rows = _table_rows(summary)
-    for c in cols:
-        table.add_column(c, justify="left" if c == "transport" else "right", no_wrap=True)
+    table = output.table(*cols, right=cols[1:])
     for r in rows:
         table.add_row(*r)
-    con.print(table)
+    output.print_table(table, SECONDARY, con)
     line = comparison_line(summary) if summary.get("ok") else None
     if line:
         con.print(line, markup=False, highlight=False)

@@ -7,15 +7,17 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.errors import InputError, RefusedError
+from reshardctl.site.default_site import choose_site
 
 # the runbook modules are imported by each command: every command's module is imported at start (cli.py)
 
-SITE = typer.Option(..., "--site", help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl).")
+SITE = typer.Option(None, "--site", metavar="NAME|FILE",
+                    help="Site profile name or file (its ledger is <state_dir>/<site>.ledger.jsonl); default: "
+                         "$RESHARDCTL_SITE, else site in ~/.config/reshardctl/config.toml (no fallback: required).")
 WRITE = typer.Option(None, "--write", help="Also write the matching framework settings (NeMo RL YAML) to FILE.")
 # what is promoted / validated: the flags given (promote: over the run's own; rollback: over the last promoted run's)
 LAYOUT_FLAGS = opt.refit_options(tuple(opt.RUNBOOK_OPTIONS), options=opt.RUNBOOK_OPTIONS, given=True)
@@ -40,8 +42,9 @@ def _settings(transport: str, site: str, origin: str, write: Optional[str], show
         output.info(f"framework settings written to {write}")
 
 
-def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
+def status_cmd(site: Optional[str] = SITE, as_json: bool = opt.JSON) -> None:
     """Active refit transport and since when, the budget, the latest measured runs, the last rollback."""
+    site = choose_site(site, required=True, what="status").site
     from reshardctl.runbook import operations
     from reshardctl.runbook.gate import seconds
 
@@ -58,14 +61,13 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
               + ("yes" if meets else "NO" if meets is False else "not measured yet"))
     if a["run_dir"]:
         con.print(f"active from run: {a['run_dir']}", markup=False)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("transport", "measured", "median", "p90", "verified", "within budget", "run"):
-        table.add_column(c, no_wrap=c != "run")
+    table = output.table("transport", "measured", "median", "p90", "verified", "within budget", "run",
+                         text=("run",), right=("median", "p90"))
     for t, e in st["latest_measured"].items():
         table.add_row(t, e["time"], seconds(e["median_s"]), seconds(e["p90_s"]), "yes" if e["verified"] else "NO",
                       "yes" if e["within_budget_now"] else "no", escape(e["run_dir"] or ""))
     if st["latest_measured"]:
-        con.print(table)
+        output.print_table(table, ("within budget", "verified"), con)
     else:
         con.print("no measured runs recorded yet (promote or rollback --verify record them)")
     rb = st["last_rollback"]
@@ -80,7 +82,7 @@ def status_cmd(site: str = SITE, as_json: bool = opt.JSON) -> None:
 
 @LAYOUT_FLAGS
 def promote_cmd(
-    site: str = SITE,
+    site: Optional[str] = SITE,
     run: str = typer.Option(..., "--run", help="Run directory of a `reshardctl bench` run."),
     transport: str = typer.Option("reshard", "--transport", help="reshard | hybrid"),
     force: bool = typer.Option(False, "--force", help="Promote even when a condition fails (needs --reason; recorded)."),
@@ -93,6 +95,7 @@ def promote_cmd(
     from reshardctl.runbook import framework, operations
     from reshardctl.runbook.run_record import load_run
 
+    site = choose_site(site, required=True, what="promote").site
     if transport not in ("reshard", "hybrid"):
         raise InputError(f"--transport {transport!r}: promote takes reshard or hybrid (gather_broadcast is "
                          "`reshardctl rollback`)")
@@ -118,13 +121,10 @@ def promote_cmd(
                            "framework_settings_refused": no_settings})
     else:
         con = output.console()
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("condition", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        table.add_column("numbers")
+        table = output.table("condition", "", "numbers", text=("numbers",))
         for c in res.checks:
             table.add_row(c.name, "ok" if c.ok else "[bold red]FAILED[/bold red]", escape(c.detail))
-        con.print(table)
+        output.print_table(table, con=con)
     bad = [c for c in res.checks if not c.ok]
     if res.refused:
         raise RefusedError(
@@ -142,7 +142,7 @@ def promote_cmd(
 
 @LAYOUT_FLAGS
 def rollback_cmd(
-    site: str = SITE,
+    site: Optional[str] = SITE,
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded in the ledger)."),
     verify: bool = typer.Option(False, "--verify",
                                 help="First run a gather_broadcast validation refit; refuse (exit 1) unless verified."),
@@ -157,6 +157,7 @@ def rollback_cmd(
     from reshardctl.runbook import framework, operations
     from reshardctl.runbook.gate import seconds
 
+    site = choose_site(site, required=True, what="rollback").site
     operations.check_writable(write)
     if request and not verify:
         raise InputError("--model/--train/--infer and the layout flags choose the validation refit's layouts: "

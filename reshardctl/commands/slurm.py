@@ -6,7 +6,6 @@ import time
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
@@ -51,14 +50,13 @@ def jobs_cmd(
         what = "runs" if all_runs else "queued or running runs (--all shows ended ones)"
         output.console().print(f"no {what} in {state_dir()}", markup=False, highlight=False)
         return
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("submitted (UTC)", "site", "mode", "jobs", "state", "run directory"):
-        table.add_column(c, no_wrap=c != "run directory")
+    table = output.table("submitted (UTC)", "site", "mode", "jobs", "state", "run directory",
+                         text=("state", "run directory"))
     for r in rows:
         st = ", ".join(s + (f" ({r['reasons'][j]})" if j in r["reasons"] else "") for j, s in r["states"].items())
         table.add_row(r["submitted"], str(r["site"]), str(r["mode"]), ", ".join(r["job_ids"].values()), st,
                       r["run_dir"])
-    output.console().print(table)
+    output.print_table(table, ("site", "mode"))
 
 
 def cancel_cmd(run_dir: str = typer.Argument(..., help="The run directory of a Slurm run.")) -> None:

@@ -58,6 +58,7 @@ def test_show_json_is_resolved_profile(capsys, name):
     data = json.loads(out)
     derived = data.pop("derived")
     assert data.pop("calibration") is None  # no calibration file in this test's state directory
+    assert data.pop("chosen_by") == {"source": "flag", "text": "site from the command line"}
     assert data == profile_to_dict(load_profile(name))
     p = load_profile(name)
     assert derived["total_gpus"] == p.total_gpus and derived["gpus_per_domain"] == p.gpus_per_domain
