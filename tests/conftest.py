@@ -22,6 +22,14 @@ def _private_state_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
+@pytest.fixture(autouse=True)
+def _no_default_site(tmp_path_factory, monkeypatch):
+    """The default site (site/default_site.py: RESHARDCTL_SITE, then $XDG_CONFIG_HOME/reshardctl/config.toml)
+    is the test's own: none unless the test sets one, whatever the developer's shell or config says."""
+    monkeypatch.delenv("RESHARDCTL_SITE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+
+
 @pytest.fixture
 def small_llama(tmp_path) -> str:
     """Path of the small llama's config.json (its own directory)."""
