@@ -37,6 +37,56 @@ class Segment:
     duration: float
     error: str | None = None
     bytes: int = 0
+    warmup: bool = False  # the event of a warm-up (untimed) refit: ``"warmup": true``
+
+
+# ---- the report's series over time (contract between the data layer and plots.py) ----
+
+@dataclass(frozen=True)
+class Refit:
+    """One refit of one transport, as its slowest rank saw it: a run's timed or warm-up iteration, or one
+    ``Refitter.refit`` step of an API events directory."""
+    source: str  # the run directory's (or API events directory's) label
+    transport: str
+    step: int
+    start_unix: float  # the earliest start of the refit's phases over all ranks
+    seconds: float  # the refit's latency: the slowest rank (for a run, summary.json's figure for the step)
+    warmup: bool = False
+    ok: bool = True  # False: the refit raised (a failed attempt that was not committed)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the plan predicted for a transport, and its physical lower bound, over the span of one source's
+    refits of it (``start_unix`` .. ``end_unix``)."""
+    source: str
+    transport: str
+    predicted_s: float | None
+    lower_bound_s: float | None
+    start_unix: float
+    end_unix: float
+
+
+@dataclass(frozen=True)
+class LedgerMark:
+    """One runbook decision from the site ledger, placed on the time axis."""
+    time_unix: float
+    action: str  # promote | rollback
+    verdict: str  # promoted | forced | refused | rolled_back | verify_failed
+    transport: str  # the transport the entry names (promote: the candidate; rollback: gather_broadcast)
+    label: str  # what the plot prints: "promoted reshard", "promote refused", "rollback (verified)"
+    changes_active: bool
+
+
+@dataclass
+class History:
+    """One panel of the latency-over-time plot: one site and model."""
+    site: str | None
+    model: str
+    budget_s: float | None
+    refits: list[Refit] = field(default_factory=list)
+    expectations: list[Expectation] = field(default_factory=list)
+    marks: list[LedgerMark] = field(default_factory=list)
 
 
 @dataclass
