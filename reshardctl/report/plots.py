@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from reshardctl.report.collect import REFIT_PHASES, RunData  # noqa: E402
+from reshardctl.report.collect import REFIT_PHASES, History, RunData  # noqa: E402
 
 DPI = 110
 TRANSPORT_ORDER = ("reshard", "hybrid", "gather_broadcast")
@@ -105,4 +105,22 @@ def bytes_per_rank(run: RunData, path: Path) -> None:
     ax.set_ylabel("KiB per refit through transfer phases")
     ax.set_title(f"bytes per rank: {run.label}")
     ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def latency_over_time(histories: list[History], path: Path) -> None:
+    """Refit latency over time, one panel per site and model, against the budget line."""
+    fig, axes = plt.subplots(max(1, len(histories)), 1, figsize=(9, 3.5 * max(1, len(histories))), squeeze=False)
+    for ax, h in zip(axes[:, 0], histories or [None]):
+        if h is None or not h.refits:
+            ax.text(0.5, 0.5, "no refits", ha="center", va="center", transform=ax.transAxes)
+            continue
+        for t in _order({r.transport for r in h.refits}):
+            rs = [r for r in h.refits if r.transport == t]
+            ax.scatter([r.start_unix for r in rs], [r.seconds for r in rs], s=14, label=t)
+        if h.budget_s is not None:
+            ax.axhline(h.budget_s, color="tab:red", linestyle="--", label=f"budget {h.budget_s:g} s")
+        ax.set_title(f"{h.site or '-'}: {h.model}", fontsize=10)
+        ax.set_ylabel("refit latency (s)")
+        ax.legend(fontsize=8)
     _save(fig, path)
