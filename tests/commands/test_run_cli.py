@@ -62,8 +62,10 @@ def test_run_with_transport_runs_that_one_only_and_says_faster_or_slower(tmp_pat
     assert set(json.loads(capsys.readouterr().out)["transports"]) == {"hybrid"}
 
 
-def test_render_hides_empty_columns_and_names_faster_or_slower(capsys):
+def test_render_hides_empty_columns_and_names_faster_or_slower(capsys, monkeypatch):
     from reshardctl.commands.run import NEXT_STEPS, render
+
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for every column: narrow widths are test_table_width's
 
     def tr(median, verified=True):
         st = {"median": median, "p90": median, "min": median, "all": [median]}

@@ -90,8 +90,12 @@ def test_not_an_object_is_refused():
 def test_the_defaults_are_the_command_lines():
     """`reshardctl plan` without options plans RefitRequest(): the option defaults are the request's."""
     from reshardctl.commands.options import REQUEST_OPTIONS
+    from reshardctl.site.default_site import choose_site
 
     for name, (_, option) in REQUEST_OPTIONS.items():
+        if name == "site":  # not given: RESHARDCTL_SITE, the user's config, then the request's default
+            assert option.default is None and choose_site(None).site == RefitRequest().site
+            continue
         assert option.default == getattr(RefitRequest(), name), name
 
 

@@ -568,8 +568,9 @@ def test_docs_examples_yaml_and_toml_agree(tmp_path):
     import re
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "site-profiles.md").read_text()
-    yaml_text = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
-    toml_text = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    # the profile examples are fenced at the start of a line (the indented toml block is the user config file)
+    yaml_text = re.search(r"^```yaml\n(.*?)^```", doc, re.S | re.M).group(1)
+    toml_text = re.search(r"^```toml\n(.*?)^```", doc, re.S | re.M).group(1)
     y = load_profile(write(tmp_path, yaml_text, "ex.yaml"))
     t = load_profile(write(tmp_path, toml_text, "ex.toml"))
     assert y == t and y.name == "mycluster" and y.total_gpus == 128
