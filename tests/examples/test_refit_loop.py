@@ -30,6 +30,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
 
 
+# enough refits that a loaded machine (the CLI commands between them take seconds each) still has steps left
+# after the ledger is corrupted; the loop's steps are 1.5 s apart
+STEPS = 14
+
+
 class _Loop:
     """The example running in the background; each JSON line kept with the time it arrived."""
 
@@ -102,7 +107,7 @@ def promoted_site(tmp_path_factory):
 
 def test_rollback_and_promote_from_the_cli_switch_the_next_refit_of_a_running_loop(promoted_site):
     site, state, bench, model = promoted_site
-    loop = _Loop(site, model, steps=9, sleep_s=1.5)
+    loop = _Loop(site, model, steps=STEPS, sleep_s=1.5)
     first = loop.wait_for(lambda ln: ln["step"] == 1, "step 1")
     promoted = ledger_lines(state)[-1]
     assert promoted["action"] == "promote" and promoted["transport"] == "reshard"
@@ -132,7 +137,7 @@ def test_rollback_and_promote_from_the_cli_switch_the_next_refit_of_a_running_lo
     assert rc == 0, loop.stderr[-3000:]
 
     lines = [ln for _, ln in loop.lines]
-    assert [ln["step"] for ln in lines] == list(range(1, 10))
+    assert [ln["step"] for ln in lines] == list(range(1, STEPS + 1))
     assert all(ln["verified"] for ln in lines)
     after_rb = [ln for ln in loop.after(t_rollback) if ln in loop.before(t_promote)]
     assert after_rb, "no refit decided between the rollback and the second promote"
