@@ -2,7 +2,7 @@
 """reshardctl inside an RL job: trainer and inference in two worlds, the site's ledger in charge.
 
     pip install -e .                                   # from a fresh clone
-    python examples/refit_loop.py --site local --steps 5 --sleep-s 1
+    python examples/refit_loop.py --site local --steps 5 --sleep-s 1 [--events-dir runs/loop]
 
 Four processes on this machine, gloo on the CPU: 2 trainer ranks (tensor parallel 2, megatron-core
 parameter names) with their own default world, 2 inference ranks (tensor parallel 2, vLLM's fused
@@ -48,7 +48,7 @@ def trainer(rank: int, args, token: str, ports: dict, out) -> None:
     plan = api.plan_refit(model=args.model, train=f"tp={TP}", infer=f"tp={TP}", site=args.site)  # GLUE
     model = MegatronGPT(plan.model.config, TP, rank)  # stands in for megatron-core's GPTModel on this rank
     refitter = api.Refitter(  # GLUE
-        plan, site=args.site, binding=api.bind(plan, "train", rank, model.module),  # GLUE
+        plan, site=args.site, binding=api.bind(plan, "train", rank, model.module), events_dir=args.events_dir,  # GLUE
         update_group=api.UpdateGroup(f"127.0.0.1:{ports['update']}", token, "train", rank))  # GLUE
     for step in range(1, args.steps + 1):
         model.train_step(reference_weights(plan.model.config, step))  # stands in for an optimizer step
@@ -66,7 +66,7 @@ def inference(rank: int, args, token: str, ports: dict, out) -> None:
     plan = api.plan_refit(model=args.model, train=f"tp={TP}", infer=f"tp={TP}", site=args.site)  # GLUE
     engine = VllmLlama(plan.model.config, TP, rank)  # stands in for vLLM's model runner on this rank
     refitter = api.Refitter(  # GLUE
-        plan, site=args.site, binding=api.bind(plan, "infer", rank, engine.module),  # GLUE
+        plan, site=args.site, binding=api.bind(plan, "infer", rank, engine.module), events_dir=args.events_dir,  # GLUE
         update_group=api.UpdateGroup(f"127.0.0.1:{ports['update']}", token, "infer", rank))  # GLUE
     failed = 0
     for step in range(1, args.steps + 1):
@@ -100,6 +100,9 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-llama", help="a dense Llama-style model of the catalog")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--sleep-s", type=float, default=0.0, help="pause between steps (time to run a rollback)")
+    ap.add_argument("--events-dir", default=None,
+                    help="keep every rank's refit events here (events/rank-N.jsonl: `reshardctl report` and "
+                         "`reshardctl trace` read it)")
     args = ap.parse_args()
     ports = {"train": _free_port(), "infer": _free_port(), "update": _free_port()}
     token = secrets.token_hex(16)  # GLUE: the job's secret; a process without it cannot join the update group

@@ -17,6 +17,7 @@ import torch
 
 from helpers.runbook_helpers import ledger_lines, site_profile
 from helpers.small_llama import SMALL_LLAMA
+from reshardctl.runs.records import read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "refit_loop.py"
@@ -38,9 +39,10 @@ STEPS = 14
 class _Loop:
     """The example running in the background; each JSON line kept with the time it arrived."""
 
-    def __init__(self, site: str, model: str, steps: int, sleep_s: float):
+    def __init__(self, site: str, model: str, steps: int, sleep_s: float, events_dir: Path):
         self.proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--site", site, "--model", model, "--steps",
-                                      str(steps), "--sleep-s", str(sleep_s)], stdout=subprocess.PIPE,
+                                      str(steps), "--sleep-s", str(sleep_s), "--events-dir", str(events_dir)],
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[float, dict]] = []
         self.stderr = ""
@@ -107,7 +109,7 @@ def promoted_site(tmp_path_factory):
 
 def test_rollback_and_promote_from_the_cli_switch_the_next_refit_of_a_running_loop(promoted_site):
     site, state, bench, model = promoted_site
-    loop = _Loop(site, model, steps=STEPS, sleep_s=1.5)
+    loop = _Loop(site, model, steps=STEPS, sleep_s=1.5, events_dir=state.parent / "loop-events")
     first = loop.wait_for(lambda ln: ln["step"] == 1, "step 1")
     promoted = ledger_lines(state)[-1]
     assert promoted["action"] == "promote" and promoted["transport"] == "reshard"
@@ -151,6 +153,14 @@ def test_rollback_and_promote_from_the_cli_switch_the_next_refit_of_a_running_lo
     # said once (by update rank 0, the only rank that reads the ledger), never fatal
     assert loop.stderr.count("keeping the last good decision: reshard") == 1, loop.stderr
     assert f"ledger {ledger}, line {promote_line + 1}: not valid JSON" in loop.stderr
+    # --events-dir: every rank's events, and each step's decision there is the transport the loop printed
+    decided = {}
+    for rank in range(4):
+        for ev in read_events(state.parent / "loop-events" / "events" / f"rank-{rank}.jsonl"):
+            if ev["phase"] == "decide":
+                decided.setdefault(ev["step"], set()).add((rank, ev["transport"]))
+    assert {step: {t for _, t in got} for step, got in decided.items()} == {ln["step"]: {ln["transport"]} for ln in lines}
+    assert all(len(got) == 4 for got in decided.values())
 
 
 def test_the_examples_reference_check_fails_on_a_single_wrong_element():
