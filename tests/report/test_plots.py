@@ -128,7 +128,8 @@ def test_over_time_has_budget_predictions_marks_and_a_full_legend():
         assert any(lab.startswith(kind) for lab in labels), (kind, labels)
     assert labels[:2] == ["reshard", "gather_broadcast"]
     _in_legend_order(labels[2:])
-    points = {k: sum(len(c.get_offsets()) for c in _gid(ax, k)) for k in ("timed refit", "warm-up refit", "failed refit")}
+    kinds = ("timed refit", "warm-up refit", "failed refit")
+    points = {k: sum(len(c.get_offsets()) for c in _gid(ax, k)) for k in kinds}
     assert points == {"timed refit": sum(r.ok and not r.warmup for r in h.refits),
                       "warm-up refit": sum(r.warmup for r in h.refits), "failed refit": 1}
 
