@@ -185,14 +185,17 @@ def _history_panel(ax, h: History) -> set[str]:
     if h.budget_s is not None:
         kinds.add("budget")
         _budget_line(ax, h.budget_s, scale, unit)
-    for m in h.marks:
+    last_x, low = None, False
+    for m in sorted(h.marks, key=lambda m: m.time_unix):
         kind = style.mark_kind(m.action, m.verdict)
         kinds.add("refused / verify failed" if kind == "declined" else kind)
         c = style.MARK_COLORS[kind]
         xm = x(m.time_unix)
         ax.axvline(xm, color=c, linewidth=1.3, gid="mark", zorder=1)
-        ax.annotate(m.label, xy=(xm, 0.98), xycoords=("data", "axes fraction"), rotation=90, ha="right", va="top",
-                    fontsize=7, color="#444444" if kind == "declined" else c)
+        low = last_x is not None and xm - last_x < 0.12 and not low  # a close neighbour's label: stagger it
+        last_x = xm
+        ax.annotate(m.label, xy=(xm, 0.55 if low else 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                    ha="right", va="top", fontsize=7, color="#444444" if kind == "declined" else c)
     # ticks: each slot's UTC start and source; the gap to the next slot between them
     every = max(1, -(-len(clusters) // 10))
     ticks, labels = [], []
