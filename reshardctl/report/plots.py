@@ -222,7 +222,8 @@ def _history_panel(ax, h: History) -> set[str]:
 
 def latency_over_time_figure(histories: list[History]):
     hs = histories or [History(None, "", None)]
-    fig, axes = plt.subplots(len(hs), 1, figsize=(style.WIDTH_IN, 1.2 + 3.3 * len(hs)), squeeze=False,
+    per_panel = 3.3 if len(hs) <= 3 else 2.6  # many sites and models: shorter panels
+    fig, axes = plt.subplots(len(hs), 1, figsize=(style.WIDTH_IN, 1.2 + per_panel * len(hs)), squeeze=False,
                              layout="constrained")
     kinds: set[str] = set()
     for ax, h in zip(axes[:, 0], hs):
@@ -350,12 +351,15 @@ def timeline_figure(run: RunData):
     segs = [s for s in run.segments if s.phase not in style.ENVELOPE_PHASES]
     refit = [s for s in segs if style.is_refit_phase(s.phase)]
     setup = [s for s in segs if not style.is_refit_phase(s.phase)]
-    all_ranks = run.ranks()
+    sides: dict[int, str] = {}
+    for r, side in run.ranks():  # one row per rank (its side from any event that names one)
+        sides[r] = sides.get(r) or side
+    all_ranks = sorted(sides.items())
     ranks = _busiest(run, all_ranks)
     row = {r: i for i, (r, _) in enumerate(ranks)}
     n = max(1, len(ranks))
     fig, (ax_s, ax_r) = plt.subplots(1, 2, sharey=True, width_ratios=[1, 3], layout="constrained",
-                                     figsize=(style.WIDTH_IN, 2.2 + 0.32 * n))
+                                     figsize=(style.WIDTH_IN, 2.2 + 0.26 * n))
     height = 0.8
     # set-up: its own axis and unit, so a long materialise does not squeeze the refits
     s_unit, s_scale = time_unit([s.start + s.duration for s in setup] or [0.0])

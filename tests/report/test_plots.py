@@ -217,6 +217,9 @@ def test_timeline_of_many_ranks_shows_the_busiest_and_stays_bounded(tmp_path):
     segs = [Segment(rank=r, side="train" if r < 32 else "infer", transport="reshard", phase=phase, step=1,
                     start=t, duration=0.01 * (1 + r % 5), bytes=1 << 20)
             for r in range(64) for phase, t in (("materialise", 0.0), ("round/transfer", 20.0), ("verify", 20.1))]
+    # a set-up event that names no side (as a run's rendezvous may): still one row per rank
+    segs += [Segment(rank=r, side="", transport="unknown", phase="rendezvous", step=None, start=0.0, duration=0.01)
+             for r in range(64)]
     run = RunData(tmp_path / "wide", {"transports": {"reshard": {}}}, segs)
     fig = plots.timeline_figure(run)
     assert len(fig.axes[0].get_yticks()) == style.MAX_RANK_ROWS
