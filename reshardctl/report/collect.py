@@ -15,7 +15,7 @@ events (``"api": true``; per transport ``refit_s`` all/median/p90 of its refits,
 * a run's timed refits carry summary.json's figure (``refit_s.all``, k-th timed step in step order);
 * warm-up refits (``"warmup": true``) and API refits: the slowest rank's span, last end - first start of
   its refit phases (``round/*``, ``bucket/*``, ``verify``, ``verify/full``, ``commit``);
-* a failed attempt (an ``attempt`` event with an error): ``ok`` False, the longest failed attempt event
+* a failed attempt (an ``attempt`` event with an error, or a run's whose ``outcome`` is not ``committed``): ``ok`` False, the longest failed attempt event
   (or the span of the step's refit phases when the attempt event has no duration).
 """
 
@@ -186,6 +186,17 @@ def _step_transports(rows: list[dict]) -> dict[tuple[int, int], str]:
             if r.get("phase") == "decide" and isinstance(r.get("step"), int) and isinstance(r.get("transport"), str)}
 
 
+def _error(r: dict) -> str | None:
+    """The error type of an event: ``error_type``, or a run's ``attempt`` whose ``outcome`` is not
+    ``committed`` (``VerificationError: refit of step 2 not committed; ...``)."""
+    if r.get("error_type"):
+        return str(r["error_type"])
+    outcome = r.get("outcome")
+    if r.get("phase") == "attempt" and isinstance(outcome, str) and outcome != "committed":
+        return outcome.split(":", 1)[0] or "failed"
+    return None
+
+
 def _segments(rows: list[dict], t0: float, only: str) -> list[Segment]:
     decided = _step_transports(rows)
     out = []
@@ -195,7 +206,7 @@ def _segments(rows: list[dict], t0: float, only: str) -> list[Segment]:
         attempt = r.get("attempt")
         out.append(Segment(rank=r["rank"], side=str(r.get("side", "")), transport=str(transport),
                            phase=str(r.get("phase", "")), step=step, start=float(r["start"]) - t0,
-                           duration=float(r.get("duration_s") or 0.0), error=r.get("error_type"),
+                           duration=float(r.get("duration_s") or 0.0), error=_error(r),
                            bytes=int(r.get("bytes") or 0), warmup=r.get("warmup") is True,
                            attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None))
     return out
@@ -284,7 +295,7 @@ def load_run_data(run_dir: str | Path) -> RunData:
         event_logs(events_dir(path)) or event_logs(path))
     if api:
         logs = event_logs(events_dir(path)) or event_logs(path)
-        data = RunData(path.resolve(), {})
+        data = RunData(path.resolve(), {"api": True})  # the full summary once the refits are derived
     else:
         rec = read_summary(run_dir, flag="report")  # no such directory, no summary.json: the error says so
         logs = event_logs(events_dir(rec.run_dir))
