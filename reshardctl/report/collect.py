@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -291,7 +292,7 @@ def _api_summary(data: RunData, rows: list[dict]) -> dict[str, Any]:
 def load_run_data(run_dir: str | Path) -> RunData:
     """A run directory (summary.json and events/), or an API refit's events directory (no summary.json)."""
     path = Path(run_dir)
-    api = path.is_dir() and not (path / "summary.json").exists() and bool(
+    api = path.is_dir() and not os.path.lexists(path / "summary.json") and bool(
         event_logs(events_dir(path)) or event_logs(path))
     if api:
         logs = event_logs(events_dir(path)) or event_logs(path)

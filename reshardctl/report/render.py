@@ -14,16 +14,19 @@ from pathlib import Path
 from reshardctl.atomic_write import StagedWrites
 from reshardctl.errors import InputError, OutputError
 from reshardctl.report import history, page
-from reshardctl.report.collect import load_runs
+from reshardctl.report.collect import RunData, load_runs
 
 FORMATS = ("md", "html")
 
 
-def default_out(run_dirs: list[str], site_name: str | None = None) -> Path:
-    """``<last RUN_DIR>/report``; a site's week (no RUN_DIR): ``./reshardctl-report-<site>``."""
+def default_out(given: str, last: RunData, site_name: str | None = None) -> Path:
+    """``<last RUN_DIR>/report`` (an API refit's ``events_dir``, even given as its ``events/``: beside
+    ``events/``); a site's week (no RUN_DIR): ``./reshardctl-report-<site>``."""
     if site_name is not None:
         return Path(f"reshardctl-report-{re.sub(r'[^A-Za-z0-9_.-]', '_', site_name)}")
-    return Path(run_dirs[-1]) / "report"
+    if last.api and last.run_dir.name == "events":
+        return Path(given).parent / "report"
+    return Path(given) / "report"
 
 
 def _week(site: str) -> tuple[list[str], list[str], history.SiteLedger]:
@@ -53,7 +56,7 @@ def write_report(run_dirs: list[str], out: str | None = None, fmt: str = "md", s
     runs = load_runs(run_dirs)  # bad run directories: exit 2 before anything is written
     ledgers = history.site_ledgers(runs, site)  # a corrupt ledger: exit 2 before anything is written
     histories = history.histories(runs, ledgers, site)
-    target = Path(out) if out is not None else default_out(run_dirs, week.site if week else None)
+    target = Path(out) if out is not None else default_out(run_dirs[-1], runs[-1], week.site if week else None)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -170,7 +170,8 @@ def test_a_corrupt_ledger_is_exit_2_naming_it(week, tmp_path, capsys):
 
 def test_one_html_file_embeds_every_plot(week, tmp_path):
     out = tmp_path / "html"
-    assert main(["report", str(week.api), "--out", str(out), "--format", "html"]) == 0
+    assert main(["report", str(week.api / "events"), "--format", "html"]) == 0  # default --out: beside events/
+    shutil.move(week.api / "report", out)
     assert list(out.iterdir()) == [out / "report.html"]
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "API refits" in page  # over time, latency, timeline, bytes
