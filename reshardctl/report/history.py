@@ -8,7 +8,8 @@ expectations, the site's budget and the runbook decisions of its ledger.
   ledger raises ``LedgerError`` (exit 2), as every ledger reader.
 * ``histories(runs, ledgers)``: one ``History`` per (site, model) of the runs (``grouped``). An API events directory
   names no model (and a site only when its refits asked a ledger): it joins the panel of the other runs
-  when they are all of one site and model, else it gets its own panel.
+  when they are all of one site and model, else it gets its own panel. Every panel of a site carries all
+  of its ledger's promote / rollback decisions (the active transport is the site's, not a model's).
 * ``week_run_dirs(entries)``: the run directories a ledger names (measure, promote, rollback), oldest
   first: those on disk, and those no longer on disk.
 """

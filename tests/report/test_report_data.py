@@ -168,3 +168,37 @@ def test_no_run_directory_is_an_error_naming_what_to_give():
 
     with pytest.raises(InputError, match="at least one run directory"):
         load_runs([])
+
+
+_phase = st.tuples(st.sampled_from(["round/transfer", "round/unpack", "bucket/gather", "verify", "commit", "decide"]),
+                   st.integers(0, 3), st.integers(1, 4), st.integers(0, 50_000).map(lambda ms: ms / 1000),
+                   st.integers(0, 5_000).map(lambda us: us / 1e6))  # the events' microsecond resolution
+
+
+@given(st.lists(_phase, min_size=1, max_size=40))
+def test_an_api_refits_latency_is_its_slowest_ranks_span_for_any_events(phases):
+    """Events of any ranks, steps and overlaps: each step's refit = max over ranks of (last end - first start
+    of that rank's refit phases); ``decide`` is no refit phase; every step with a refit phase is one refit."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        events = Path(d) / "events"
+        events.mkdir()
+        t0 = 1_800_000_000.0
+        for rank in range(4):
+            lines = [json.dumps({"phase": p, "rank": r, "side": "train" if r < 2 else "infer", "start": t0 + s,
+                                 "duration_s": dur, "step": step})
+                     for p, r, step, s, dur in phases if r == rank]
+            (events / f"rank-{rank}.jsonl").write_text("".join(line + "\n" for line in lines))
+        run = load_run_data(d)
+    want: dict[int, dict[int, list[float]]] = defaultdict(dict)
+    for p, r, step, s, dur in phases:
+        if p != "decide":
+            lo, hi = want[step].get(r, [float("inf"), -float("inf")])
+            want[step][r] = [min(lo, s), max(hi, s + dur)]
+    assert [r.step for r in run.refits] == sorted(want, key=lambda k: (min(lo for lo, _ in want[k].values()), k))
+    got = {r.step: r for r in run.refits}
+    for step, ranks in want.items():
+        assert got[step].seconds == pytest.approx(max(hi - lo for lo, hi in ranks.values()), abs=1e-6)
+        assert got[step].start_unix == pytest.approx(t0 + min(lo for lo, _ in ranks.values()), abs=1e-6)
+    assert run.api and {t: s["iterations"] for t, s in run.transports.items()} == ({"unknown": len(want)} if want else {})
