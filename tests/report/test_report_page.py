@@ -155,8 +155,10 @@ def test_a_site_with_nothing_to_report_is_refused_before_writing(tmp_path, monke
     assert main(["report", "--site", gone]) == 2
     err = capsys.readouterr().err
     assert "none of the 1 run directories" in err and str(tmp_path / "old") in err
-    assert main(["report"]) == 2
-    assert "give run directories, or --site" in capsys.readouterr().err
+    assert main(["report"]) == 2  # no run directory, no site given or configured (RESHARDCTL_SITE, config file)
+    assert "report without RUN_DIR needs a site" in capsys.readouterr().err
+    monkeypatch.setenv("RESHARDCTL_SITE", empty)  # the default site's week: its (empty) ledger
+    assert main(["report"]) == 2 and "nothing to report" in capsys.readouterr().err
     assert not (tmp_path / "reshardctl-report-local").exists()
 
 
