@@ -133,16 +133,21 @@ def test_a_whole_change_window(tmp_path, medium_llama, capsys):
     rep = tmp_path / "report"
     assert main(["report", run, str(rb_dir), "--out", str(rep)]) == 0
     md = (rep / "report.md").read_text()
-    assert "Before / after" in md and summary["transports"][winner]["fingerprint"] in md
+    assert summary["transports"][winner]["fingerprint"] in md
     assert "megatron tp=2" in md and "Failures: none" in md
+    # what changed: the promotion of the winner and the rollback, each against the transport it replaced
+    changes = md[md.index("### Before / after: the transport that changed"):].split("\n\n")[1].splitlines()[2:]
+    assert [row.split(" | ")[2:6:3] for row in changes] == [["gather_broadcast", winner], [winner, "gather_broadcast"]]
+    assert "| promote | refused |" in md and "| rollback | rolled_back | gather_broadcast |" in md
     pngs = sorted(rep.glob("*.png"))
-    assert {p.name for p in pngs} == {"latency.png", "timeline-1.png", "timeline-2.png", "bytes-1.png", "bytes-2.png"}
+    assert {p.name for p in pngs} == {"latency-over-time.png", "latency.png", "timeline-1.png", "timeline-2.png",
+                                      "bytes-1.png", "bytes-2.png"}
     for p in pngs:
         _png_ok(p)
         assert f"]({p.name})" in md
     assert main(["report", run, "--out", str(tmp_path / "html"), "--format", "html"]) == 0
     html = (tmp_path / "html" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "<img" in html and 'src="latency.png"' not in html
+    assert html.count("data:image/png;base64,") == 4 and "<img" in html and 'src="latency.png"' not in html
     assert list((tmp_path / "html").iterdir()) == [tmp_path / "html" / "report.html"]
 
     kinds = [(e["action"], e["verdict"]) for e in ledger_lines(state)]
