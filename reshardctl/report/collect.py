@@ -36,9 +36,6 @@ from reshardctl.layout.layout_file import MAX_WORLD
 from reshardctl.runs.records import event_logs, events_dir, read_events_tolerant, read_summary
 
 TRANSFER_PHASES = ("round/transfer", "bucket/gather", "bucket/broadcast")
-# phases of one refit, in the order the timeline's legend shows them
-REFIT_PHASES = ("materialise", "round/pack", "round/transfer", "round/unpack", "bucket/gather", "bucket/broadcast",
-                "bucket/unpack", "verify", "verify/full", "commit")
 
 
 @dataclass
