@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -66,21 +67,37 @@ def infer_needed_bytes(model, infer) -> int:
     return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
-def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
-    """Plan every requested transport (+ candidates); return the plans and the ``--json`` object."""
+def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, Plan], dict]:
+    """Plan every requested transport (+ candidates); return the plans and the ``--json`` object.
+    ``progress(what, done, total)``, if given, is told each stage as it begins (planning a transport, its
+    figures, the lower bound, the candidates): it only listens; the plans and the object are the same."""
     from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
 
     t0 = time.perf_counter()
     order = (inp.primary,) + tuple(t for t in inp.transports if t != inp.primary) if inp.primary in inp.transports else inp.transports
+    total = 2 * len(order) + 1 + bool(inp.compare)
+    done = 0
+
+    def stage(what: str) -> None:
+        nonlocal done
+        if progress is not None:
+            progress(what, done, total)
+        done += 1
+
     plans: dict[str, Plan] = {}
     for tname in order:
+        stage(f"planning {tname}")
         plans[tname] = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=tname,
                                   bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
     first = plans[order[0]]
+    stage("lower bound")
     lb = lower_bound(first, inp.links)
-    reports = {t: transport_report(p, inp.links, lb) for t, p in plans.items()}
+    reports = {}
+    for t, p in plans.items():
+        stage(f"traffic and predicted time of {t}")
+        reports[t] = transport_report(p, inp.links, lb)
     reshard_units = plans["reshard"].units if "reshard" in plans and not inp.relay else None
     compat = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=reshard_units)
     result = {
@@ -97,6 +114,7 @@ def plan_report(inp: Inputs) -> tuple[dict[str, Plan], dict]:
         "inputs": inputs_json(inp),
     }
     if inp.compare:
+        stage(f"ranking {len(inp.compare)} inference layouts")
         result["compare"] = compare(inp, order[0], (first, reports[order[0]], lb))
     result["planning_s"] = time.perf_counter() - t0
     return plans, result

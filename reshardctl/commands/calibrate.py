@@ -27,6 +27,8 @@ LABELS = {
     "checksum_side_bytes_per_s": ("checksum, one node's ranks at once", "bw"),
     "checksum_world_bytes_per_s": ("checksum, every rank at once", "bw"),
     "control_round_s": ("control round, every rank", "s"),
+    "landing_s_per_param": ("landing, per parameter segment", "s"),
+    "loader_s_per_tensor": ("framework loader, per tensor", "s"),
 }
 
 

@@ -199,28 +199,40 @@ def export(
     if problems:  # flag problems first, every one at once (as `plan` reports them)
         raise InputError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n"
                          + "\n".join(f"  - {p}" for p in problems))
-    m = _load_model(request)
-    prof = None
-    if site:
-        from reshardctl.site import load_profile
+    from reshardctl.commands import progress as live  # rich.progress: not at start (cli.py imports every command)
 
-        prof = load_profile(site)
+    # the stages on stderr once the export has taken longer than a second (deepseek-v3, 256 vLLM ranks: ~4 s)
+    prog = live.LiveProgress(output.err_console(), "loading the model", enabled=not output.quiet(),
+                             show_after_s=live.LONG_WORK_S)
     # as in `layout show`: the allocation rule involves both sides, so with --site both are built
-    sides = ["train", "infer"] if prof is not None else [side]
-    args = _side_args(request)
-    layouts, worlds = {}, {}
-    for s in sides:
-        spec, style, lf = args[s]
-        layouts[s], worlds[s] = layout_or_problems(m, s, spec, style, lf, problems, f"--{s}")
-    if prof is not None:
-        topology_or_problems(prof, worlds["train"], worlds["infer"], problems, "allocation")
-    if problems:
-        raise LayoutError(problems)
-    lay = layouts[side]
-    try:  # missing parent directories are created, as for `plan --out` / `--export-transfers`
-        Path(out).absolute().parent.mkdir(parents=True, exist_ok=True)
-        path = export_layout_file(lay, out)
-    except OSError as e:
-        raise OutputError(f"--out {out}: cannot write: {e.strerror or e}",
-                          hint="choose a path in a writable directory") from None
+    sides = ["train", "infer"] if site else [side]
+    total = len(sides) + 3
+    path = None
+    try:
+        m = _load_model(request)
+        prof = None
+        if site:
+            from reshardctl.site import load_profile
+
+            prof = load_profile(site)
+        args = _side_args(request)
+        layouts, worlds = {}, {}
+        for k, s in enumerate(sides, 1):
+            prog.update(k, total, f"building the {s} layout")
+            spec, style, lf = args[s]
+            layouts[s], worlds[s] = layout_or_problems(m, s, spec, style, lf, problems, f"--{s}")
+        if prof is not None:
+            topology_or_problems(prof, worlds["train"], worlds["infer"], problems, "allocation")
+        if problems:
+            raise LayoutError(problems)
+        lay = layouts[side]
+        prog.update(total - 2, total, "listing every rank's boxes")
+        try:  # missing parent directories are created, as for `plan --out` / `--export-transfers`
+            Path(out).absolute().parent.mkdir(parents=True, exist_ok=True)
+            path = export_layout_file(lay, out, on_write=lambda: prog.update(total - 1, total, f"writing {out}"))
+        except OSError as e:
+            raise OutputError(f"--out {out}: cannot write: {e.strerror or e}",
+                              hint="choose a path in a writable directory") from None
+    finally:
+        prog.stop()  # the "wrote" line below says how it ended
     output.info(f"wrote {side} layout {lay.describe()} ({lay.world_size} ranks, {len(m.tensors)} tensors) to {path}")

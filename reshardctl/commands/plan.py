@@ -149,12 +149,21 @@ def plan_cmd(
 
         raise OutputError("--json and --export-transfers - both write to stdout",
                           hint="give --export-transfers a file name, or leave out --json")
-    with _few_collections():  # the plans allocate many small objects
-        inp = prepare(request.replace(transport=transport), out=out, export=export,
-                      compare=list(compare_infer or []))
-        if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
-            inp.primary = LedgerTransport(request.site, warn=_warn)().transport
-        plans, result = plan_report(inp)
+    from reshardctl.commands import progress as live  # rich.progress: not at start (cli.py imports every command)
+
+    # the planner's stages on stderr, once planning has taken longer than a second (deepseek-v3 at 256+256: ~11 s)
+    prog = live.LiveProgress(output.err_console(), "resolving the model and layouts",
+                             enabled=not as_json and not output.quiet(), show_after_s=live.LONG_WORK_S)
+    result = None
+    try:
+        with _few_collections():  # the plans allocate many small objects
+            inp = prepare(request.replace(transport=transport), out=out, export=export,
+                          compare=list(compare_infer or []))
+            if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
+                inp.primary = LedgerTransport(request.site, warn=_warn)().transport
+            plans, result = plan_report(inp, lambda what, done, total: prog.update(done, total, what))
+    finally:
+        prog.stop(None if result is None else f"planned {len(plans)} transport(s) in {result['planning_s']:.1f} s")
     extra = None
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)
         from pathlib import Path

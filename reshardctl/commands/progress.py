@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+LONG_WORK_S = 1.0  # work that may be quick (`plan`, `layout export`) shows its stages only once it took this long
 PLAIN_EVERY_S = 10.0  # not a terminal: the counts said at most this often (a change of phase or state at once)
 NO_REASON = ("", "None", "none", "(null)")  # squeue's "no reason"
 
@@ -71,11 +72,14 @@ class _Count(ProgressColumn):
 class LiveProgress:
     """Progress of one piece of work on ``console`` (stderr). ``enabled`` False (``--json``, ``--quiet``):
     says nothing. ``start()`` before the first update (an input error before it leaves no line behind);
-    ``update``/``state`` as the work goes; ``stop(final)`` once: the bar goes, ``final`` stays."""
+    ``update``/``state`` as the work goes; ``stop(final)`` once: the bar goes, ``final`` stays.
+    ``show_after_s``: instead of ``start()``, the first ``update`` at least that long after creation starts
+    it (work that is often quick says nothing then; a long one shows the stage it is in)."""
 
     def __init__(self, console: Console, what: str, *, enabled: bool = True, every_s: float = PLAIN_EVERY_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, show_after_s: float | None = None):
         self.console, self.enabled, self.every_s, self.clock = console, enabled, every_s, clock
+        self.show_after_s, self._born = show_after_s, clock()
         self.tty = console.is_terminal
         self.what, self.done, self.total = what, 0, None
         self.started = False
@@ -103,7 +107,11 @@ class LiveProgress:
         if done is not None:
             self.done = done
         if not self.started:
-            return
+            if self.show_after_s is None or self.clock() - self._born < self.show_after_s:
+                return
+            self.start()
+            if not self.started:  # not enabled
+                return
         if self.tty:
             self._bar.update(self._task, description=escape(self.what), completed=self.done, total=self.total)
         else:
@@ -140,4 +148,4 @@ class LiveProgress:
         self.console.print(self._text(), markup=False, highlight=False, soft_wrap=True)
 
 
-__all__ = ["LiveProgress", "end_line", "session_end_line", "slurm_state_line", "PLAIN_EVERY_S"]
+__all__ = ["LiveProgress", "end_line", "session_end_line", "slurm_state_line", "LONG_WORK_S", "PLAIN_EVERY_S"]

@@ -7,6 +7,8 @@ every byte and leave a run directory (see reshardctl/runs/rundir.py and docs/slu
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from typing import List, Optional
 
 import typer
@@ -60,6 +62,8 @@ def _session(request: RefitRequest, *, out, as_json, dry_run=False, detach=False
     transports, launcher, slurm_mode, baseline = list(rs.transports), rs.launcher, rs.slurm_mode, rs.baseline
     timeout_s, retries = rs.timeout_s, rs.retries
     inp = prepare(request.replace(transport=transports[0] if len(transports) == 1 else "all"))
+    # the session's transports, not "all" three: summary.json, plan.json and session.json list what ran
+    inp = dataclasses.replace(inp, transports=tuple(transports), primary=transports[0])
     launcher = launcher or inp.site.launcher
     if launcher not in LAUNCHERS:
         raise InputError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
@@ -205,9 +209,28 @@ def comparison_line(summary: dict) -> str | None:
     return None
 
 
-NEXT_STEPS = ("next: a bigger model (--model, see `reshardctl model list`), a layout of your own (--train-layout/"
-              "--infer-layout FILE), on Slurm (--launcher slurm), or all three transports with the raw ceiling "
-              "(`reshardctl bench`)")
+# the last line of a successful run's summary: what to do next, per command (bench: the change window)
+NEXT_STEPS = {
+    "run": ("next: a bigger model (--model, see `reshardctl model list`), a layout of your own (--train-layout/"
+            "--infer-layout FILE), on Slurm (--launcher slurm), or all three transports with the raw ceiling "
+            "(`reshardctl bench`)"),
+    "bench": ("next: `reshardctl promote --site {site} --run {run_dir}` makes reshard (--transport hybrid: hybrid) "
+              "the site's refit transport if this run proves it (verified, median and p90 within the budget, faster "
+              "than gather_broadcast); `reshardctl status --site {site}` shows the window, `reshardctl report "
+              "{run_dir}` the page"),
+}
+
+
+def next_steps(summary: dict) -> str | None:
+    """The ``next:`` line of a successful session: a bench run (``request.run.baseline``) points at the
+    change window (promote, status, report), a run at bigger work (not on Slurm: it is already there)."""
+    if not summary.get("ok"):
+        return None
+    req = summary.get("request") or {}
+    if (req.get("run") or {}).get("baseline"):
+        return NEXT_STEPS["bench"].format(site=shlex.quote(str(req.get("site") or "SITE")),
+                                          run_dir=shlex.quote(str(summary["run_dir"])))
+    return None if summary.get("slurm") else NEXT_STEPS["run"]
 
 
 # the results table's columns dropped (in this order) when the terminal is too narrow for all
@@ -263,8 +286,9 @@ def render(summary: dict) -> None:
         for a in (s.get("attempts") or [])[:10] if len(s.get("attempts") or []) > 1 else []:
             con.print(f"{name}: step {a['step']} attempt {a['attempt']} ({a['transport']}): {a['outcome']}",
                       markup=False)
-    if summary.get("ok") and not summary.get("slurm"):
-        con.print(NEXT_STEPS, markup=False, highlight=False)
+    nxt = next_steps(summary)
+    if nxt:
+        con.print(nxt, markup=False, highlight=False)
 
 
 def source_line(src: dict) -> str:

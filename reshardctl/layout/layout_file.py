@@ -386,10 +386,13 @@ def layout_to_doc(layout: SideLayout) -> dict:
     }
 
 
-def export_layout_file(layout: SideLayout, path: str | os.PathLike) -> Path:
-    """Write ``layout`` in explicit form (JSON for ``.json``, YAML otherwise), atomically."""
+def export_layout_file(layout: SideLayout, path: str | os.PathLike, on_write=None) -> Path:
+    """Write ``layout`` in explicit form (JSON for ``.json``, YAML otherwise), atomically. ``on_write()``,
+    if given, is called between building the document and writing it (the command's progress)."""
     path = Path(path)
     doc = layout_to_doc(layout)
+    if on_write is not None:
+        on_write()
     if path.suffix == ".json":
         text = json.dumps(doc, separators=(",", ":")) + "\n"
     else:

@@ -76,7 +76,7 @@ def _measures(profile: SiteProfile, run: RunRecord, known: list[Entry]) -> list[
             continue
         med = run.figure(t)
         verdict = ("not_verified" if not run.verified(t) else
-                   "within_budget" if med is not None and med <= budget else "over_budget")
+                   "over_budget" if gate.over_budget(med, run.figure(t, "p90"), budget) else "within_budget")
         out.append(stamped(dict(site=profile.name, action="measure", transport=t, verdict=verdict,
                                 run_dir=str(run.run_dir), plan_fingerprint=run.fingerprint(t), median_s=med,
                                 p90_s=run.figure(t, "p90"), budget_s=budget,
@@ -206,6 +206,11 @@ def status(site: str) -> dict[str, Any]:
         return {"time": e.time, "user": e.user, "host": e.host, "verdict": e.verdict, "run_dir": e.run_dir,
                 "median_s": e.median_s, "p90_s": e.p90_s, "plan_fingerprint": e.plan_fingerprint, "reason": e.reason}
 
+    def against_budget(e: Entry) -> dict:
+        """Today's budget on the tail too, as the promotion gate (runbook/gate.py): median and p90 within it."""
+        over = gate.over_budget(e.median_s, e.p90_s, budget)
+        return {"within_budget_now": e.verdict != "not_verified" and not over, "over_budget_now": over}
+
     return {
         "site": profile.name,
         "ledger": str(path),
@@ -217,10 +222,9 @@ def status(site: str) -> dict[str, Any]:
                    "run_dir": since.run_dir if since else None,
                    "reason": since.reason if since else None},
         "latest_measured": {t: {**brief(e), "budget_s_then": e.budget_s, "verified": e.verdict != "not_verified",
-                                "within_budget_now": e.verdict != "not_verified" and e.median_s is not None
-                                and e.median_s <= budget} for t, e in measured.items()},
+                                **against_budget(e)} for t, e in measured.items()},
         "active_meets_budget": None if am is None or am.verdict == "not_verified" else (
-            am.median_s is not None and am.median_s <= budget),
+            against_budget(am)["within_budget_now"]),
         "last_rollback": None if rb is None else {**brief(rb), "verify": rb.details.get("verify"),
                                                   "verified": rb.details.get("verified")},
     }

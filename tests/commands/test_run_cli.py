@@ -81,7 +81,8 @@ def test_render_hides_empty_columns_and_names_faster_or_slower(capsys, monkeypat
     assert "vs reshard" in header and "predicted" in header
     assert "4.00x slower" in out and "predicted" in out and "measured/pred." in out
     assert "reshard was 4.00x faster than gather_broadcast" in out and "both verified" in out
-    assert out.rstrip().endswith(NEXT_STEPS) and "--launcher slurm" in NEXT_STEPS and "reshardctl bench" in NEXT_STEPS
+    run_next = NEXT_STEPS["run"]
+    assert out.rstrip().endswith(run_next) and "--launcher slurm" in run_next and "reshardctl bench" in run_next
     summary["speedup_vs_reshard"]["gather_broadcast"] = 0.5
     render(summary)
     out = capsys.readouterr().out

@@ -84,6 +84,8 @@ def test_a_p90_over_the_budget_is_refused_though_the_median_is_within(tmp_path, 
     assert not checks["budget"]["ok"]
     assert checks["budget"]["detail"].startswith("p90 45.0 ms > budget 40.0 ms (refit.latency_budget_s of ")
     assert checks["beats gather_broadcast"]["ok"]  # the tail beats the baseline's: only the budget fails
+    measured = {e["transport"]: e["verdict"] for e in ledger_lines(tmp_path / "state") if e["action"] == "measure"}
+    assert measured["reshard"] == "over_budget"  # recorded on the tail too, not on the median alone
 
 
 def test_median_and_p90_both_better_and_within_budget_is_promoted_quoting_both(tmp_path, bench_dir, capsys):
