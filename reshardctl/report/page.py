@@ -12,7 +12,7 @@ speedup over gather-and-broadcast, lower bound and efficiency (lower bound / mea
 verification, failures and recovery attempts, Slurm job ids, states and timings (summary.json ``slurm``,
 when present), and the plots.
 
-Every cell is a human value: times through ``units`` with one unit per column, sizes in binary units,
+Every cell is a human value: times through ``units`` with one unit per table, sizes in binary units,
 unix times as UTC, booleans yes/no, lists joined, mappings as ``key: value, ...``.
 """
 
@@ -50,18 +50,21 @@ def utc(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if _num(t) else "-"
 
 
-def time_column(values: list[float | None]) -> list[str]:
-    """Seconds in one unit for a whole column (``units.time_unit`` of its largest value)."""
-    name, scale = units.time_unit(values)
+def time_column(values: list[float | None], among: list[float | None] | None = None) -> list[str]:
+    """Seconds in one unit for a whole column (``units.time_unit`` of the largest of ``among``, default
+    the column's own values)."""
+    name, scale = units.time_unit(values if among is None else among)
     return [f"{v / scale:.{0 if name == 'us' else 3 if name == 's' else 2}f} {name}" if _num(v) else "-"
             for v in values]
 
 
 def _table(head: tuple, rows: list[list], time_cols: tuple[int, ...] = ()) -> Block:
-    """A table whose ``time_cols`` hold seconds (or None): each formatted in one unit per column."""
+    """A table whose ``time_cols`` hold seconds (or None), all in one unit (a median and the p90 or budget
+    beside it compare at a glance)."""
     rows = [list(r) for r in rows]
+    every = [r[c] for r in rows for c in time_cols]
     for c in time_cols:
-        for r, text in zip(rows, time_column([r[c] for r in rows])):
+        for r, text in zip(rows, time_column([r[c] for r in rows], every)):
             r[c] = text
     return Block("table", rows=(head, *(tuple(str(c) for c in r) for r in rows)))
 
@@ -221,6 +224,9 @@ def _changes(runs: list[RunData], led: SiteLedger) -> list[Block]:
         if not e.changes_active:
             continue
         before = e.details.get("active_before") if isinstance(e.details.get("active_before"), str) else active
+        if before == e.transport:  # promoted what was already active (e.g. the profile's default): no change
+            active = e.transport
+            continue
         at = entry_time(e) or 0.0
         bm, bp, bfrom = _measured(runs, before, at, e, after=False)
         am, ap, afrom = _measured(runs, e.transport, at, e, after=True)

@@ -446,7 +446,7 @@ def bytes_figure(run: RunData):
         ax.bar(xs, [data[t].get(r, 0) / scale for r in ranks], width=width, label=t, color=style.transport_color(t))
     if ranks:
         ax.set_xticks(range(len(ranks)), [str(r) for r in ranks], fontsize=8 if len(ranks) <= 16 else 6)
-        ax.legend(fontsize=8)
+        fig.legend(loc="outside lower center", ncol=len(order), fontsize=8, frameon=False)  # off the bars
     else:
         ax.text(0.5, 0.5, "no transfer events", ha="center", va="center", transform=ax.transAxes)
     ax.yaxis.set_major_formatter(_PLAIN)

@@ -193,3 +193,31 @@ def test_a_human_value_has_no_python_syntax(key, value):
     assert not re.search(r"[\[\]{}]|True|False|None|'", text), (key, value, text)
     if isinstance(value, bool):
         assert text in ("yes", "no")
+
+
+def test_a_promote_of_the_already_active_transport_is_not_a_change(week):
+    """A site whose profile already says reshard, promoted to reshard: the ledger records the promotion, but
+    the active transport did not change, so the page has no reshard -> reshard before/after row (it had:
+    1.00x of the same figures)."""
+    from dataclasses import replace
+
+    from reshardctl.report.collect import load_run_data
+    from reshardctl.report.history import SiteLedger
+    from reshardctl.report.page import _changes
+
+    bench = load_run_data(week.bench)
+    same = ledger.stamped({"site": "local", "action": "promote", "transport": "reshard", "verdict": "promoted",
+                           "run_dir": str(week.bench), "details": {"active_before": "reshard"}})
+    assert _changes([bench], SiteLedger("local", 5.0, "reshard", [same])) == []
+    changed = replace(same, details={"active_before": "gather_broadcast"})
+    head, row = _changes([bench], SiteLedger("local", 5.0, "gather_broadcast", [changed]))[1].rows
+    assert row[2] == "gather_broadcast" and row[5] == "reshard"
+
+
+def test_every_time_of_a_table_is_in_one_unit():
+    """The decisions and before/after tables put a median beside a p90 and a budget: one unit for all
+    of them (before: 678.67 ms in one column beside 0.679 s in the next)."""
+    from reshardctl.report.page import _table
+
+    block = _table(("a", "b", "c"), [["x", 0.6787, 1.024], ["y", 0.0587, None]], (1, 2))
+    assert [r[1:] for r in block.rows[1:]] == [("0.679 s", "1.024 s"), ("0.059 s", "-")]
