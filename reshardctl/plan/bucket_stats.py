@@ -45,6 +45,7 @@ class BucketStats:
     held_full_total: np.ndarray  # [B] over all inference ranks
     held_slice_total: np.ndarray  # [B]
     link_bytes: np.ndarray  # [3] bytes per link class (gathers + broadcast rings)
+    gather_sent: np.ndarray  # [world] bytes each rank sends to roots over all buckets (in place from its arena)
 
 
 def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
@@ -116,6 +117,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     ring_by_id: dict[int, int] = {}  # the buckets keep their groups alive
     ring_of = np.zeros(B, dtype=np.int64)
     link_bytes = np.zeros(3)
+    gather_sent = np.zeros(plan.world)
     all_tensors = [i for b in plan.buckets for i in b.tensors]
     pl_of, held, frac = _holder_matrices(plan, all_tensors)
     per_pl = np.zeros((B, held.shape[0]))
@@ -144,6 +146,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
                     root_copy[k] += r.nbytes  # staged at the root, copied into the bucket
             root_msgs[k] += len(classes)
             send_total[k] += nb
+            gather_sent[pr.peer] += nb
             peer_node = node_l[pr.peer]
             if dom_l[pr.peer] != dom_l[root]:
                 root_nic_recv[k] += nb
@@ -182,5 +185,6 @@ def bucket_stats(plan: Plan) -> BucketStats:
         nbytes=nbytes, rings=tuple(ring_list), ring_of=ring_of,
         held_full_max=full.max(axis=1) if full.size else np.zeros(B),
         held_slice_max=sl.max(axis=1) if sl.size else np.zeros(B),
-        held_full_total=full.sum(axis=1), held_slice_total=sl.sum(axis=1), link_bytes=link_bytes, **f,
+        held_full_total=full.sum(axis=1), held_slice_total=sl.sum(axis=1), link_bytes=link_bytes,
+        gather_sent=gather_sent, **f,
     )

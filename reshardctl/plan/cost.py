@@ -191,15 +191,24 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
     return wire, latency, pack, cksum, busiest
 
 
-def _verify_checksums(stats: PlanStats, links: Links) -> float:
-    """The verify phase, after the last round: receivers checksum what landed in their weights, and
-    senders what they sent in place (read from their arena, never staged), all at once; where both
-    sides have work there, the rate of every rank together (``checksum_world``) bounds the total."""
-    sent = stats.per_rank[NIC_SEND] + stats.per_rank[NVL_SEND]
-    in_place = np.maximum(sent - stats.per_rank[PACK_SEND], 0.0)
-    got = stats.per_rank[NIC_RECV] + stats.per_rank[NVL_RECV]
-    work = got + in_place
-    both = got.sum() > 0 and in_place.sum() > 0
+def _verify_checksums(links: Links, stats: PlanStats | None = None, bs: BucketStats | None = None) -> float:
+    """The verify phase, after the last step: what the ranks deferred to the checksum exchange
+    (``ChecksumExchange.settle_all``), all at once. Rounds: receivers checksum what landed in their
+    weights, senders what they sent in place (read from their arena, never staged). Buckets: every
+    gather sender what it sent in place from its arena (the root sums what it gathered, and members
+    what they hold, during the transfer). Where both sides have work there, the rate of every rank
+    together (``checksum_world``) bounds the total."""
+    got = in_place = 0.0
+    if stats is not None:
+        sent = stats.per_rank[NIC_SEND] + stats.per_rank[NVL_SEND]
+        in_place = np.maximum(sent - stats.per_rank[PACK_SEND], 0.0)
+        got = stats.per_rank[NIC_RECV] + stats.per_rank[NVL_RECV]
+    if bs is not None:
+        in_place = in_place + bs.gather_sent
+    work = np.asarray(got + in_place, dtype=np.float64).reshape(-1)
+    if not work.size:
+        return 0.0
+    both = np.sum(got) > 0 and np.sum(in_place) > 0
     together = links.checksum_world if both and links.checksum_world else links.checksum_all
     return float(_shared(np.asarray([work.max()]), np.asarray([work.sum()]), links.checksum, together)[0])
 
@@ -217,8 +226,9 @@ def _bucket_terms(bs: BucketStats, links: Links):
     g_msgs = np.ceil(bs.root_msgs / links.msg_concurrency)
     g_lat = np.where(bs.root_msgs > 0, links.launch + g_msgs * per_msg, 0.0)
     g_pack = _shared(bs.root_copy, bs.root_copy, links.copy, links.copy_all)  # senders send in place
-    # the root checksums the bucket (its trailer) and every gathered piece; senders their pieces
-    g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + 2 * bs.gather_send_total, links.checksum,
+    # the root checksums the bucket (its trailer) and every gathered piece; senders sum their pieces
+    # later, in the verify phase (they sent them in place: ``_verify_checksums``)
+    g_ck = _shared(bs.nbytes + bs.gather_send_total, bs.nbytes + bs.gather_send_total, links.checksum,
                    links.checksum_all)
     gather = np.stack([g_wire, g_lat, g_pack, g_ck, z])
     recv = np.asarray([r.receivers for r in bs.rings], dtype=np.float64)[bs.ring_of] if B else z
@@ -312,8 +322,6 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             total += np.where(pick, transfer, copies).sum(axis=1)
         else:
             total += transfer.sum(axis=1) + copies.sum(axis=1)
-        verify_ck = _verify_checksums(stats, links)
-        total[TERMS.index("checksum")] += verify_ck
     if plan.buckets:
         bs = bstats or bucket_stats(plan)
         moved += int(bs.link_bytes.sum())
@@ -331,6 +339,9 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
             if phase[0, k] > busiest[3]:
                 nb = bs.nbytes[k] if name == "broadcast" else bs.root_nic_recv[k] + bs.root_nvl_recv[k]
                 busiest = (plan.buckets[k].root, name, float(nb), float(phase[0, k]))
+    if plan.rounds or plan.buckets:
+        verify_ck = _verify_checksums(links, stats if plan.rounds else None, bs if plan.buckets else None)
+        total[TERMS.index("checksum")] += verify_ck
     sync = _sync(plan, links)
     total[TERMS.index("sync")] += sync
     landing = _landing(plan, links)  # after the commit: on the critical path, alone

@@ -206,3 +206,62 @@ def test_links_from_site_datasheet_and_calibration():
     assert cal.copy_all == 1e9 and cal.cores == 2
     with pytest.raises(ProfileError, match="format: expected 'reshardctl-calibration/1', got 'x'"):
         parse_measured({**m.__dict__, "format": "x"}, "f.json")
+
+
+def _gather_sent(p) -> np.ndarray:
+    """Bytes each rank sends to bucket roots (its own pieces excluded at the root), from the plan."""
+    out = np.zeros(p.world)
+    for b in p.buckets:
+        for g in b.gather:
+            if g.peer != b.root:
+                out[g.peer] += g.nbytes
+    return out
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(transport=st.sampled_from(["gather_broadcast", "hybrid"]), cpu=st.booleans(), gpus=st.sampled_from([1, 2, 4]),
+       dims=st.sampled_from([(0,), (1,)]), shards=st.sampled_from([2, 4]), n=st.integers(1, 4))
+def test_bucket_senders_sum_their_in_place_pieces_in_the_verify_phase(transport, cpu, gpus, dims, shards, n):
+    """As the executor does (``_post_sends`` books a gather sender's pieces on its arena, summed by
+    ``settle_all`` in the verify phase): the predicted verify phase holds every gather sender's bytes at
+    the checksum rate (the busiest sender alone, or all senders over one side's rate on a cpu_only site),
+    beside the rounds' deferred checksums; the phases still add up to the prediction."""
+    links = CPU if cpu else GPU
+    p = _plan(transport, train_shards=shards, gpus=gpus, dims=dims, n=n)
+    pred = predict(p, links)
+    sent = _gather_sent(p)
+    ck = pred.phases["verify"]["checksum"]
+    if transport == "gather_broadcast":
+        want = sent.max() / links.checksum
+        if cpu:
+            want = max(want, sent.sum() / links.checksum_all)
+        assert math.isclose(ck, want, rel_tol=1e-9, abs_tol=1e-15)
+    else:  # the rounds' deferred checksums come on top, never less than the buckets' alone
+        assert ck >= sent.max() / links.checksum * (1 - 1e-9)
+    if sent.sum() > 0:
+        assert ck > 0
+    phases = pred.phases
+    total = sum(v for ph in phases.values() for v in ph.values())
+    assert math.isclose(total, pred.predicted_s, rel_tol=1e-9)
+    for t in TERMS:
+        assert math.isclose(sum(ph.get(t, 0.0) for ph in phases.values()), pred.breakdown[t], rel_tol=1e-9,
+                            abs_tol=1e-15)
+        assert all(ph.get(t, 0.0) >= -1e-15 for ph in phases.values())
+
+
+def test_a_gather_broadcast_plans_senders_checksum_their_pieces_once():
+    """A bucket sender's pieces are summed once, in the verify phase, not also in the gather: on a cpu_only
+    site (terms add up) the whole checksum term is the roots' work during the gathers plus the senders'
+    in the verify phase."""
+    p = _plan("gather_broadcast")
+    sent = _gather_sent(p)
+    assert sent.sum() > 0
+    pred = predict(p, CPU)
+    from reshardctl.plan.bucket_stats import bucket_stats
+    bs = bucket_stats(p)
+    root = bs.nbytes + bs.gather_send_total
+    gather = np.maximum(root / CPU.checksum, root / CPU.checksum_all).sum()
+    unpack = np.maximum(bs.held_full_max / CPU.checksum, bs.held_full_total / CPU.checksum_all).sum()
+    verify = max(sent.max() / CPU.checksum, sent.sum() / CPU.checksum_all)
+    assert math.isclose(pred.breakdown["checksum"], gather + unpack + verify, rel_tol=1e-9)
+    assert math.isclose(pred.phases["verify"]["checksum"], verify, rel_tol=1e-9)
