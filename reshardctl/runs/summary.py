@@ -7,6 +7,11 @@ weights). ``per_rank`` keeps every rank's phases and their sum. Per iteration a 
 slowest rank: ``refit_s`` is the maximum over ranks of that sum, and ``transfer_s``/``verify_s``/
 ``commit_s`` the maximum of each phase alone (possibly different ranks, so these three need not add up
 to ``refit_s``); each carries ``slowest_rank``, the rank that had that maximum per iteration.
+``critical_phases_s`` splits each refit along its critical path instead, so the three add up to
+``refit_s``: ``transfer`` until the last rank's transfer ended, ``verify`` from then until the last
+rank's verify phase ended, ``commit`` the rest (medians over iterations). A rank whose transfer ends
+early waits for the others in its verify phase (the checksum exchange is collective): the phase maxima
+count that wait as verify time, the critical path does not.
 ``wire_bytes_per_refit`` (median over iterations) is the sum over ranks of the bytes each rank posted
 to send or to receive (padding and trailers included): a point-to-point message is counted twice, once
 by its sender and once by its receiver. Effective GB/s = bytes the inference ranks end up holding /
@@ -16,7 +21,7 @@ refit seconds.
 over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x). It names the cost term most
 likely wrong, by a heuristic: the plan predicts each measured phase (``predicted_phases_s``: ``transfer``,
 ``verify``, ``commit``) as a sum of terms; for each term, the one factor by which it alone would have to
-be off to best match the measured phase medians (least squares of the relative misses) is found, and
+be off to best match the measured phases on the critical path (``critical_phases_s``) (least squares of the relative misses) is found, and
 the term whose corrected prediction misses least is named (ties: the larger term), with the profile key
 that sets it (``TERM_KEYS``). A term that shows in two phases (checksums: staged blocks during the
 transfer, the rest in the verify phase) is told apart from one that shows in one. A pointer to what to
@@ -67,6 +72,15 @@ def _rank_value(it, phase: str) -> float:
     return getattr(it, phase)
 
 
+def _critical(it_of_ranks) -> tuple[float, float, float]:
+    """One refit's (transfer, verify, commit) along its critical path, from every rank's phases measured
+    back to back from the common start: they add up to the refit (the slowest rank's sum)."""
+    transfer = max(it.transfer_s for it in it_of_ranks)
+    verified = max(it.transfer_s + it.verify_s for it in it_of_ranks)
+    refit = max(_rank_value(it, "refit_s") for it in it_of_ranks)
+    return transfer, verified - transfer, refit - verified
+
+
 def _stats(values: list[float], slowest_rank: list[int]) -> dict[str, Any]:
     """median, p90, min and all (per iteration the slowest rank's value) and which rank that was."""
     return {"median": statistics.median(values) if values else float("nan"), "p90": _pct(values, 0.9),
@@ -88,6 +102,7 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
     series: dict[str, list[float]] = {ph: [] for ph in PHASES + ("refit_s",)}
     slowest: dict[str, list[int]] = {ph: [] for ph in PHASES + ("refit_s",)}
     committed = n_iter > 0
+    critical = [_critical([r.iterations[k] for r in ranks]) for k in range(n_iter)]
     for k in range(n_iter):
         for ph in PHASES + ("refit_s",):
             vals = [(_rank_value(r.iterations[k], ph), r.global_rank) for r in ranks]
@@ -107,6 +122,8 @@ def summarize_transport(name: str, reports: Sequence, *, bytes_needed: int, pred
         "fingerprint": fingerprint,
         "iterations": n_iter,
         **{ph: _stats(series[ph], slowest[ph]) for ph in ("refit_s",) + PHASES},
+        "critical_phases_s": {ph: statistics.median(c[i] for c in critical) if critical else float("nan")
+                              for i, ph in enumerate(("transfer", "verify", "commit"))},
         "per_rank": per_rank,
         "bytes_needed": int(bytes_needed),
         "wire_bytes_per_refit": int(statistics.median(wire)) if wire else 0,
@@ -160,9 +177,10 @@ def prediction_warning(s: dict[str, Any]) -> dict[str, Any] | None:
     if ratio is None or lo <= ratio <= hi or not br:
         return None
     split = s.get("predicted_phases_s") or {"refit": br}  # older session records: the refit as one phase
+    critical = s.get("critical_phases_s") or {}  # older records: the phase maxima
     phases = {}
     for ph, terms in split.items():
-        measured = (s.get(f"{ph}_s") or {}).get("median")
+        measured = critical.get(ph, (s.get(f"{ph}_s") or {}).get("median"))
         if isinstance(measured, (int, float)) and measured > 0:
             phases[ph] = (float(measured), terms)
     if not phases:

@@ -4,6 +4,7 @@ that sets it: a real run on a profile with a deliberately wrong figure, and the 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import yaml
@@ -107,3 +108,86 @@ def test_the_predicted_phases_split_the_breakdown_term_by_term(transport, cpu):
     assert pred.phases["verify"]["sync"] == pred.breakdown["sync"] > 0
     if transport != "gather_broadcast":  # p2p rounds checksum what landed after the last round
         assert pred.phases["verify"]["checksum"] > 0
+
+
+def _rank(g: int, phases: list[tuple[float, float, float]]):
+    from reshardctl.runtime.contract import IterationReport, RankReport
+
+    its = tuple(IterationReport(step=k + 1, committed=True, transfer_s=t, verify_s=v, commit_s=c, full_check_s=0.0,
+                                bytes_sent=0, bytes_received=0, wire_bytes=0) for k, (t, v, c) in enumerate(phases))
+    return RankReport(global_rank=g, side="train" if g < 2 else "infer", side_rank=g % 2, ok=True, iterations=its)
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.001, 1.0), st.floats(0.0, 0.1)), min_size=2, max_size=6),
+       st.integers(1, 4))
+def test_the_critical_path_phases_add_up_to_the_refit(ranks, iters):
+    """Per refit: transfer until the last rank's transfer ended, verify until the last verify ended, commit
+    the rest; their medians are what the warning compares (a single refit: exactly the refit's seconds)."""
+    from reshardctl.runs.summary import summarize_transport
+
+    reports = [_rank(g, [(t * (k + 1), v, c) for k in range(iters)]) for g, (t, v, c) in enumerate(ranks)]
+    s = summarize_transport("reshard", reports, bytes_needed=1)
+    crit = s["critical_phases_s"]
+    assert crit["transfer"] == pytest.approx(statistics.median(max(t * (k + 1) for t, _, _ in ranks)
+                                                               for k in range(iters)))
+    if iters == 1:
+        assert sum(crit.values()) == pytest.approx(s["refit_s"]["median"], rel=1e-9)
+    assert all(v >= -1e-12 for v in crit.values())
+    assert crit["verify"] <= s["verify_s"]["median"] + 1e-12  # never more than the phase maxima
+
+
+def test_a_rank_waiting_in_its_verify_phase_for_the_slowest_transfer_counts_as_transfer():
+    """gather_broadcast on a local bench (predicted figures of that bench): the root finishes its gathers
+    early and waits in the checksum exchange for the inference ranks (verify 660 ms there), whose transfer
+    ends last; after it the verify phase takes 15 ms. The phase maxima (1.045 s + 0.66 s) exceed the refit
+    (1.07 s); the critical path does not, and the warning does not blame ``sync`` for the wait."""
+    from reshardctl.runs.summary import summarize_transport
+
+    root, sender, infer = (0.40, 0.66, 0.01), (0.55, 0.51, 0.01), (1.045, 0.015, 0.01)
+    reports = [_rank(0, [root]), _rank(1, [sender]), _rank(2, [infer]), _rank(3, [infer])]
+    pred = {"transfer": {"wire": 0.1324, "latency": 0.002, "pack": 0.0705, "checksum": 0.2467},
+            "verify": {"checksum": 0.0176, "sync": 0.0013}, "commit": {"landing": 0.0}}
+    br = {"wire": 0.1324, "latency": 0.002, "pack": 0.0705, "checksum": 0.2643, "sync": 0.0013, "landing": 0.0}
+    s = summarize_transport("gather_broadcast", reports, bytes_needed=1, predicted_s=sum(br.values()),
+                            predicted_breakdown_s=br, predicted_phases_s=pred)
+    assert s["verify_s"]["median"] == pytest.approx(0.66) and s["transfer_s"]["median"] == pytest.approx(1.045)
+    assert s["critical_phases_s"] == pytest.approx({"transfer": 1.045, "verify": 0.015, "commit": 0.01})
+    w = s["prediction_warning"]
+    assert w is not None and w["term"] != "sync", w
+    assert "verify 15.0 ms vs 18.9 ms predicted" in w["message"], w["message"]
+
+
+def test_a_gather_broadcast_whose_verify_is_its_senders_checksums_names_checksum():
+    """A gather sender sums the pieces it sent in place in the verify phase (ChecksumExchange.settle_all).
+    Measured phases built from the plan with checksums 10x slower than the profile says: the verify phase
+    is the senders' bytes at that rate (and the closing collectives), the transfer the prediction's with
+    its checksums 10x. The prediction holds those bytes in its verify phase, so the warning names
+    ``checksum`` (with the old attribution, verify = ``sync`` alone, it named ``sync``)."""
+    from helpers.plan_fixtures import SplitLayout, toy_model
+    from reshardctl.plan.cost import Links, predict
+    from reshardctl.plan.planner import build_plan
+    from reshardctl.topology import Topology
+
+    model = toy_model([(512, 512)] * 3, ["ffn"] * 3)
+    train, infer = SplitLayout(model, "train", 4, dims=(0,)), SplitLayout(model, "infer", 4, dims=(0,))
+    plan = build_plan(model, train, infer, Topology(4, 4, 4, 1), transport="gather_broadcast", bucket_bytes=1 << 20)
+    links = Links(nvlink=2e9, nic=2e9, node_nic=3e9, nvlink_latency=50e-6, nic_latency=50e-6, launch=300e-6,
+                  copy=3e9, checksum=3e9)
+    sent = {}
+    for b in plan.buckets:
+        for g in b.gather:
+            if g.peer != b.root:
+                sent[g.peer] = sent.get(g.peer, 0) + g.nbytes
+    assert sent, "the plan gathers from senders other than the roots"
+    pred = predict(plan, links, land=False)
+    slow = 10.0
+    sync = pred.breakdown["sync"]
+    measured = {"transfer": sum(pred.phases["transfer"].values()) + (slow - 1) * pred.phases["transfer"]["checksum"],
+                "verify": max(sent.values()) / (links.checksum / slow) + sync, "commit": 0.0}
+    s = {"transport": "gather_broadcast", "predicted_s": pred.predicted_s, "predicted_breakdown_s": pred.breakdown,
+         "predicted_phases_s": pred.phases, "measured_vs_predicted": sum(measured.values()) / pred.predicted_s,
+         "critical_phases_s": measured}
+    assert s["measured_vs_predicted"] > PREDICTION_RANGE[1]
+    w = prediction_warning(s)
+    assert w is not None and w["term"] == "checksum", w
+    assert w["factor"] == pytest.approx(slow, rel=1e-6)
