@@ -21,7 +21,8 @@ refit seconds.
 over the plan's predicted seconds) is outside ``PREDICTION_RANGE`` (0.5-2x). It names the cost term most
 likely wrong, by a heuristic: the plan predicts each measured phase (``predicted_phases_s``: ``transfer``,
 ``verify``, ``commit``) as a sum of terms; for each term, the one factor by which it alone would have to
-be off to best match the measured phases on the critical path (``critical_phases_s``) (least squares of the relative misses) is found, and
+be off to best match the measured phases on the critical path (``critical_phases_s``) (least squares of
+the misses in seconds) is found, and
 the term whose corrected prediction misses least is named (ties: the larger term), with the profile key
 that sets it (``TERM_KEYS``). A term that shows in two phases (checksums: staged blocks during the
 transfer, the rest in the verify phase) is told apart from one that shows in one. A pointer to what to
@@ -155,15 +156,18 @@ def _ms(x: float) -> str:
 
 
 def _misfit(term: str, phases: dict[str, tuple[float, dict]]) -> tuple[float, float]:
-    """(relative squared miss left, factor) when ``term`` alone is scaled to match the measured phases
-    (``{phase: (measured_s, {term: predicted_s})}``)."""
+    """(squared miss left, over the refit's seconds squared; factor) when ``term`` alone is scaled to match
+    the measured phases (``{phase: (measured_s, {term: predicted_s})}``). Misses count in seconds: a phase
+    the refit spends little time in (a verify phase whose checksums overlapped another rank's transfer)
+    does not outweigh the one it spends most in."""
     num = den = 0.0
     for measured, terms in phases.values():
         a, gap = terms.get(term, 0.0), measured - sum(terms.values())
-        num, den = num + a * gap / measured ** 2, den + a * a / measured ** 2
+        num, den = num + a * gap, den + a * a
     x = max(-1.0, num / den) if den > 0 else 0.0  # the term's seconds are (1 + x) times the predicted
-    miss = sum((measured - sum(terms.values()) - terms.get(term, 0.0) * x) ** 2 / measured ** 2
-               for measured, terms in phases.values())
+    refit = sum(measured for measured, _ in phases.values())
+    miss = sum((measured - sum(terms.values()) - terms.get(term, 0.0) * x) ** 2
+               for measured, terms in phases.values()) / refit ** 2
     return miss, 1.0 + x
 
 

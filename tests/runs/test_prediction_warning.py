@@ -191,3 +191,20 @@ def test_a_gather_broadcast_whose_verify_is_its_senders_checksums_names_checksum
     w = prediction_warning(s)
     assert w is not None and w["term"] == "checksum", w
     assert w["factor"] == pytest.approx(slow, rel=1e-6)
+
+
+def test_the_phase_the_refit_spends_most_in_outweighs_a_short_one():
+    """reshard on a loaded local bench (its predicted phases, its critical-path phases): the transfer took
+    362.5 ms against 68.0 predicted; the verify phase after the last transfer 54.7 ms against 139.7 (the
+    inference ranks' checksums overlapped the slowest trainer's transfer). Fitted on relative misses the
+    short verify phase named `checksum` at 0.39x; in seconds the transfer's 295 ms miss names `wire`."""
+    pred = {"transfer": {"wire": 0.0625, "latency": 0.0004, "pack": 0.0025, "checksum": 0.0025, "sync": 0.0},
+            "verify": {"checksum": 0.1384, "sync": 0.0013}, "commit": {"landing": 0.0}}
+    br = {"wire": 0.0625, "latency": 0.0004, "pack": 0.0025, "checksum": 0.1409, "sync": 0.0013, "landing": 0.0}
+    crit = {"transfer": 0.3625, "verify": 0.0547, "commit": 0.0112}
+    s = {"transport": "reshard", "predicted_s": sum(br.values()), "predicted_breakdown_s": br,
+         "predicted_phases_s": pred, "critical_phases_s": crit,
+         "measured_vs_predicted": sum(crit.values()) / sum(br.values())}
+    w = prediction_warning(s)
+    assert w is not None and w["term"] == "wire", w
+    assert w["factor"] > 4
