@@ -175,13 +175,18 @@ def test_a_run_submitted_by_hand_from_plan_out_two_jobs(cluster, tmp_path, model
     assert listed["run_dir"] == str(out) and listed["job_ids"] == s["slurm"]["job_ids"]
 
 
+RENDEZVOUS_S = 15
+
+
 def test_the_trainer_job_waits_for_an_inference_job_held_in_the_queue(cluster, tmp_path, model, capsys):
     """Two jobs on a busy queue: the inference job pends (held here) well past the ranks' rendezvous
     timeout; the trainer job waits for it, saying its queue state, and the refit still runs verified
     once it is released (before, the trainer's ranks gave up after rendezvous_timeout_s)."""
     site = _profile(tmp_path, mode="two-jobs")
     data = yaml.safe_load(Path(site).read_text())
-    data["refit"]["rendezvous_timeout_s"] = 5
+    # short, so the held job outlasts it, yet long enough for both jobs' ranks to start on a loaded machine
+    # (5 s: the inference ranks gave up on the trainer's store while its ranks were still importing torch)
+    data["refit"]["rendezvous_timeout_s"] = RENDEZVOUS_S
     Path(site).write_text(yaml.safe_dump(data))
     out = tmp_path / "held"
     assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
@@ -197,7 +202,7 @@ def test_the_trainer_job_waits_for_an_inference_job_held_in_the_queue(cluster, t
     said = out / "slurm" / f"train-{train}.out"
     wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
              120, "the trainer job to say it waits for the held inference job")
-    time.sleep(8)  # longer than the ranks' rendezvous timeout (5 s): the trainer job is still there
+    time.sleep(RENDEZVOUS_S + 3)  # longer than the ranks' rendezvous timeout: the trainer job is still there
     assert subprocess.run(["squeue", "-h", "-j", train, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
         == "RUNNING"
     subprocess.run(["scontrol", "release", infer], check=True)
