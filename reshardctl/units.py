@@ -20,25 +20,21 @@ def _largest(values: Iterable[float | int | None]) -> float:
     return max(finite, default=0.0)
 
 
-def time_unit(values: Iterable[float | None]) -> tuple[str, float]:
-    """``(name, seconds per unit)`` for a series of seconds: the largest unit whose value of the series'
-    largest element is at least 1 (``ms`` for 0.0042 .. 0.9, ``s`` from 1.0)."""
+def _unit(values: Iterable[float | int | None], table: tuple) -> tuple:
+    """The largest ``(name, scale)`` of ``table`` whose value of the series' largest element is at least 1
+    (the smallest unit for an empty or all-zero series)."""
     top = _largest(values)
-    name, scale = TIME_UNITS[0]
-    for n, s in TIME_UNITS:
-        if top >= s:
-            name, scale = n, s
-    return name, scale
+    return max((u for u in table if top >= u[1]), key=lambda u: u[1], default=table[0])
+
+
+def time_unit(values: Iterable[float | None]) -> tuple[str, float]:
+    """``(name, seconds per unit)`` for a series of seconds (``ms`` for 0.0042 .. 0.9, ``s`` from 1.0)."""
+    return _unit(values, TIME_UNITS)
 
 
 def byte_unit(values: Iterable[int | float | None]) -> tuple[str, int]:
-    """``(name, bytes per unit)`` for a series of byte counts, as ``time_unit`` (``MiB`` for 1 MiB .. 1 GiB)."""
-    top = _largest(values)
-    name, scale = BYTE_UNITS[0]
-    for n, s in BYTE_UNITS:
-        if top >= s:
-            name, scale = n, s
-    return name, scale
+    """``(name, bytes per unit)`` for a series of byte counts (``MiB`` for 1 MiB .. 1 GiB)."""
+    return _unit(values, BYTE_UNITS)
 
 
 def seconds(x: float | None) -> str:

@@ -10,18 +10,14 @@ import stat
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reshardctl import api
 from reshardctl.cli import main
 from reshardctl.report.trace import LANE_STRIDE, TOLERANCE_US, build_trace
-from reshardctl.runtime.synthetic_weights import synthetic_region
 
+from helpers.report_week import API_STEPS, api_events
 from helpers.small_llama import SMALL_LLAMA
-from helpers.spawned_ranks import run_ranks
 
 REFIT_PHASES = ("round/", "bucket/", "verify", "commit")
 
@@ -137,39 +133,18 @@ def test_a_fault_drill_is_an_instant_and_the_failures_carry_their_error(drill_di
     assert not (drill_dir / "trace.json").exists()
 
 
-def _api_rank(rank: int, world: int, port: int, cfg: str, events: str, q) -> None:
-    """An RL framework's rank: two refits through ``Refitter(events_dir=...)``."""
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        plan = api.plan_refit(model=cfg, train="tp=2", infer="tp=2")
-        by_name = {t.name: t for t in plan.model.tensors}
-        refitter = api.Refitter(plan, events_dir=events, timeout_s=60)
-        holdings = refitter.holdings()
-        for step in (1, 2):
-            local = {n: [synthetic_region(by_name[n], b, step if rank < plan.train_world else 0) for b in boxes]
-                     for n, boxes in holdings.items()}
-            refitter.refit(step, **({"local_src": local} if rank < plan.train_world else {"local_dst": local}))
-        refitter.close()
-        dist.destroy_process_group()
-        q.put((rank, True, None))
-    except BaseException as exc:  # noqa: BLE001
-        q.put((rank, None, repr(exc)))
-
-
 def test_an_api_refits_events_dir_traces_without_a_summary(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(SMALL_LLAMA))
-    events = tmp_path / "api-refits"
-    run_ranks(_api_rank, 4, lambda r, port, q: (r, 4, port, str(cfg), str(events), q), timeout_s=600)
+    events = api_events(tmp_path, str(cfg))  # a 4-rank RL job's refits through Refitter(events_dir=...)
     assert not (events / "summary.json").exists()
     assert main(["trace", str(events)]) == 0
     trace = json.loads((events / "trace.json").read_text())
     assert trace["otherData"]["events"] == _lines(events / "events") and trace["otherData"]["ranks"] == 4
     refits = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "refit" and e["tid"] < LANE_STRIDE]
     # the API writes no attempt events: each rank's refit is derived from its phases
-    assert sorted(r["name"] for r in refits) == ["refit step 1"] * 4 + ["refit step 2"] * 4
-    assert all(r["args"]["derived"] for r in refits) and trace["otherData"]["derived_refits"] == 8
+    assert sorted(r["name"] for r in refits) == [f"refit step {s}" for s in API_STEPS for _ in range(4)]
+    assert all(r["args"]["derived"] for r in refits) and trace["otherData"]["derived_refits"] == 4 * len(API_STEPS)
     assert_refit_phases_nest([e for e in trace["traceEvents"] if e["ph"] == "X"])
     assert_tracks_nest(trace)
     # the events/ directory itself (its rank-N.jsonl files alone) traces the same
