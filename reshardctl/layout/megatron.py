@@ -48,6 +48,7 @@ from reshardctl.layout.shard_rules import (
     Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
+from reshardctl.models.architectures import EXPERT_KINDS, QKV_BIAS_KINDS
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
 LEGACY_VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default (vocab_divisor=128)
@@ -63,11 +64,9 @@ REPLICATED_KINDS = frozenset({
 ROW_SPLIT_KINDS = frozenset({"mlp_gate", "mlp_up", "shared_gate", "shared_up", "q_b", "kv_b", "mtp_eh_proj"})
 COL_SPLIT_KINDS = frozenset({"o", "mlp_down", "shared_down"})
 QKV_KINDS = frozenset({"q", "k", "v"})
-EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
 # Qwen2's and GLM-4.5's linear_qkv bias (megatron-core add_qkv_bias: the bias of the same ColumnParallelLinear,
 # its rows interleaved per query group like the weight's) and Qwen2-MoE's shared-expert gate
 # (transformer/moe/shared_experts.py SharedExpertMLP: gate_weight [1, H], a plain Parameter on every rank)
-QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
 REPLICATED_KINDS = REPLICATED_KINDS | {"shared_expert_gate"}
 
 

@@ -35,15 +35,7 @@ tied and last rank), so the embedding has holders on the first and the last stag
 stage (the draft model ``DeepSeekMTP`` runs there next to the lm_head). Block-FP8 views are checked with
 ``fp8_rules.check_vllm_fp8``. fp8 ``scale_inv`` follows its weight (``shard_rules.scale_template``).
 
-``local_params`` offsets: a 3-D fused expert param (``w13_weight [E_local, 2*I_tp, H]``) holds 2-D HF boxes;
-the segment offset then has one more leading entry, the local expert slot (``param[k, r0:r1, c0:c1]``); an
-expert an EPLB map puts in two slots of one rank has a segment per slot (same ``(hf_name, box)``, the first the
-primary). A block-fp8 scale of a fused weight is a segment of the fused parameter's ``weight_scale_inv`` at the
-weight's offset in blocks (``_scale_param``). ``tests/layout/test_vllm_modules.py`` checks every name, shape,
-dtype and offset against vLLM's own parameters and loaders (``tests/helpers/vllm_modules.py``).
-MTP draft parameters carry vLLM's ``DeepSeekMTP._rewrite_spec_layer_name`` names
-(``model.layers.{L}.mtp_block.*``; the draft's embedding is ``model.embed_tokens.weight``) under a ``draft/``
-prefix, since the draft is a separate module next to the target model on the same rank.
+``local_params`` (the names, local shapes and offsets of vLLM's parameters on a rank): ``layout/vllm_params.py``.
 
 GLM-4.5 MoE (``glm4_moe.py``, ``glm4_moe_mtp.py``) and gpt-oss (``gpt_oss.py``, BF16 weights): docs/layouts.md,
 "GLM-4.5 MoE and gpt-oss" (q/k/v biases in ``qkv_proj.bias``, GLM's fp32 gate and always-TP shared experts,
@@ -54,18 +46,20 @@ from __future__ import annotations
 
 from reshardctl.errors import LayoutError
 from reshardctl.layout.expert_maps import ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges
-from reshardctl.layout.fp8_rules import check_vllm_fp8, fp8_block_size
+from reshardctl.layout.fp8_rules import check_vllm_fp8
 from reshardctl.layout.parallel_spec import ParallelSpec
 from reshardctl.layout.pipeline import vllm_pp_parts
-from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, ShardTemplate, box_shape
+from reshardctl.layout.placement import LocalParam, Placement, ShardTemplate
 from reshardctl.layout.shard_rules import (
     Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
+from reshardctl.layout.vllm_params import vllm_local_params
 from reshardctl.layout.vllm_versions import DEFAULT_VLLM, vllm_rules
+from reshardctl.models.architectures import EXPERT_KINDS, QKV_BIAS_KINDS
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
-__all__ = ["VllmLayout", "vllm_expert_ranges", "vllm_qkv_runs", "vllm_padded_vocab"]
+__all__ = ["VllmLayout", "vllm_expert_ranges", "vllm_padded_vocab"]
 
 VOCAB_PAD = 64
 VLLM_KEYS = frozenset({"tp", "pp", "dp", "ep", "expert_parallel", "pp_partition", "dp_mode", "placement", "all2all",
@@ -78,25 +72,16 @@ REPLICATED_KINDS = frozenset({
 ATTN_ROW_KINDS = frozenset({"q_b", "kv_b", "q"})
 DENSE_ROW_KINDS = frozenset({"mlp_gate", "mlp_up"})
 SHARED_KINDS = frozenset({"shared_gate", "shared_up", "shared_down"})
-EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
-_FUSED = {"mlp_gate": "mlp.gate_up_proj.weight", "mlp_up": "mlp.gate_up_proj.weight",
-          "shared_gate": "mlp.shared_experts.gate_up_proj.weight", "shared_up": "mlp.shared_experts.gate_up_proj.weight"}
-_MTP_OUTER = frozenset({"mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "lm_head"})
 # engineer "archs1" (vllm/model_executor/models/qwen2.py, qwen2_moe.py, mixtral.py): Qwen2 / Qwen2-MoE
 # qkv_proj = QKVParallelLinear(bias=True), its bias split like the weight's rows; Qwen2-MoE
 # Qwen2MoeSparseMoeBlock.shared_expert = Qwen2MoeMLP (MergedColumnParallelLinear gate_up_proj + RowParallelLinear
 # down_proj: TP-split, no disable_tp, so also under use_sequence_parallel_moe) and shared_expert_gate =
-# torch.nn.Linear(H, 1) (replicated); Mixtral's FusedMoE is MixtralDecoderLayer.block_sparse_moe.experts.
+# torch.nn.Linear(H, 1) (replicated). Their parameter names: layout/vllm_params.py.
 REPLICATED_KINDS = REPLICATED_KINDS | {"shared_expert_gate"}
-QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
-_FUSED_QWEN2_MOE = dict(_FUSED, shared_gate="mlp.shared_expert.gate_up_proj.weight",
-                        shared_up="mlp.shared_expert.gate_up_proj.weight")
-MOE_MODULE = {"mixtral": "block_sparse_moe."}  # the FusedMoE's parent module where it is not "mlp."
 # archs2 (GLM-4.5 MoE, gpt-oss): o_proj bias (RowParallelLinear) and router bias replicated. GLM-4.5: glm4_moe.py
 # Glm4MoE.__init__ builds the shared experts as Glm4MoeMLP without disable_tp (TP-split even under
-# sequence-parallel MoE) and the router as nn.Linear(dtype=torch.float32)
+# sequence-parallel MoE) and the router as nn.Linear(dtype=torch.float32) (its fp32 dtype: layout/vllm_params.py)
 SHARED_ALWAYS_TP = frozenset({"qwen2_moe", "glm4_moe"})  # shared expert TP-split whatever the MoE parallelism
-FP32_ROUTER = frozenset({"glm4_moe"})
 # gpt-oss experts stored stacked (GptOssExperts); gpt_oss.py GptOssModel._load_weights_other slices them
 STACKED_KINDS = frozenset({"stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias"})
 # Architectures (ARCHS keys) whose vLLM model builds embed_tokens, the final norm and lm_head on EVERY pipeline
@@ -114,15 +99,6 @@ VLLM_PP_COPIES: dict[str, str] = {
 
 def vllm_padded_vocab(vocab: int) -> int:
     return ceil_div(vocab, VOCAB_PAD) * VOCAB_PAD
-
-
-def vllm_qkv_runs(nh: int, nkv: int, hd: int, tp: int, r: int) -> list[tuple[str, int, int, int]]:
-    """Row runs ``(tensor, hf_row_start, hf_row_end, local_row_start)`` of ``qkv_proj`` on TP rank ``r``."""
-    q = nh // tp * hd
-    kvh = max(1, nkv // tp)
-    rep = max(1, tp // nkv)
-    k0 = (r // rep) * kvh * hd
-    return [("q", r * q, (r + 1) * q, 0), ("k", k0, k0 + kvh * hd, q), ("v", k0, k0 + kvh * hd, q + kvh * hd)]
 
 
 class VllmLayout(StagedPlacements, SideLayout):
@@ -481,127 +457,6 @@ class VllmLayout(StagedPlacements, SideLayout):
         assert M == len(self._mtp_of)
         return split_template(shape, dim, self.moe_tp, self._mtp_of)
 
-    def _local_expert_slots(self, t: TensorSpec, ep_rank: int) -> tuple[list[int], int]:
-        """(local slots of expert ``t.expert`` on ``ep_rank``, number of local slots). An EPLB map may put
-        one logical expert in several physical slots of one rank: all of them, in slot order."""
-        if self.expert_map is None:
-            return [t.expert], self.model.dims.num_experts
-        slots = [k for j, k in self.expert_map.holders(t.layer, t.expert) if j == ep_rank]
-        assert slots, (t.name, ep_rank)
-        return slots, self.expert_map.local_count(t.layer, ep_rank)
-
     def local_params(self, rank: int) -> list[LocalParam]:
-        d = self.model.dims
-        if d.arch == "gpt_oss":  # archs2
-            raise LayoutError(
-                "vLLM gpt-oss parameters are not expressible as HF boxes at offsets: gpt_oss.py "
-                "_load_weights_other stores mlp.experts.w13_weight = gate_up_proj[e, :, cols].permute(0, 2, 1) and "
-                "w2_weight = down_proj[e, rows, :].permute(0, 2, 1) (transposed), so the binding is refused; the "
-                "placements (which rank holds which box) are exact and can be planned and predicted",
-                hint="docs/layouts.md, \"GLM-4.5 MoE and gpt-oss\"")
-        stage, j = self._rank_slot[rank]
-        n_attn, idx_attn = self._attn_split("q") if d.num_heads else (self.tp, self._tp_of)
-        t_rank = idx_attn[j]
-        runs = {n: loc for n, _, _, loc in vllm_qkv_runs(d.num_heads, d.num_kv_heads, d.head_dim, n_attn, t_rank)} \
-            if not self.mla and d.num_heads else {}
-        qkv_rows = (d.num_heads // n_attn + 2 * max(1, d.num_kv_heads // n_attn)) * d.head_dim if runs else 0
-        i_tp = d.moe_intermediate // self.moe_tp if self.moe else 0
-        params: dict[str, tuple[tuple[int, ...], str, list[LocalSegment]]] = {}
-
-        def add(name, shape, dtype, hf, box, offset):
-            entry = params.get(name)
-            if entry is None:
-                entry = params[name] = (shape, dtype, [])
-            entry[2].append(LocalSegment(hf, box, name, offset))
-
-        def where(t: TensorSpec, box) -> tuple[str, tuple[int, ...], list[tuple[int, ...]]]:
-            """(vLLM parameter name, its local shape, the offsets of ``box`` in it) of a weight."""
-            kind = t.kind
-            pre = t.name.rsplit(".", 2)[0] + "." if t.layer is not None else ""
-            lp = f"model.layers.{t.layer}." if t.layer is not None else ""
-            zero = (0,) * len(t.shape)
-            if kind in ("q", "k", "v") and runs:
-                return pre + "qkv_proj.weight", (qkv_rows, t.shape[1]), [(runs[kind], 0)]
-            if kind in QKV_BIAS_KINDS and runs:  # archs1
-                return pre + "qkv_proj.bias", (qkv_rows,), [(runs[QKV_BIAS_KINDS[kind]],)]
-            if kind in _FUSED:
-                per = box[0][1] - box[0][0]
-                fused = _FUSED_QWEN2_MOE if d.arch == "qwen2_moe" else _FUSED
-                return lp + fused[kind], (2 * per, t.shape[1]), [(per if kind.endswith("up") else 0, 0)]
-            if kind in ("q_a", "kv_a") and d.q_lora_rank:
-                rows = d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim
-                return pre + self.fused_qkv_a, (rows, t.shape[1]), [(0 if kind == "q_a" else d.q_lora_rank, 0)]
-            if kind in EXPERT_KINDS:
-                slots, n_local = self._local_expert_slots(t, self._ep_of[j])
-                moe = lp + MOE_MODULE.get(d.arch, "mlp.")
-                if kind == "expert_down":
-                    name, shape, off = moe + "experts.w2_weight", (n_local, t.shape[0], i_tp), (0, 0)
-                else:
-                    name, shape = moe + "experts.w13_weight", (n_local, 2 * i_tp, t.shape[1])
-                    off = (i_tp if kind == "expert_up" else 0, 0)
-                # the first slot is the primary; the others duplicate copies (LocalSegment)
-                return name, shape, [(k,) + off for k in slots]
-            if kind in ("embed", "lm_head"):
-                head = kind == "lm_head" or (self._tied_pp and t.layer is None and stage == self.pp - 1)
-                vsplit = self._vocab_split("lm_head" if head else "embed")
-                name = self.tied_last_name if head and kind == "embed" else t.name
-                shape = (vllm_padded_vocab(d.vocab) // vsplit[0],) + t.shape[1:] if vsplit else box_shape(box)
-                return name, shape, [zero]
-            return t.name, box_shape(box), [zero]
-
-        own = self._stage_ranks[stage]
-
-        def boxes_of(pl: Placement):
-            if pl.ranks is own:  # the common case: a placement over this rank's stage, slot j
-                return pl.template.holdings[j]
-            if len(pl.ranks) > len(own):  # the tied embedding: first and last stage
-                return pl.holding(rank)
-            return ()
-
-        for i, t in enumerate(self.model.tensors):
-            boxes = boxes_of(self.placement(i))
-            if not boxes:
-                continue
-            box = boxes[0]
-            w = self.model.tensor(t.scale_of) if t.kind == "scale_inv" else None
-            if w is None:
-                name, shape, offsets = where(t, box)
-            else:  # a block-fp8 scale: placed like its weight (same ranks, same slots)
-                wbox = boxes_of(self.placement(self.model.index(w.name)))[0]
-                name, shape, offsets = self._scale_param(t, box, w, where(w, wbox))
-            if t.layer is not None and t.layer >= d.num_layers:
-                name = self._mtp_name(name, w or t)
-            dtype = "float32" if t.kind == "router" and d.arch in FP32_ROUTER else t.dtype  # archs2: GLM's fp32 gate
-            for off in offsets:
-                add(name, shape, dtype, t.name, box, off)
-        return [LocalParam(n, shape, dt, tuple(segs)) for n, (shape, dt, segs) in params.items()]
-
-    def _scale_param(self, t: TensorSpec, box, w: TensorSpec, weight_param) -> tuple[str, tuple[int, ...], list]:
-        """A block-fp8 ``weight_scale_inv`` of a weight fused into a vLLM parameter lives in that parameter's
-        ``weight_scale_inv`` (``Fp8LinearMethod.create_weights``: ``[ceil(out_per_rank / block_n),
-        ceil(in_per_rank / block_k)]``; ``Fp8MoEMethod.create_weights``: ``w13_weight_scale_inv
-        [E_local, 2 * ceil(I_tp / block_n), ceil(H / block_k)]``, ``w2_weight_scale_inv [E_local,
-        ceil(H / block_n), ceil(I_tp / block_k)]``), at the weight's offsets in blocks (the merged and QKV
-        loaders' ``(shard_offset + block_n - 1) // block_n``). Any other scale keeps its HF name."""
-        name, wshape, woffs = weight_param
-        if name == w.name:
-            return t.name, box_shape(box), [(0,) * len(t.shape)]
-        bn, bk = fp8_block_size(self.model)  # not None: the model has scales
-        lead = len(wshape) - 2
-        rows, cols = wshape[lead:]
-        if w.kind in ("expert_gate", "expert_up"):  # two halves of ceil(I_tp / block_n) rows each
-            half = ceil_div(rows // 2, bn)
-            return name + "_scale_inv", wshape[:lead] + (2 * half, ceil_div(cols, bk)), \
-                [o[:lead] + (half if o[lead] else 0, 0) for o in woffs]
-        shape = wshape[:lead] + (ceil_div(rows, bn), ceil_div(cols, bk))
-        return name + "_scale_inv", shape, [o[:lead] + (ceil_div(o[lead], bn), ceil_div(o[lead + 1], bk))
-                                            for o in woffs]
-
-    def _mtp_name(self, name: str, t: TensorSpec) -> str:
-        """vLLM's MTP draft names (``DeepSeekMTP._rewrite_spec_layer_name``), under ``draft/``."""
-        prefix = f"model.layers.{t.layer}."
-        if t.kind == "embed":
-            return "draft/model.embed_tokens.weight"
-        if t.kind in _MTP_OUTER or t.kind == "scale_inv" and self.model.tensor(t.scale_of).kind in _MTP_OUTER:
-            return "draft/" + name
-        return "draft/" + name.replace(prefix, prefix + "mtp_block.", 1)
+        """vLLM's parameters on ``rank`` with the HF segments inside them (layout/vllm_params.py)."""
+        return vllm_local_params(self, rank)

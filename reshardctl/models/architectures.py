@@ -45,6 +45,10 @@ KIND_ROLE: dict[str, str] = {
     **dict.fromkeys(("stacked_gate_up", "stacked_gate_up_bias", "stacked_down", "stacked_down_bias"), "expert"),
 }
 
+# routed-expert weight kinds (one 2-D tensor per expert); the attention biases and the weight whose rows they follow
+EXPERT_KINDS = frozenset({"expert_gate", "expert_up", "expert_down"})
+QKV_BIAS_KINDS = {"q_bias": "q", "k_bias": "k", "v_bias": "v"}
+
 # Linear weights stored as fp8 (with a fp32 ``weight_scale_inv``) in block-fp8 checkpoints
 # (DeepSeek-V3 and Qwen3 "-FP8"). Embeddings, lm_head, norms, the router and eh_proj stay bf16.
 FP8_KINDS = frozenset(

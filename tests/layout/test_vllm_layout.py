@@ -8,7 +8,8 @@ import pytest
 from reshardctl.errors import LayoutError
 from reshardctl.layout.parallel_spec import parse_parallel as P
 from reshardctl.layout.pipeline import vllm_pp_parts
-from reshardctl.layout.vllm import VllmLayout, vllm_expert_ranges, vllm_qkv_runs
+from reshardctl.layout.vllm import VllmLayout, vllm_expert_ranges
+from reshardctl.layout.vllm_params import vllm_qkv_runs
 from helpers.parallel_models import deepseek_v3, llama_70b, qwen3_235b, tiny_deepseek, tiny_llama, tiny_qwen3_moe
 
 
