@@ -31,7 +31,7 @@ from reshardctl.errors import InputError, LaunchError, RecordError, TransferErro
 from reshardctl.launch import slurm_cli
 from reshardctl.launch.cancellation import cancellation, cancelled_text, record_cancel
 from reshardctl.launch.failures import failure_line, knock_on_text, lost_record, order_failures, ranks_text
-from reshardctl.launch.slurm_request import SlurmRequest
+from reshardctl.launch.slurm_request import FAIL_MARK, SlurmRequest
 from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 from reshardctl.topology import side_of_global, train_world_of
@@ -453,6 +453,13 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
     if not (bad_jobs or lost or failed or w.interrupted):
         return None
     lines = [cancelled_text(cancelled)] if cancelled else []
+    batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
+    # a batch script that failed on its own (fail(): a peer that never started, a module that did not load)
+    # says why in its output: that line is the run's first cause, before the jobs' states and the ranks
+    for p in batch:
+        said = [ln[len(FAIL_MARK):] for ln in _tail(p, 20).splitlines() if ln.startswith(FAIL_MARK)]
+        if said:
+            lines.append(f"{p.name}: {said[-1]}")
     for j, s in bad_jobs.items():
         extra = f", exit {s.exit_code}" if s.exit_code and s.exit_code != "0:0" else ""
         reason = f", reason {s.reason}" if s.reason and s.reason != "None" else ""
@@ -482,7 +489,6 @@ def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: li
         return None
     if cancelled:
         return "Slurm run cancelled:\n  " + "\n  ".join(lines)
-    batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
     tails = [f"{p.name}:\n      " + _tail(p, 5).replace("\n", "\n      ") for p in batch if _tail(p, 5)]
     if tails and (lost or bad_jobs):
         lines.append("batch output: " + "\n    ".join(tails))

@@ -38,6 +38,7 @@ MODES = ("hetjob", "two-jobs")
 ROLE_TEMPLATES = {"hetjob": ("hetjob.sbatch",), "two-jobs": ("train.sbatch", "infer.sbatch")}
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:=/@+%&|!*\[\]()<>#^~{}-]+$")
 RENDEZVOUS_FILE = "slurm/rendezvous"
+FAIL_MARK = "reshardctl: error: "  # a batch script's own failure line (its fail()); collect quotes it first
 INFER_STARTED_FILE = "slurm/infer.started"  # two jobs: the inference job has started (the trainer job waits for it)
 
 
@@ -216,7 +217,7 @@ def _prologue(site, run_dir: str, mode: str) -> str:
         ]
     else:
         lines.append("cancel_peer() { :; }  # one job: Slurm ends both components together")
-    lines.append('fail() { echo "reshardctl: $*" >&2; cancel_peer; exit 3; }')
+    lines.append(f'fail() {{ echo "{FAIL_MARK}$*" >&2; cancel_peer; exit 3; }}')
     if s.modules:
         lines.append("set +u  # module (Lmod, Environment Modules) may read unset variables")
         for m in s.modules:

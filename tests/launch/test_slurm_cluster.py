@@ -212,6 +212,41 @@ def test_the_trainer_job_waits_for_an_inference_job_held_in_the_queue(cluster, t
     assert "(JobHeldUser)" in said.read_text()
 
 
+def test_the_trainer_job_stops_waiting_when_the_pending_inference_job_is_cancelled(cluster, tmp_path, model, capsys):
+    """docs/slurm.md: an inference job that leaves the queue without starting ends the trainer job's wait at
+    the next of its 30 s checks (not after slurm.peer_wait_s, 1800 s): the trainer job fails saying so, its
+    ranks never start, and `collect` reads the run as failed (exit 1), never as still running."""
+    site = _profile(tmp_path, mode="two-jobs")
+    out = tmp_path / "gone"
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
+    capsys.readouterr()
+
+    def sbatch(*argv: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    train = sbatch(str(out / "slurm" / "train.sbatch"))
+    infer = sbatch("--hold", f"--dependency=after:{train}", str(out / "slurm" / "infer.sbatch"))
+    (out / "slurm" / "train.jobid").write_text(train + "\n")
+    (out / "slurm" / "infer.jobid").write_text(infer + "\n")
+    said = out / "slurm" / f"train-{train}.out"
+    wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
+             120, "the trainer job to say it waits for the held inference job")
+    subprocess.run(["scancel", infer], check=True)
+    wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", train, "-o", "%T"], capture_output=True,
+                                        text=True).stdout.strip(),
+             120, "the trainer job to end after its pending inference job was cancelled")
+    text = said.read_text()
+    assert f"reshardctl: error: the inference job {infer} left the queue without starting" in text, text
+    assert not (out / "events").exists() or not any((out / "events").iterdir())  # no rank started
+    assert main(["collect", str(out), "--job", f"{train},{infer}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and train in err, err
+    # the trainer job's own reason comes first, before the jobs' states and the ranks that never started
+    assert err.index(f"train-{train}.out: the inference job {infer} left the queue without starting") \
+        < err.index(f"Slurm job {train}: FAILED"), err
+
+
 def test_collect_of_a_two_jobs_run_needs_both_job_ids(tmp_path, model, capsys):
     """Tracking one of the two jobs would read a run half-watched: refused before any command runs."""
     site = _profile(tmp_path, mode="two-jobs")
