@@ -26,22 +26,22 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from reshardctl.atomic_write import write_json_atomic, write_text_atomic
-from reshardctl.bounded_load import LoadError, loads_json, open_regular, read_text
+from reshardctl.bounded_load import LoadError, loads_json, read_text
 from reshardctl.errors import InputError, LaunchError, RecordError, TransferError
 from reshardctl.launch import slurm_cli
-from reshardctl.launch.cancellation import cancellation, cancelled_text, record_cancel
-from reshardctl.launch.failures import failure_line, knock_on_text, lost_record, order_failures, ranks_text
-from reshardctl.launch.slurm_request import FAIL_MARK, SlurmRequest
+from reshardctl.launch.cancellation import cancellation, record_cancel
+from reshardctl.launch.failures import lost_record, order_failures
+from reshardctl.launch.slurm_failure import tail_lines
+from reshardctl.launch.slurm_request import SlurmRequest
 from reshardctl.runs.records import events_path, parse_event, read_json_object, run_events
 from reshardctl.runtime.contract import RankReport, rank_report_from_dict
 from reshardctl.topology import side_of_global, train_world_of
 
 JOBS_FILE = "slurm/jobs.json"
 POLL_S = 0.5
-SACCT_LAG_S = 15.0
+SACCT_LAG_S = 15.0  # accounting rows complete up to a few seconds after a job left the queue
 MAX_JOBS_BYTES = 1 << 20  # slurm/jobs.json
 MAX_REPORT_BYTES = 64 << 20  # reports/rank-N.json
-TAIL_BYTES = 64 << 10  # the end of a log that failure messages quote  # accounting rows complete up to a few seconds after a job left the queue
 
 
 @dataclass
@@ -310,28 +310,12 @@ def watch(run: SlurmRun, on_update: Callable[[dict[str, slurm_cli.JobState]], No
                  cancelled_peer=cancelled_peer)
 
 
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        fd = open_regular(path)
-    except LoadError:
-        return ""
-    try:
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
-        text = os.read(fd, TAIL_BYTES).decode(errors="replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _last_words(run_dir: Path, rank: int, cancelled: bool = False) -> str:
     """What a rank that left no report said last: its stderr's last lines, else its last event."""
-    err = _tail(run_dir / "logs" / f"rank-{rank}.err")
+    err = tail_lines(run_dir / "logs" / f"rank-{rank}.err")
     if err:
         return "; its stderr ends:\n      " + err.replace("\n", "\n      ")
-    e = parse_event(_tail(events_path(run_dir, rank), 1))
+    e = parse_event(tail_lines(events_path(run_dir, rank), 1))
     if e:
         step = f" of step {e['step']}" if e.get("step") is not None else ""
         return f" (stopped after its {e.get('phase')} phase{step}; no stderr)"
@@ -442,57 +426,6 @@ def _ranks_ready_at(run_dir: Path) -> float | None:
                                                   for v in (start, took)):
             ends.append(start + took)
     return max(ends) if ends else None
-
-
-def failure_message(run: SlurmRun, w: Watch, lost: Mapping[int, str], failed: list[RankReport],
-                    cancelled: Mapping | None = None) -> str | None:
-    """Why the Slurm session failed, in one paragraph, or None when it did not; a run a person
-    cancelled (``cancelled``: launch/cancellation.py) says so first."""
-    bad_jobs = {j: s for j, s in w.states.items() if s.state != "COMPLETED"}
-    missing = [j for j in run.ids if j not in w.states]
-    if not (bad_jobs or lost or failed or w.interrupted):
-        return None
-    lines = [cancelled_text(cancelled)] if cancelled else []
-    batch = sorted((Path(run.run_dir) / "slurm").glob("*.out"))
-    # a batch script that failed on its own (fail(): a peer that never started, a module that did not load)
-    # says why in its output: that line is the run's first cause, before the jobs' states and the ranks
-    for p in batch:
-        said = [ln[len(FAIL_MARK):] for ln in _tail(p, 20).splitlines() if ln.startswith(FAIL_MARK)]
-        if said:
-            lines.append(f"{p.name}: {said[-1]}")
-    for j, s in bad_jobs.items():
-        extra = f", exit {s.exit_code}" if s.exit_code and s.exit_code != "0:0" else ""
-        reason = f", reason {s.reason}" if s.reason and s.reason != "None" else ""
-        lines.append(f"Slurm job {j}: {s.state}{extra}{reason}")
-    for j in missing:
-        lines.append(f"Slurm job {j}: no accounting record (sacct)")
-    if w.cancelled_peer:
-        lines.append(f"cancelled the other job ({w.cancelled_peer}) when this one ended")
-    # the ranks: those that left no report first (identical causes grouped), then those that failed on
-    # their own, then the knock-on failures (launch/failures.py's order); the root cause once, in full,
-    # every other rank summarised in one line (each rank's record is in summary.json)
-    by_why: dict[str, list[int]] = {}
-    for r, why in sorted(lost.items()):
-        by_why.setdefault(why, []).append(r)
-    recs = order_failures([], failed)
-    if by_why:
-        why, rs = next(iter(by_why.items()))
-        root = f"{ranks_text(rs)}: {why}"
-        others = [{"rank": r, "error": "RankLost"} for r in sorted(lost) if r not in rs] + recs
-    elif recs:
-        root, others = failure_line(recs[0]), recs[1:]
-    if by_why or recs:
-        lines.append(f"root cause: {root}")
-        if others:
-            lines.append(knock_on_text(others))
-    if not lines:
-        return None
-    if cancelled:
-        return "Slurm run cancelled:\n  " + "\n  ".join(lines)
-    tails = [f"{p.name}:\n      " + _tail(p, 5).replace("\n", "\n      ") for p in batch if _tail(p, 5)]
-    if tails and (lost or bad_jobs):
-        lines.append("batch output: " + "\n    ".join(tails))
-    return "Slurm run failed:\n  " + "\n  ".join(lines)
 
 
 class SlurmRunError(TransferError):

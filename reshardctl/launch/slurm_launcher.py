@@ -20,6 +20,7 @@ from reshardctl.launch import slurm
 from reshardctl.launch.memory_check import check_slurm_memory
 from reshardctl.launch.launcher import DryRun, LaunchJob, Outcome, Progress
 from reshardctl.runs.records import commits_by_side, count_commits
+from reshardctl.launch.slurm_failure import failure_message
 from reshardctl.launch.slurm_request import build_request
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.request.resolve import Inputs
@@ -70,7 +71,7 @@ def _outcome(ctx: dict, run: slurm.SlurmRun, w: slurm.Watch, run_dir: Path, wall
     cancelled = slurm.who_cancelled(run, w)  # by a person: the summary says who and when
     session, lost = slurm.read_reports(run_dir, ctx["world"], names, cancelled=cancelled is not None)
     failed = [r for rs in session.values() for r in rs if not r.ok]
-    msg = slurm.failure_message(run, w, lost, failed, cancelled)
+    msg = failure_message(run, w, lost, failed, cancelled)
     if w.interrupted:
         msg = f"interrupted: cancelled Slurm job(s) {', '.join(run.ids)}" + (f"\n{msg}" if msg else "")
     err = slurm.SlurmRunError(msg, session) if msg else None

@@ -175,6 +175,26 @@ def test_a_run_submitted_by_hand_from_plan_out_two_jobs(cluster, tmp_path, model
     assert listed["run_dir"] == str(out) and listed["job_ids"] == s["slurm"]["job_ids"]
 
 
+def _trainer_waiting_for_a_held_inference_job(out: Path, site: str, model: str, capsys):
+    """A two-jobs run submitted by hand with its inference job held in the queue, once the trainer job
+    says it waits for it: (run directory, trainer job id, inference job id, the trainer job's output)."""
+    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
+    capsys.readouterr()
+
+    def sbatch(*argv: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    train = sbatch(str(out / "slurm" / "train.sbatch"))
+    infer = sbatch("--hold", f"--dependency=after:{train}", str(out / "slurm" / "infer.sbatch"))
+    (out / "slurm" / "train.jobid").write_text(train + "\n")
+    (out / "slurm" / "infer.jobid").write_text(infer + "\n")
+    said = out / "slurm" / f"train-{train}.out"
+    wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
+             120, "the trainer job to say it waits for the held inference job")
+    return out, train, infer, said
+
+
 RENDEZVOUS_S = 15
 
 
@@ -188,20 +208,7 @@ def test_the_trainer_job_waits_for_an_inference_job_held_in_the_queue(cluster, t
     # (5 s: the inference ranks gave up on the trainer's store while its ranks were still importing torch)
     data["refit"]["rendezvous_timeout_s"] = RENDEZVOUS_S
     Path(site).write_text(yaml.safe_dump(data))
-    out = tmp_path / "held"
-    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
-    capsys.readouterr()
-    def sbatch(*argv: str) -> str:
-        return subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True,
-                              check=True).stdout.strip()
-
-    train = sbatch(str(out / "slurm" / "train.sbatch"))
-    infer = sbatch("--hold", f"--dependency=after:{train}", str(out / "slurm" / "infer.sbatch"))
-    (out / "slurm" / "train.jobid").write_text(train + "\n")
-    (out / "slurm" / "infer.jobid").write_text(infer + "\n")
-    said = out / "slurm" / f"train-{train}.out"
-    wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
-             120, "the trainer job to say it waits for the held inference job")
+    out, train, infer, said = _trainer_waiting_for_a_held_inference_job(tmp_path / "held", site, model, capsys)
     time.sleep(RENDEZVOUS_S + 3)  # longer than the ranks' rendezvous timeout: the trainer job is still there
     assert subprocess.run(["squeue", "-h", "-j", train, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
         == "RUNNING"
@@ -217,21 +224,7 @@ def test_the_trainer_job_stops_waiting_when_the_pending_inference_job_is_cancell
     the next of its 30 s checks (not after slurm.peer_wait_s, 1800 s): the trainer job fails saying so, its
     ranks never start, and `collect` reads the run as failed (exit 1), never as still running."""
     site = _profile(tmp_path, mode="two-jobs")
-    out = tmp_path / "gone"
-    assert main(["plan", "--site", site, "--model", model, *LAYOUT, "--out", str(out)]) == 0
-    capsys.readouterr()
-
-    def sbatch(*argv: str) -> str:
-        return subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True,
-                              check=True).stdout.strip()
-
-    train = sbatch(str(out / "slurm" / "train.sbatch"))
-    infer = sbatch("--hold", f"--dependency=after:{train}", str(out / "slurm" / "infer.sbatch"))
-    (out / "slurm" / "train.jobid").write_text(train + "\n")
-    (out / "slurm" / "infer.jobid").write_text(infer + "\n")
-    said = out / "slurm" / f"train-{train}.out"
-    wait_for(lambda: said.is_file() and f"waiting for the inference job {infer}: PENDING" in said.read_text(),
-             120, "the trainer job to say it waits for the held inference job")
+    out, train, infer, said = _trainer_waiting_for_a_held_inference_job(tmp_path / "gone", site, model, capsys)
     subprocess.run(["scancel", infer], check=True)
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", train, "-o", "%T"], capture_output=True,
                                         text=True).stdout.strip(),
