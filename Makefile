@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py reshardctl/runtime/_rowsums.c
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
 		echo "system torch found: the venv reuses it"; \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \

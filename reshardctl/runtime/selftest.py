@@ -8,6 +8,10 @@ Checks (``CPU_CHECKS``), all through the runtime's real functions:
   non-contiguous views, as the executor does outside an arena (piece_copy.py: piece views, one
   ``torch._foreach_copy_`` each way; a region spanning two local boxes is two pieces); the message
   and every destination byte (written or not) compared byte for byte with a reference built on the CPU.
+* ``checksum_path``: which row-sum path this process's CPU checksums take (checksum_choice.py: the
+  fastest exact one, measured here or read from the machine's cache), its rate beside the other
+  paths' and a ``copy_`` of the same buffer; the path passes its exactness probe again, and a kernel
+  whose sums differ by one residue fails it. On a device: the path CUDA buffers take (float64).
 * ``checksums``: ``checksum`` / ``segment_checksums`` (checksum.py) of adversarial buffers (all zeros,
   all 0xFF, odd lengths, row boundaries, random) equal on the CPU and on the device, and on the device a
   flipped bit, two swapped 8-byte words and one more zero byte each change the sum.
@@ -37,7 +41,7 @@ import torch
 from reshardctl.runtime.local_weights import LocalWeights, byte_slices, byte_view
 from reshardctl.runtime.piece_copy import copy_pieces, message_pieces
 
-CPU_CHECKS = ("pack_roundtrip", "checksums", "stream_order", "pinned_pool")  # in-process: CPU or one device
+CPU_CHECKS = ("pack_roundtrip", "checksum_path", "checksums", "stream_order", "pinned_pool")  # in-process: CPU or one device
 
 
 @dataclass
@@ -255,6 +259,34 @@ def check_checksums(device: torch.device, corrupt: bool = False) -> CheckResult:
                        detail="; ".join(bad[:3]))
 
 
+def check_checksum_path(device: torch.device, corrupt: bool = False) -> CheckResult:
+    from reshardctl.runtime import checksum_choice, checksum_rows
+    from reshardctl.runtime.checksum import path_for
+
+    c = checksum_choice.choice()
+
+    def chosen(b, s, v, R):
+        out = checksum_rows.row_sums(b, s, v, R, c.path)
+        if corrupt:
+            out[-1, 0] = (out[-1, 0] + 1) % checksum_rows.P  # one residue of one row off by one
+        return out
+    why = checksum_choice.probe_failure(chosen, lambda b, s, v, R: checksum_rows.row_sums(b, s, v, R, "float64"))
+    numbers: dict[str, Any] = {"path": c.path, "how": c.how.split(" (")[0]}
+    if c.rate:
+        numbers["GB/s"] = round(c.rate / 1e9, 3)
+    if c.copy_rate:
+        numbers["copy_GB/s"] = round(c.copy_rate / 1e9, 3)
+        if c.rate:
+            numbers["vs_copy"] = round(c.rate / c.copy_rate, 3)
+    numbers.update({f"{p}_GB/s": round(r / 1e9, 3) for p, r in c.rates.items() if p != c.path})
+    if device.type != "cpu":
+        numbers["device_path"] = path_for(device)
+    how = "the fastest exact path measured here" if c.rates else c.how
+    what = f"CPU checksums take {c.path} ({c.cpu}; {how}); it passes its exactness probe"
+    return CheckResult("checksum_path", why is None, what, numbers,
+                       detail="" if why is None else f"{c.path}: {why}")
+
+
 # ---- (c) stream ordering ----------------------------------------------------------------------------
 def _produce(x: torch.Tensor, rounds: int) -> None:
     """Several full passes over ``x`` (long enough on a GPU for an unordered reader to overtake them)."""
@@ -381,7 +413,8 @@ def check_pinned_pool(device: torch.device, corrupt: bool = False) -> CheckResul
 
 
 _CHECK_FUNCS: dict[str, Callable[..., CheckResult]] = {
-    "pack_roundtrip": check_pack_roundtrip, "checksums": check_checksums, "stream_order": check_stream_order,
+    "pack_roundtrip": check_pack_roundtrip, "checksum_path": check_checksum_path, "checksums": check_checksums,
+    "stream_order": check_stream_order,
     "pinned_pool": check_pinned_pool,
 }
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reshardctl.runtime import checksum as checksum_module
+from reshardctl.runtime import checksum_rows as rows_module
 from reshardctl.runtime.checksum import P, SUM_BYTES, WORDS, checksum, segment_checksums
 from helpers.pinned_checksums import PINNED_ARANGE, PINNED_EMPTY
 
@@ -266,29 +267,36 @@ def test_reference_matches_the_pinned_value():
     assert reference_checksum(bytes(range(256)) * 37) == PINNED_ARANGE
 
 
-@settings(max_examples=80, deadline=None)
+PATHS = rows_module.paths(torch.device("cpu"))  # every path this machine can run (the compiled ones first)
+TORCH_PATHS = [p for p in PATHS if not p.startswith("c-")]
+
+
+@settings(max_examples=120, deadline=None)
 @given(data=st.data(), length=st.integers(1, 6000), shift=st.integers(0, 1), chunk=st.sampled_from([None, 1, 200]),
        cuts=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 2000)), min_size=1, max_size=70),
-       int8=st.booleans())
-def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts, int8):
+       path=st.sampled_from(PATHS), R=st.sampled_from([None, 64, 1024]))
+def test_segment_checksums_match_the_definition(data, length, shift, chunk, cuts, path, R):
     """Any even offsets and any sizes (odd, empty, overlapping, up to the buffer's odd end), in a buffer
-    at an odd or even address, in passes of the default size, of one row or of a few rows: every
-    segment's value is the definition's. Many segments make the rows non-consecutive (the gather path),
-    few the view path; segments that end near the buffer's end take the padded tail."""
+    at an odd or even address, on every path, in passes of the default size, of one row or of a few
+    rows, at the path's row length or another: every segment's value is the definition's. Many segments
+    make the rows non-consecutive (the gather path), few the view path; segments that end near the
+    buffer's end take the padded tail (the torch paths) or stop at it (the compiled ones)."""
     raw = data.draw(st.binary(min_size=length, max_size=length))
     big = torch.zeros(length + 1, dtype=torch.uint8)
     big[shift : shift + length] = torch.tensor(list(raw), dtype=torch.uint8)
     buf = big[shift : shift + length]
     offsets = [2 * (o % (length // 2 + 1)) for o, _ in cuts]
     sizes = [min(n, length - o) for o, (_, n) in zip(offsets, cuts)]
-    with _passes_of(chunk), _on_path(int8):
+    rows_at = contextlib.nullcontext() if R is None else mock.patch.object(checksum_module, "row_length",
+                                                                              lambda sizes, path: R)
+    with _passes_of(chunk), _on_path(path), rows_at:
         got = segment_checksums(buf, offsets, sizes)
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
 
 
-@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("chunk", [None, 1, 5000])
-def test_many_packed_regions_match_the_definition(chunk, int8):
+def test_many_packed_regions_match_the_definition(chunk, path):
     """300 packed regions of odd and even sizes (more non-consecutive and partial rows per pass than are
     copied one by one) and a last one to the buffer's odd end, in passes of each size."""
     g = torch.Generator().manual_seed(5)
@@ -296,20 +304,20 @@ def test_many_packed_regions_match_the_definition(chunk, int8):
     offsets = [sum((n + 7) & ~7 for n in sizes[:k]) for k in range(len(sizes) + 1)]
     sizes.append(1001)
     buf = _buf(offsets[-1] + 1001, seed=6)
-    with _passes_of(chunk), _on_path(int8):
+    with _passes_of(chunk), _on_path(path):
         got = segment_checksums(buf, offsets, sizes)
     raw = bytes(buf.tolist())
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
 
 
-@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
-def test_consecutive_partial_rows_match_the_definition(int8):
+@pytest.mark.parametrize("path", PATHS)
+def test_consecutive_partial_rows_match_the_definition(path):
     """300 segments of 1000 bytes at every 1024th byte: their rows (512 limbs) follow one another, so they
     are read as one view, and every row is partial (more than are cleared one by one: their last 24
     bytes cleared by one mask)."""
     buf = _buf(1024 * 300, seed=8)
     offsets, sizes = [1024 * k for k in range(300)], [1000] * 300
-    with _on_path(int8):
+    with _on_path(path):
         got = segment_checksums(buf, offsets, sizes)
     raw = bytes(buf.tolist())
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
@@ -319,8 +327,8 @@ def test_consecutive_partial_rows_match_the_definition(int8):
 @given(seed=st.integers(0, 2 ** 16), lengths=st.lists(st.one_of(st.integers(0, 2_000), st.integers(64 * 128, 24_000)), min_size=1,
                                        max_size=6).filter(lambda ls: max(ls) >= 64 * 128),
        gaps=st.lists(st.sampled_from([0, 8, 136]), min_size=6, max_size=6), chunk=st.sampled_from([None, 64, 3000]),
-       int8=st.booleans())
-def test_rows_read_in_place_match_the_definition(seed, lengths, gaps, chunk, int8):
+       path=st.sampled_from(TORCH_PATHS))
+def test_rows_read_in_place_match_the_definition(seed, lengths, gaps, chunk, path):
     """Rows of 64 limbs: a segment of >= 64 whole rows goes to the product as a view of the buffer (no
     copy), split at the passes' boundaries on the float64 path; its partial last row, short segments
     and the rest are gathered and put back among them. Every value is the definition's, and runs were
@@ -332,19 +340,19 @@ def test_rows_read_in_place_match_the_definition(seed, lengths, gaps, chunk, int
     buf = _buf(pos + 1, seed)
     raw = bytes(buf.tolist())
     seen = []
-    real_runs = checksum_module._direct_runs
+    real_runs = rows_module._direct_runs
 
     def spy(*args):
         runs = real_runs(*args)
         seen.extend(runs)
         return runs
 
-    with _passes_of(chunk), _on_path(int8), mock.patch.object(checksum_module, "_row_length", lambda sizes: 64), \
-            mock.patch.object(checksum_module, "_direct_runs", spy):
+    with _passes_of(chunk), _on_path(path), mock.patch.object(rows_module, "_row_length", lambda sizes: 64), \
+            mock.patch.object(rows_module, "_direct_runs", spy):
         got = segment_checksums(buf, offsets, lengths)
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, lengths)]
     assert seen  # at least one segment has 64 whole rows
-    assert sum(b - a for a, b in seen) >= sum(n // 128 for n in lengths if n // 128 >= checksum_module._DIRECT_ROWS)
+    assert sum(b - a for a, b in seen) >= sum(n // 128 for n in lengths if n // 128 >= rows_module._DIRECT_ROWS)
 
 
 @pytest.mark.parametrize("R", [64, 4096, checksum_module.ROW])
@@ -361,8 +369,8 @@ def test_row_shifts_are_the_powers_they_stand_for(R):
         assert got.tolist() == want
 
 
-@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float64"])
-def test_every_product_call_is_bounded_whatever_the_buffer(int8):
+@pytest.mark.parametrize("path", TORCH_PATHS)
+def test_every_product_call_is_bounded_whatever_the_buffer(path):
     """``_row_sums``' promise: each product (and its temporaries) takes at most a pass of gathered rows or
     a capped piece of rows read in place, however long the segment; the values stay the definition's.
     Rows of 64 limbs, a 1 MiB segment (8,192 rows) and a pass of 256 limbs (4 rows): with the in-place
@@ -370,15 +378,15 @@ def test_every_product_call_is_bounded_whatever_the_buffer(int8):
     buf = _buf((1 << 20) + 300, seed=11)
     offsets, sizes = [0, (1 << 20) + 8], [1 << 20, 250]
     seen = []
-    real = checksum_module._sums_of
+    real = rows_module._sums_of
 
     def spy(x, R, path):
         seen.append(x.shape[0])
         return real(x, R, path)
-    with _passes_of(256), _on_path(int8), mock.patch.object(checksum_module, "_row_length", lambda sizes: 64), \
-            mock.patch.object(checksum_module, "_DIRECT_ROWS_MAX", 512), mock.patch.object(checksum_module, "_sums_of", spy):
+    with _passes_of(256), _on_path(path), mock.patch.object(rows_module, "_row_length", lambda sizes: 64), \
+            mock.patch.object(rows_module, "_DIRECT_ROWS_MAX", 512), mock.patch.object(rows_module, "_sums_of", spy):
         got = segment_checksums(buf, offsets, sizes)
-    cap = 512 if int8 else 4
+    cap = 512 if path == "int8" else 4
     assert seen and max(seen) <= cap and sum(seen) == 8192 + 2  # every row once, none in an unbounded call
     raw = bytes(buf.tolist())
     assert got.tolist() == [reference_checksum(raw[o : o + n]) for o, n in zip(offsets, sizes)]
@@ -388,33 +396,29 @@ def _passes_of(limbs: int | None):
     """Limbs per pass of the row sums (None: the default), to check the passes' boundaries on small data."""
     if limbs is None:
         return contextlib.nullcontext()
-    return mock.patch.object(checksum_module, "_chunk_limbs", lambda device, int8: limbs)
+    return mock.patch.object(rows_module, "_chunk_limbs", lambda device, int8: limbs)
 
 
-def _on_path(int8: bool):
-    """The int8 or the float64 row sums on the CPU (checksum.py; both must give the definition's values)."""
-    return mock.patch.dict(checksum_module._int8_ok, {("cpu", -1): int8})
+def _on_path(path: str):
+    """Row sums on ``path`` on the CPU (checksum_rows.py; every path must give the definition's values)."""
+    return mock.patch.object(checksum_module, "path_for", lambda device: path)
 
 
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "float64"])
 @pytest.mark.parametrize("fill", [0x00, 0xFF, 0x80, 0x7F])
-def test_int8_path_at_the_extremes_of_its_bounds(fill):
-    """Whole rows of one byte value (every int8 product at its largest magnitude, every int32 sum at its
-    bound for the longest row) and a row of 2**15 limbs: the int8 path gives the float64 path's value."""
-    buf = torch.full((2 * checksum_module.ROW * 3 + 5,), fill, dtype=torch.uint8)
-    offs, sizes = [0, 2 * checksum_module.ROW, 6], [buf.numel(), 2 * checksum_module.ROW + 5, 2 * checksum_module.ROW]
-    with _on_path(True):
-        fast = segment_checksums(buf, offs, sizes)
-    with _on_path(False):
+def test_every_path_at_the_extremes_of_its_bounds(fill, path):
+    """Whole rows of one byte value (every product at its largest magnitude: int8 digits, float64 limbs
+    of -32896 or 32639; every sum at its bound for the longest row, 2**15 limbs, on the torch paths'
+    row length and the compiled paths' own): each path gives the float64 path's value."""
+    buf = torch.full((2 * rows_module.ROW * 3 + 5,), fill, dtype=torch.uint8)
+    offs, sizes = [0, 2 * rows_module.ROW, 6], [buf.numel(), 2 * rows_module.ROW + 5, 2 * rows_module.ROW]
+    with _on_path("float64"):
         slow = segment_checksums(buf, offs, sizes)
-    assert torch.equal(fast, slow)
-
-
-def test_the_int8_path_is_taken_on_this_cpu():
-    """Where torch has ``_int_mm`` (torch >= 2.4 on the CPU) the fast path is used: it passed its probe."""
-    if not hasattr(torch, "_int_mm"):
-        pytest.skip("this torch has no _int_mm: the float64 path is the CPU's")
-    checksum_module._int8_ok.pop(("cpu", -1), None)
-    assert checksum_module._use_int8(torch.device("cpu"))
+    for R in (None, rows_module.ROW):
+        at = contextlib.nullcontext() if R is None else mock.patch.object(checksum_module, "row_length",
+                                                                          lambda sizes, path: R)
+        with _on_path(path), at:
+            assert torch.equal(segment_checksums(buf, offs, sizes), slow), (path, R)
 
 
 def test_int8_digits_stay_in_the_bounds_the_module_states():
@@ -423,16 +427,16 @@ def test_int8_digits_stay_in_the_bounds_the_module_states():
     low byte, ``256 w`` for its high byte), and so no product of a data byte (its two's-complement value
     in [-128, 127], or shifted to [0, 255] on a u8 x s8 kernel) and a digit passes 2**13 in magnitude, no
     pair of u8 x s8 products passes int16, and no row sum passes 2**29 (int32)."""
-    mat = checksum_module._int8_table()
-    d = mat.to(torch.int64).view(-1, checksum_module.SUMS, checksum_module.DIGITS)
+    mat = rows_module._int8_table()
+    d = mat.to(torch.int64).view(-1, rows_module.SUMS, rows_module.DIGITS)
     assert int(d.min()) >= -64 and int(d.max()) <= 63
-    v = (d * torch.tensor([128 ** k for k in range(checksum_module.DIGITS)])).sum(2)
+    v = (d * torch.tensor([128 ** k for k in range(rows_module.DIGITS)])).sum(2)
     assert bool((v.abs() <= P // 2).all())
-    w = checksum_module._table()
+    w = rows_module._table()
     assert torch.equal(v[0::2] % P, w) and torch.equal(v[1::2] % P, w * 256 % P)
     top = int(d.abs().max())
     assert 128 * top <= 2 ** 13 and 2 * 255 * top < 2 ** 15
-    assert 2 * checksum_module.ROW * 128 * top <= 2 ** 29
+    assert 2 * rows_module.ROW * 128 * top <= 2 ** 29
 
 
 @pytest.mark.parametrize("offsets, sizes", [([0, 3], [2, 2]), ([-2], [2]), ([0], [-1]), ([4], [6]), ([0, 8], [2, 2])])
