@@ -81,10 +81,15 @@ class Links:
                 object.__setattr__(self, k, v)
 
     @classmethod
-    def from_site(cls, site, measured=None, cores: int | None = None) -> "Links":
+    def from_site(cls, site, measured=None, cores: int | None = None,
+                  checksum_probe: tuple[float, str] | None = None) -> "Links":
         """Datasheet figures from the profile's ``links:``; a calibration (``site/measured.py``) replaces
         every figure it measured. Pure: ``measured`` was read, and ``cores`` (cpu_only sites: this
-        machine's CPU count) found, by the caller."""
+        machine's CPU count) and ``checksum_probe`` (cpu_only sites: one rank's checksum rate on this
+        machine's chosen path, bytes/s, and its description; runtime/checksum_choice.py) found, by the
+        caller. The probe replaces the ``mem / 4`` default where the profile sets no
+        ``checksum_gbytes_per_s``, and a calibration's checksum figures where they were measured on
+        another path than the one this machine now takes."""
         lk = site.links
         mem = lk.mem_gbytes_per_s * 1e9
         nvl_lat, nic_lat = lk.nvlink_latency_us * 1e-6, lk.nic_latency_us * 1e-6
@@ -99,12 +104,17 @@ class Links:
             ops_per_launch=1 << 30 if site.cpu_only else NCCL_OPS_PER_GROUP,
             land_param=lk.landing_us_per_param * 1e-6, loader_call=lk.loader_us_per_tensor * 1e-6,
         )
+        probe = checksum_probe if site.cpu_only and checksum_probe and checksum_probe[0] > 0 else None
+        source = "datasheet"
+        if probe and not lk.checksum_gbytes_per_s:
+            kw["checksum"] = probe[0]
+            source = f"datasheet; checksum {probe[1]}"
         if site.cpu_only:
             n = max(1, cores or 1)
             kw.update(host=lk.node_nic_bytes_per_s, peak_host=lk.node_nic_bytes_per_s,
                       broadcast=lk.node_nic_bytes_per_s, cores=n, copy_all=kw["copy"] * n, checksum_all=kw["checksum"] * n)
         if measured is None:
-            return cls(**kw)
+            return cls(**kw, source=source)
         m = measured.figures
         kw.update(
             nvlink=m["intra_node_bytes_per_s"], nic=m["cross_node_bytes_per_s"],
@@ -123,7 +133,13 @@ class Links:
                       nvlink_latency=m["per_message_s"], nic_latency=m["per_message_s"],
                       copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"],
                       checksum_world=m.get("checksum_world_bytes_per_s"), control=m.get("control_round_s"))
-        return cls(**kw, source=f"calibration {measured.path} ({measured.date})")
+        source = f"calibration {measured.path} ({measured.date})"
+        stale = m.get("checksum_path")
+        if probe and stale and stale != probe[1].split(" ")[0]:
+            n = kw["cores"]
+            kw.update(checksum=probe[0], checksum_all=probe[0] * n, checksum_world=None)
+            source += f"; checksum {probe[1]} (the calibration measured {stale})"
+        return cls(**kw, source=source)
 
 
 @dataclass(frozen=True)
@@ -192,8 +208,9 @@ def _round_terms(rounds: np.ndarray, node_of: np.ndarray, num_nodes: int, links:
 
 
 def _verify_checksums(links: Links, stats: PlanStats | None = None, bs: BucketStats | None = None) -> float:
-    """The verify phase, after the last step: what the ranks deferred to the checksum exchange
-    (``ChecksumExchange.settle_all``), all at once. Rounds: receivers checksum what landed in their
+    """The checksums of bytes sent or received in place, all at once: on GPUs what the ranks defer to
+    the verify phase (``ChecksumExchange.settle_all``); on the CPU taken during the steps, in the
+    transfer phase (``predict``). Rounds: receivers checksum what landed in their
     weights, senders what they sent in place (read from their arena, never staged). Buckets: every
     gather sender what it sent in place from its arena (the root sums what it gathered, and members
     what they hold, during the transfer). Where both sides have work there, the rate of every rank
@@ -347,7 +364,10 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
     landing = _landing(plan, links)  # after the commit: on the critical path, alone
     land_s = landing["seconds"] if land else 0.0
     breakdown = {t: float(v) for t, v in zip(STEP_TERMS, total)} | {"landing": land_s}
-    verify = {"checksum": float(verify_ck), "sync": float(sync)}
+    # on the CPU (cpu_only sites) the executor takes these checksums as the steps go, each message's as
+    # it lands and the in-place sends' right after their post (runtime/executor.py): in the transfer
+    # phase, added (the ranks share the cores); on GPUs they wait for the verify phase
+    verify = {"checksum": 0.0 if links.cores else float(verify_ck), "sync": float(sync)}
     phases = {"transfer": {t: breakdown[t] - verify.get(t, 0.0) for t in STEP_TERMS}, "verify": verify,
               "commit": {"landing": land_s}}
     return Prediction(plan.transport, float(total.sum()) + land_s, int(moved), busiest[0], busiest[1], int(busiest[2]),

@@ -170,14 +170,23 @@ def prepare(request: RefitRequest, *, out: str | None = None, export: str | None
 
 def site_links(prof):
     """The cost model's figures for a site: its calibration file when there is one (``site/measured.py``),
-    else the profile's datasheet figures; on cpu_only sites the cores of this machine."""
+    else the profile's datasheet figures; on cpu_only sites the cores of this machine and the checksum
+    rate of one rank here (one thread, the path this machine's ranks take: runtime/checksum_choice.py,
+    measured once per machine and cached)."""
     import os
 
     from reshardctl.plan.cost import Links
     from reshardctl.site.measured import find_measured
 
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if prof.cpu_only else None
-    return Links.from_site(prof, find_measured(prof), cores=cores)
+    probe = None
+    if prof.cpu_only:
+        from reshardctl.runtime import checksum_choice
+
+        c = checksum_choice.choice(threads=1)
+        if c.rate:
+            probe = (c.rate, f"{c.path} {c.rate / 1e9:.2f} GB/s, measured on this machine ({c.cpu})")
+    return Links.from_site(prof, find_measured(prof), cores=cores, checksum_probe=probe)
 def layout_file_problems(path: str, flag: str) -> list[str]:
     """A layout file flag that cannot name a readable file: empty, missing, a directory."""
     if not path:

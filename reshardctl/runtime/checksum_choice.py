@@ -173,24 +173,34 @@ def _timed(fn) -> float:
 
 # ---- this process's choice: forced, memo, cache file, measurement -------------------------------------
 
-_memo: list[Choice] = []
+_memo: dict[int, Choice] = {}  # torch's thread count -> the choice made with it
 
 
 def cpu_path() -> str:
-    """The path this process uses on the CPU (``choice().path``)."""
-    return (_memo[0] if _memo else choice()).path
+    """The path this process uses on the CPU now (``choice().path``; a dict lookup once decided)."""
+    got = _memo.get(torch.get_num_threads())
+    return (got or choice()).path
 
 
-def choice() -> Choice:
-    """This process's choice, decided once: forced by ``RESHARDCTL_CHECKSUM_PATH``, else the cache
-    file's entry for this machine, else measured now (under a lock shared with the node's other ranks)."""
-    if not _memo:
-        _memo.append(_decide())
-    return _memo[0]
+def choice(threads: int | None = None) -> Choice:
+    """The choice for this process's torch thread count (or ``threads``, set for the measurement and
+    restored), decided once per count: forced by ``RESHARDCTL_CHECKSUM_PATH``, else the cache file's
+    entry for this machine, else measured now (under a lock shared with the node's other ranks)."""
+    before = torch.get_num_threads()
+    n = threads or before
+    if n not in _memo:
+        if n != before:
+            torch.set_num_threads(n)
+        try:
+            _memo[n] = _decide()
+        finally:
+            if n != before:
+                torch.set_num_threads(before)
+    return _memo[n]
 
 
 def forget() -> None:
-    """Drop this process's choice (tests; a changed environment)."""
+    """Drop this process's choices (tests; a changed environment)."""
     _memo.clear()
 
 

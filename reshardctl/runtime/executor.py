@@ -285,23 +285,34 @@ class Executor:
     def _land(self, p: _Pending, target, label: str, stats: ExecStats) -> None:
         """Copy what arrived through staging into place, read it back (the copy is covered too), and
         book every message's checksum where its bytes finally lie; then sum each staging block once."""
-        for n, (peer, m, v, blk, off) in enumerate(p.recvs):
-            if n == 0 and self.tap is not None and m.nbytes:
-                self.tap(self.step_no, v, m.nbytes)
-            if blk is not None:
-                cp = self._copy_plan(m, target)
-                if cp is not None:
-                    cp.scatter(target, v)
-                    cp.gather(target, v)  # read back what landed
-                else:
-                    pieces = self._message_pieces("land", m, target, blk, off, v)
-                    copy_pieces(pieces)
-                    torch._foreach_copy_(pieces.src, pieces.dst)  # read back what landed
-            self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
-                               buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
-            stats.bytes_received += m.nbytes
+        for n, rec in enumerate(p.recvs):
+            self._book_landed(n, rec, target, label, stats)
         for blk in p.blocks:
             self.sums.settle(blk)
+
+    def _land_one(self, n: int, rec: tuple, target, label: str, stats: ExecStats) -> None:
+        """One message of a step that is in (``_finish_round_per_message``): landed, and its checksum
+        taken now, where its bytes finally lie."""
+        self._book_landed(n, rec, target, label, stats)
+        blk = rec[3]
+        self.sums.settle(blk if blk is not None else target.arena)
+
+    def _book_landed(self, n: int, rec: tuple, target, label: str, stats: ExecStats) -> None:
+        peer, m, v, blk, off = rec
+        if n == 0 and self.tap is not None and m.nbytes:
+            self.tap(self.step_no, v, m.nbytes)
+        if blk is not None:
+            cp = self._copy_plan(m, target)
+            if cp is not None:
+                cp.scatter(target, v)
+                cp.gather(target, v)  # read back what landed
+            else:
+                pieces = self._message_pieces("land", m, target, blk, off, v)
+                copy_pieces(pieces)
+                torch._foreach_copy_(pieces.src, pieces.dst)  # read back what landed
+        self.sums.received(peer, lambda peer=peer, m=m: f"{label} from rank {peer}: {describe(self.model, m)}",
+                           buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
+        stats.bytes_received += m.nbytes
 
     def _release(self, p: _Pending) -> None:
         ev = self._released()
@@ -453,7 +464,9 @@ class Executor:
         return self._start_bucket(s, stats)
 
     def _finish(self, p: _Pending, stats: ExecStats) -> None:
-        if p.kind == "round":
+        if p.kind == "round" and p.recvs and not self.cuda:
+            self._finish_round_per_message(p, stats)
+        elif p.kind == "round":
             self._wait_recorded(p, "round/transfer", round=p.index)
             if p.recvs:
                 with self._phase("round/unpack", round=p.index, step=self.step_no,
@@ -464,6 +477,45 @@ class Executor:
             self._release(p)
         else:
             self._finish_bucket(p, stats)
+
+    def _finish_round_per_message(self, p: _Pending, stats: ExecStats) -> None:
+        """CPU (gloo: one work per message): each received message landed and checksummed as soon as it
+        is in, while the round's later messages still arrive; the round's transfer event spans the post
+        to the last message (the landing of the earlier ones inside it), its unpack event the landing
+        of the last. Every wait bounded by what is left of the one timeout of the round."""
+        what = f"rank {self.rank}: round {p.index} with ranks {p.peers}"
+        first_recv = len(p.works) - len(p.recvs)
+        end = time.monotonic() + self.groups.timeout.total_seconds()
+        err = None
+        try:
+            for k, rec in enumerate(p.recvs):
+                self._wait_part(p, [p.works[first_recv + k]], end, what)
+                if k + 1 < len(p.recvs):
+                    self._land_one(k, rec, self.staged, f"round {p.index}", stats)
+            self._wait_part(p, p.works[:first_recv], end, what)
+        except TransferError as exc:
+            err = exc
+            raise
+        finally:
+            self.events.record("round/transfer", p.posted_unix, time.perf_counter() - p.posted_at, error=err,
+                               bytes=p.wire, peers=p.peers, step=self.step_no, round=p.index)
+        last = p.recvs[-1]
+        with self._phase("round/unpack", round=p.index, step=self.step_no, bytes=last[1].nbytes,
+                         zero_copy_bytes=last[1].nbytes if last[3] is None else 0, peers=[last[0]]):
+            self._land_one(len(p.recvs) - 1, last, self.staged, f"round {p.index}", stats)
+        self._release(p)
+
+    def _wait_part(self, p: _Pending, works: list, end: float, what: str) -> None:
+        """Some of a step's works, bounded by the step's deadline ``end`` (monotonic), errors as ``_wait``'s."""
+        try:
+            wait_works(works, self.groups, max(0.0, end - time.monotonic()), what)
+        except Abandoned as exc:
+            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise
+        except (RuntimeError, TransferError) as exc:
+            err = TransferError(f"{what} failed: {exc}")
+            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise err from exc
 
     # ---- point-to-point rounds -------------------------------------------------------------------
     def _start_round(self, r: RoundOps, stats: ExecStats) -> _Pending:
@@ -488,7 +540,17 @@ class Executor:
         self._mark_posted(p, "round/transfer", round=r.index)
         p.works = self._post(ops, f"round {r.index}")
         stats.wire_bytes += p.wire
+        self._sum_sent_in_place(local, p, round=r.index)
         return p
+
+    def _sum_sent_in_place(self, local, p: _Pending, **fields) -> None:
+        """CPU: the checksums of what this step sent straight from the arena, taken now, while gloo's
+        threads send it (they only read those bytes), not in the verify phase. On CUDA they stay booked
+        for the verify phase (the side stream's order: docs/gpu.md)."""
+        if self.cuda or not p.sent_in_place or getattr(local, "arena", None) is None:
+            return
+        with self._phase("checksum/sent", step=self.step_no, bytes=p.sent_in_place, **fields):
+            self.sums.settle(local.arena)
 
     # ---- gather-and-broadcast buckets --------------------------------------------------------------
     def _start_bucket(self, bo: BucketOps, stats: ExecStats) -> _Pending:
@@ -506,6 +568,7 @@ class Executor:
                         ops = self._post_sends(bo.sends, self.src, tag, gp, stats)
                     self._before_post()  # posted on the current stream, which waits for the packs (as rounds)
                     works = self._post(ops, f"gather of bucket {b.index}")
+                self._sum_sent_in_place(self.src, gp, bucket=b.index)
                 if self.cuda and bo.member:  # NCCL: the world's gather done before the sub-communicator's broadcast
                     gp.works = works
                     self._wait(gp)
