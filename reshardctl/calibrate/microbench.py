@@ -186,4 +186,7 @@ def _copy_rate(device: torch.device, reps: int) -> dict:
 
 
 def _checksum_rate(device: torch.device, reps: int) -> dict:
-    return _median_time(_checksum_fn(device), reps)
+    """The checksum's rate on one rank, and the path it took (runtime/checksum_choice.py)."""
+    from reshardctl.runtime.checksum import path_for
+
+    return {**_median_time(_checksum_fn(device), reps), "path": path_for(device)}

@@ -198,6 +198,8 @@ def calibration(site, raw: dict, now: _dt.datetime | None = None) -> dict:
                     "backend": raw["backend"]}
         if raw["backend"] == "nccl":
             versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if raw["checksum"].get("path"):  # the checksum path the figures were measured on (a later run may take another)
+        versions = {**versions, "checksum_path": raw["checksum"]["path"]}
     cores = raw.get("cores") or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     extra = {"slurm": raw["slurm"]} if "slurm" in raw else {}
     return {

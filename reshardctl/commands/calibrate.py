@@ -96,7 +96,17 @@ def calibrate_cmd(
         output.print_json({**data, "path": str(path)})
         return
     output.console().print(figures_table(data["figures"]))
+    output.console().print(checksum_line(data), markup=False, highlight=False)
     output.console().print(f"wrote {path}", markup=False, highlight=False)
+
+
+def checksum_line(data: dict) -> str:
+    """Which checksum path the ranks took and its rate beside the copy's (one rank each)."""
+    f = data["figures"]
+    ck, cp = f["checksum_bytes_per_s"], f["copy_bytes_per_s"]
+    path = data.get("versions", {}).get("checksum_path", "?")
+    return (f"checksum path {path}: {ck / 1e9:.2f} GB/s on one rank, {ck / cp:.2f}x the pack/unpack copy "
+            f"({cp / 1e9:.2f} GB/s); chosen by measurement on the ranks' machine (`reshardctl selftest` shows every path)")
 
 
 def _measure_on_slurm(prof, reps: int, run_dir: str | None, *, quiet: bool) -> dict:

@@ -26,6 +26,10 @@ def selftest_cmd(
     from reshardctl.commands.selftest_refit import GPU_CHECKS  # torch: imported when the command runs
     from reshardctl.runtime.selftest import CPU_CHECKS, run_selftest
 
+    from reshardctl.runtime.checksum_choice import env_problem
+
+    if env_problem():
+        raise InputError(env_problem())
     checks = (*CPU_CHECKS, *GPU_CHECKS)
     inject = list(inject_fault or [])
     unknown = sorted(set(inject) - set(checks))

@@ -134,7 +134,7 @@ class Links:
                       copy_all=m["copy_side_bytes_per_s"], checksum_all=m["checksum_side_bytes_per_s"],
                       checksum_world=m.get("checksum_world_bytes_per_s"), control=m.get("control_round_s"))
         source = f"calibration {measured.path} ({measured.date})"
-        stale = m.get("checksum_path")
+        stale = (getattr(measured, "versions", None) or {}).get("checksum_path")
         if probe and stale and stale != probe[1].split(" ")[0]:
             n = kw["cores"]
             kw.update(checksum=probe[0], checksum_all=probe[0] * n, checksum_world=None)

@@ -179,11 +179,18 @@ def site_links(prof):
     from reshardctl.site.measured import find_measured
 
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if prof.cpu_only else None
+    from reshardctl.errors import InputError
+    from reshardctl.runtime import checksum_choice
+
+    why = checksum_choice.env_problem()  # the ranks would refuse it: say so before anything starts
+    if why:
+        raise InputError(why)
     probe = None
     if prof.cpu_only:
-        from reshardctl.runtime import checksum_choice
-
-        c = checksum_choice.choice(threads=1)
+        try:
+            c = checksum_choice.choice(threads=1)
+        except ValueError as exc:  # a forced path that fails its exactness probe here
+            raise InputError(str(exc)) from exc
         if c.rate:
             probe = (c.rate, f"{c.path} {c.rate / 1e9:.2f} GB/s, measured on this machine ({c.cpu})")
     return Links.from_site(prof, find_measured(prof), cores=cores, checksum_probe=probe)

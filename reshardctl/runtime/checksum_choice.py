@@ -6,8 +6,8 @@ at 2.3 GB/s on a CPU with AVX-512 VNNI and at 58 MB/s on one with AVX2 only (iss
 each path that can run here is
 
 1. **probed**: its row sums of extreme and random bytes (whole, partial and odd-length rows, at the
-   shortest row length and the compiled paths' one) must equal the float64 path's (exact by its bound,
-   docs/checksums.md); a path that differs or raises is refused, however fast;
+   shortest row length and the compiled paths' one) must equal the definition's, computed in int64
+   without any path's kernel (``exact_row_sums``); a path that differs or raises is refused, however fast;
 2. **timed**: best of ``REPEATS`` on ``TIME_BYTES`` of random bytes cut as a refit cuts them (one long
    message and many short ones), after one untimed call that builds its tables, in rounds across the
    paths (a load that comes and goes hits them alike); a path ``GIVE_UP``x slower than the best after
@@ -125,7 +125,7 @@ def probe_failure(fn: RowSums, reference: RowSums) -> str | None:
         except (RuntimeError, TypeError, ValueError) as exc:  # an older torch, a kernel that cannot run here
             return f"raised {type(exc).__name__}: {exc}"[:200]
         if not torch.equal(got, reference(buf, start, valid, R)):
-            return f"row sums differ from the float64 path's at rows of {R} limbs"
+            return f"row sums differ from the definition's at rows of {R} limbs"
     return None
 
 
@@ -208,16 +208,38 @@ def _candidates() -> dict[str, RowSums]:
     return {p: (lambda b, s, v, R, p=p: rows.row_sums(b, s, v, R, p)) for p in rows.paths(torch.device("cpu"))}
 
 
-def _reference(b, s, v, R):
-    return rows.row_sums(b, s, v, R, "float64")
+def exact_row_sums(buf: torch.Tensor, start: torch.Tensor, valid: torch.Tensor, R: int) -> torch.Tensor:
+    """The row sums by their definition, in int64 (no path's kernel): each limb times its eight weights,
+    products below ``2**47`` and row sums below ``2**62``; slow, for the probe's few rows."""
+    out = torch.zeros(start.numel(), rows.SUMS, dtype=torch.int64)
+    w = rows._table()[:R]
+    for i, (s0, n) in enumerate(zip(start.tolist(), valid.tolist())):
+        b = torch.zeros(2 * R, dtype=torch.uint8)
+        b[:n] = buf[s0 : s0 + n]
+        x = b.view(torch.int8).to(torch.int64).view(R, 2)
+        out[i] = ((x[:, 0] + 256 * x[:, 1])[:, None] * w).sum(0) % rows.P
+    return out
+
+
+_reference = exact_row_sums
+
+
+def env_problem() -> str | None:
+    """What is wrong with ``RESHARDCTL_CHECKSUM_PATH`` here (not a path this machine can run), or None."""
+    forced = os.environ.get(ENV, "").strip()
+    avail = rows.paths(torch.device("cpu"))
+    if forced and forced != "auto" and forced not in avail:
+        known = "" if forced in rows.ALL_PATHS else f" (the paths are {', '.join(rows.ALL_PATHS)})"
+        return f"{ENV}={forced}: not a checksum path of this machine; one of auto, {', '.join(avail)}{known}"
+    return None
 
 
 def _decide() -> Choice:
     forced = os.environ.get(ENV, "").strip()
     if forced and forced != "auto":
-        avail = rows.paths(torch.device("cpu"))
-        if forced not in avail:
-            raise ValueError(f"{ENV}={forced}: not a checksum path of this machine; one of auto, {', '.join(avail)}")
+        why = env_problem()
+        if why:
+            raise ValueError(why)
         why = probe_failure(_candidates()[forced], _reference)
         if why is not None:
             raise ValueError(f"{ENV}={forced}: the path fails its exactness probe here ({why})")

@@ -43,6 +43,7 @@ _G = tuple(pow(7, e, P) for e in (65537, 1000003, 999983))  # 7 is a primitive r
 DIGITS = 5  # balanced base-128 digits per weight (the int8 path)
 C_ROW = 1 << 12  # limbs per row on the compiled paths: an [8, R] float64 table of 256 KiB stays in L2
 TORCH_PATHS = ("int8", "float64")
+ALL_PATHS = ("c-avx2", "c-base") + TORCH_PATHS  # every path on some machine
 
 
 def compiled_variants() -> tuple[str, ...]:

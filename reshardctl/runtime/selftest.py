@@ -270,7 +270,7 @@ def check_checksum_path(device: torch.device, corrupt: bool = False) -> CheckRes
         if corrupt:
             out[-1, 0] = (out[-1, 0] + 1) % checksum_rows.P  # one residue of one row off by one
         return out
-    why = checksum_choice.probe_failure(chosen, lambda b, s, v, R: checksum_rows.row_sums(b, s, v, R, "float64"))
+    why = checksum_choice.probe_failure(chosen, checksum_choice.exact_row_sums)
     numbers: dict[str, Any] = {"path": c.path, "how": c.how.split(" (")[0]}
     if c.rate:
         numbers["GB/s"] = round(c.rate / 1e9, 3)
