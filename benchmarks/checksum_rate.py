@@ -1,22 +1,28 @@
-"""Checksum rate on the CPU, single-threaded, side by side in one process (the machine is shared:
-compare only within a run): the int8 row sums (the CPU's path) vs the float64 row sums (CUDA's path and
-the CPU's fallback), and with ``--base`` an earlier ``checksum.py`` (e.g. the float64 code with a matmul
-per 64-limb block, before commit "checksums in int8 matmuls"), loaded from that file. The two current
-paths must give the same values (the base defines its random weights differently: timed only).
+"""Checksum rate of every CPU path, side by side in one process, beside a ``copy_`` of the same bytes.
 
-    .venv/bin/python benchmarks/checksum_rate.py [--repeats 3] [--base DIR/reshardctl/runtime/checksum.py]
+Each path (runtime/checksum_rows.py: ``c-avx2``, ``c-base``, ``int8``, ``float64``; those this machine
+and install have) computes ``segment_checksums`` of the same buffers, with the threads given (default
+one: a rank's, where ranks share the cores), in rounds across the paths so that a load that comes and
+goes hits them alike; best of ``--repeats``. Every path must give the same values (else exit 1). Prints
+GB/s per path and case, the copy rate, each path's share of it, which path ``checksum_choice`` picks
+here, and the CPU (``lscpu`` model name, torch's CPU capability).
+
+    .venv/bin/python benchmarks/checksum_rate.py [--repeats 5] [--threads 1] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
+import platform
+import subprocess
 import time
 from unittest import mock
 
 import torch
 
-from reshardctl.runtime import checksum as current
+from reshardctl.runtime import checksum as checksum_module
+from reshardctl.runtime import checksum_choice, checksum_rows
 
 
 def packed(count: int, size: int) -> tuple[list[int], list[int], int]:
@@ -30,44 +36,64 @@ CASES = [("64 MiB, one segment", [0], [64 << 20], 64 << 20),
          ("5,000 x 1 KB regions", *packed(5000, 1000))]
 
 
-def best_of(repeats: int, fn) -> tuple[float, torch.Tensor]:
-    fn()  # weight tables built outside the timing
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
-def on_path(int8: bool):
-    return mock.patch.dict(current._int8_ok, {("cpu", -1): int8})
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3, help="best of this many runs per implementation")
-    ap.add_argument("--base", help="an earlier checksum.py to time beside the current one")
+    ap.add_argument("--repeats", type=int, default=5, help="best of this many rounds")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a rank's)")
+    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    base = None
-    if args.base:
-        spec = importlib.util.spec_from_file_location("base_checksum", args.base)
-        base = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(base)
-    if not current._use_int8(torch.device("cpu")):
-        raise SystemExit("this torch has no working torch._int_mm: the CPU uses the float64 path only")
-    print(f"{'case':24s} {'base s':>9s} {'float64 s':>10s} {'int8 s':>9s} {'float64/int8':>13s} {'base/int8':>10s}")
+    torch.set_num_threads(args.threads)
+    paths = checksum_rows.paths(torch.device("cpu"))
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}; "
+          f"threads {args.threads}; paths here: {', '.join(paths)}")
+    result = {"cpu": cpu_model(), "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+              "threads": args.threads, "cases": {}}
+    head = f"{'case':24s} {'copy_ GB/s':>10s} " + " ".join(f"{p + ' GB/s':>13s}" for p in paths)
+    print(head + "   " + " ".join(f"{p + '/copy':>12s}" for p in paths))
     for name, offsets, sizes, total in CASES:
         buf = torch.randint(0, 256, (total,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-        with on_path(True):
-            fast_t, fast = best_of(args.repeats, lambda: current.segment_checksums(buf, offsets, sizes))
-        with on_path(False):
-            slow_t, slow = best_of(args.repeats, lambda: current.segment_checksums(buf, offsets, sizes))
-        if not torch.equal(fast, slow):
-            raise SystemExit(f"{name}: the int8 and float64 paths disagree")
-        base_t = best_of(args.repeats, lambda: base.segment_checksums(buf, offsets, sizes))[0] if base else float("nan")
-        print(f"{name:24s} {base_t:9.4f} {slow_t:10.4f} {fast_t:9.4f} {slow_t / fast_t:12.2f}x {base_t / fast_t:9.2f}x")
+        dst = torch.empty_like(buf)
+        best = {p: float("inf") for p in paths}
+        best_copy = float("inf")
+        out = {}
+        for p in paths:  # tables built, untimed
+            out[p] = checksum_module._checksums(buf, offsets, sizes, p)
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            dst.copy_(buf)
+            best_copy = min(best_copy, time.perf_counter() - t0)
+            for p in paths:
+                t0 = time.perf_counter()
+                out[p] = checksum_module._checksums(buf, offsets, sizes, p)
+                best[p] = min(best[p], time.perf_counter() - t0)
+        for p in paths:
+            if not torch.equal(out[p], out["float64"]):
+                raise SystemExit(f"{name}: the {p} and float64 paths disagree")
+        nbytes = sum(sizes)
+        copy = total / best_copy
+        rates = {p: nbytes / best[p] for p in paths}
+        print(f"{name:24s} {copy / 1e9:10.2f} " + " ".join(f"{rates[p] / 1e9:13.3f}" for p in paths) + "   "
+              + " ".join(f"{rates[p] / copy:12.3f}" for p in paths))
+        result["cases"][name] = {"copy_bytes_per_s": copy, "bytes_per_s": rates}
+    with mock.patch.dict("os.environ", {"XDG_CACHE_HOME": "/nonexistent-reshardctl-bench"}):
+        checksum_choice.forget()
+        c = checksum_choice.choice()  # measured afresh (no cache written): what a rank here would take
+    print(c.line())
+    result["choice"] = {"path": c.path, "rates": c.rates, "copy_rate": c.copy_rate}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ the CPU's model and flags, the torch build and its CPU capability (and the ISA c
 the threads the process has: a rank's, ``torch.set_num_threads`` before its first checksum; the torch
 paths use them all, the compiled one runs on one). Ranks that start together on one node take a
 lock, so one measures and the others read its result. ``RESHARDCTL_CHECKSUM_PATH=<path>`` forces a path
-(it is still probed: a path that fails the probe is an error, never used); ``auto`` or unset measures.
+(it is still probed, a path that fails the probe is an error, never used, and timed alone); ``auto`` or unset measures.
 CUDA buffers always take the float64 path.
 """
 
@@ -57,7 +57,7 @@ class Choice:
 
     path: str
     how: str  # "measured", "cached (<file>)", "forced by RESHARDCTL_CHECKSUM_PATH"
-    rates: dict[str, float] = field(default_factory=dict)  # bytes/s of each exact path timed here
+    rates: dict[str, float] = field(default_factory=dict)  # bytes/s of each exact path timed here (a forced one: its own)
     refused: dict[str, str] = field(default_factory=dict)  # path -> why it was not used (failed probe)
     copy_rate: float | None = None  # bytes/s of a copy_ of the timing buffer, for scale
     cpu: str = ""
@@ -240,10 +240,12 @@ def _decide() -> Choice:
         why = env_problem()
         if why:
             raise ValueError(why)
-        why = probe_failure(_candidates()[forced], _reference)
+        fn = _candidates()[forced]
+        why = probe_failure(fn, _reference)
         if why is not None:
             raise ValueError(f"{ENV}={forced}: the path fails its exactness probe here ({why})")
-        return Choice(forced, f"forced by {ENV}", cpu=cpu_name())
+        _, rates, _, copy = measure({forced: fn}, rows.row_length, _reference)  # its rate, for predictions
+        return Choice(forced, f"forced by {ENV}", rates, {}, copy, cpu_name())
     path = cache_file()
     key = machine_key()
     got = _cached(path, key)

@@ -281,7 +281,7 @@ def check_checksum_path(device: torch.device, corrupt: bool = False) -> CheckRes
     numbers.update({f"{p}_GB/s": round(r / 1e9, 3) for p, r in c.rates.items() if p != c.path})
     if device.type != "cpu":
         numbers["device_path"] = path_for(device)
-    how = "the fastest exact path measured here" if c.rates else c.how
+    how = c.how if c.how.startswith("forced") else "the fastest exact path measured here"
     what = f"CPU checksums take {c.path} ({c.cpu}; {how}); it passes its exactness probe"
     return CheckResult("checksum_path", why is None, what, numbers,
                        detail="" if why is None else f"{c.path}: {why}")
