@@ -17,8 +17,11 @@ region only where a region spans several local boxes. Each step posts its messag
 
 Checksums (checksum_exchange.py): one per message, taken where the bytes lie: the sender's arena or
 staging block, the receiver's arena after landing, or its staging block after the bytes were copied
-into place and read back (so the copy is covered too); one ``segment_checksums`` pass per buffer.
-Local copies (a bucket root's own pieces, bucket -> staged weights) are compared byte for byte.
+into place and read back (so the copy is covered too); one ``segment_checksums`` pass per buffer on
+CUDA (the arena in the verify phase), on the CPU as the steps go: in-place sends right after their
+post, each received message as it lands (round_steps.py). Local copies (a bucket root's own pieces,
+bucket -> staged weights) are compared byte for byte. The rounds are ``RoundSteps`` (round_steps.py),
+the buckets ``BucketSteps`` (bucket_steps.py); what a step carries is step_state.py's ``Pending``.
 
 On CUDA (docs/gpu.md, "Stream discipline"): packing, unpacking and checksums run on a side stream that
 first waits on the current (producer) stream; posts wait on the side stream, unpacking waits on the
@@ -36,13 +39,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
-from reshardctl.runtime.bucket_format import BucketTarget, item_checksums, trailer_view, write_trailer
+from reshardctl.runtime.bucket_steps import BucketSteps
+from reshardctl.runtime.round_steps import RoundSteps
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.checksum import checksum
 from reshardctl.runtime.checksum_exchange import ChecksumExchange
@@ -53,45 +56,13 @@ from reshardctl.runtime.abort import abort_data_plane
 from reshardctl.runtime.bounded_wait import Abandoned, raise_outcome, wait_works
 from reshardctl.runtime.groups import Groups
 from reshardctl.runtime.local_weights import LocalWeights
-from reshardctl.runtime.piece_copy import (PieceViews, Pieces, bucket_pieces, copy_checked, copy_pieces,
-                                           message_pieces)
+from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_pieces, message_pieces
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.span_copy import MessageCopy, copy_spec
+from reshardctl.runtime.step_state import ExecStats, Pending
 from reshardctl.runtime.wire import align8, place
 
-_TAG_ROUND, _TAG_GATHER = 0, 1
 _UNSET = object()
-
-
-def _tag(index: int, kind: int) -> int:
-    return index * 4 + kind
-
-
-@dataclass
-class ExecStats:
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    wire_bytes: int = 0
-    steps: int = 0
-    zero_copy_messages: int = 0
-
-
-@dataclass
-class _Pending:
-    """What ``finish`` needs: the posted works and the buffers to check, unpack and release."""
-
-    kind: str
-    index: int
-    peers: list[int]
-    works: list = field(default_factory=list)
-    posted_at: float = 0.0
-    posted_unix: float = 0.0
-    wire: int = 0
-    recvs: list = field(default_factory=list)  # (Link, view, staging block or None)
-    blocks: list[torch.Tensor] = field(default_factory=list)  # pool blocks to release
-    bucket: tuple | None = None  # (BucketOps, buffer) for a member receiving the broadcast
-    span: object = None  # CUDA: the transfer's device-time span (cuda_timing.Span)
-    sent_in_place: int = 0  # bytes sent straight from the arena (zero copy)
 
 
 def arena_place(local, m: Message) -> int | None:
@@ -116,7 +87,7 @@ def describe(model, m: Message, limit: int = 3) -> str:
     return f"{m.nbytes} B in {len(m.regions)} regions (" + ", ".join(names) + (f", and {more} more" if more > 0 else "") + ")"
 
 
-class Executor:
+class Executor(RoundSteps, BucketSteps):
     def __init__(self, plan, groups: Groups, events: EventLog, pool: BufferPool, *, tap=None,
                  overlap: bool = True, program: RankProgram | None = None):
         """``tap(step, buf, nbytes)``: called with the first bytes that landed in each step before they
@@ -220,7 +191,7 @@ class Executor:
         return self.pieces.get((kind, id(m)), weights.data, block, o,
                                lambda: message_pieces(weights, items, v, send=kind == "send"))
 
-    def _block(self, sizes: list[int], p: _Pending) -> tuple[torch.Tensor | None, list[int]]:
+    def _block(self, sizes: list[int], p: Pending) -> tuple[torch.Tensor | None, list[int]]:
         """One staging block for a step's copied messages; their (8-byte aligned) offsets in it."""
         offs, n = [], 0
         for s in sizes:
@@ -232,7 +203,7 @@ class Executor:
         p.blocks.append(block)
         return block, offs
 
-    def _post_sends(self, links, local, tag: int, p: _Pending, stats: ExecStats) -> list:
+    def _post_sends(self, links, local, tag: int, p: Pending, stats: ExecStats) -> list:
         """Ops sending every message of ``links`` (zero copy from the arena where it can), checksums booked."""
         msgs = [(x.peer, m) for x in links for m in x.messages]
         places = [self._place(m, local) for _, m in msgs]
@@ -261,7 +232,7 @@ class Executor:
             self.sums.settle(block)  # before posting: measured faster on gloo than after (docs/benchmarks.md)
         return ops
 
-    def _post_recvs(self, links, target, tag: int, p: _Pending, stats: ExecStats, places=None) -> list:
+    def _post_recvs(self, links, target, tag: int, p: Pending, stats: ExecStats, places=None) -> list:
         msgs = [(x.peer, m) for x in links for m in x.messages]
         if places is None:
             places = [self._place(m, target) for _, m in msgs]
@@ -282,7 +253,7 @@ class Executor:
             p.wire += m.nbytes
         return ops
 
-    def _land(self, p: _Pending, target, label: str, stats: ExecStats) -> None:
+    def _land(self, p: Pending, target, label: str, stats: ExecStats) -> None:
         """Copy what arrived through staging into place, read it back (the copy is covered too), and
         book every message's checksum where its bytes finally lie; then sum each staging block once."""
         for n, rec in enumerate(p.recvs):
@@ -314,7 +285,7 @@ class Executor:
                            buf=blk if blk is not None else target.arena, off=off, n=m.nbytes)
         stats.bytes_received += m.nbytes
 
-    def _release(self, p: _Pending) -> None:
+    def _release(self, p: Pending) -> None:
         ev = self._released()
         for b in p.blocks:
             self.pool.release(b, ev)
@@ -328,7 +299,7 @@ class Executor:
         except RuntimeError as exc:
             raise TransferError(f"rank {self.rank}: posting {what} failed: {exc}") from exc
 
-    def _wait(self, p: _Pending) -> None:
+    def _wait(self, p: Pending) -> None:
         what = f"rank {self.rank}: {p.kind} {p.index} with ranks {p.peers}"
         if self._watch is not None:
             self._order_after(p, what)
@@ -344,7 +315,7 @@ class Executor:
             raise err from exc
         self._after_wait()
 
-    def _order_after(self, p: _Pending, what: str) -> None:
+    def _order_after(self, p: Pending, what: str) -> None:
         """CUDA: the step's consumers ordered after its transfer on the device (``work.wait()``: the
         current stream waits for NCCL's; then the side stream for the current), the host not blocked;
         the refit's ``DeadlineWatch`` holds the step's deadline (``_drain``)."""
@@ -386,13 +357,13 @@ class Executor:
                     exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
                 raise
 
-    def _mark_posted(self, p: _Pending, phase: str, **fields) -> None:
+    def _mark_posted(self, p: Pending, phase: str, **fields) -> None:
         p.posted_unix, p.posted_at = time.time(), time.perf_counter()
         if self.timings is not None:
             p.span = self.timings.begin(phase, stream=torch.cuda.current_stream(self.device), bytes=p.wire,
                                         peers=p.peers, step=self.step_no, **fields)
 
-    def _wait_recorded(self, p: _Pending, phase: str, **fields) -> None:
+    def _wait_recorded(self, p: Pending, phase: str, **fields) -> None:
         """Wait for a posted step; one event spanning post to completion, failed or not."""
         err = None
         try:
@@ -414,7 +385,7 @@ class Executor:
         self.step_no = step_no
         self.src, self.staged = src, staged
         stats = ExecStats()
-        pending: deque[_Pending] = deque()
+        pending: deque[Pending] = deque()
         depth = 1 if self.overlap else 0
         if self.stream is None:
             self._steps(stats, pending, depth)
@@ -458,12 +429,12 @@ class Executor:
             self.timings.flush(self.events, wait=True)
         return self.sums.failures(limit)
 
-    def _start(self, s, stats: ExecStats) -> _Pending:
+    def _start(self, s, stats: ExecStats) -> Pending:
         if isinstance(s, RoundOps):
             return self._start_round(s, stats)
         return self._start_bucket(s, stats)
 
-    def _finish(self, p: _Pending, stats: ExecStats) -> None:
+    def _finish(self, p: Pending, stats: ExecStats) -> None:
         if p.kind == "round" and p.recvs and not self.cuda:
             self._finish_round_per_message(p, stats)
         elif p.kind == "round":
@@ -477,182 +448,3 @@ class Executor:
             self._release(p)
         else:
             self._finish_bucket(p, stats)
-
-    def _finish_round_per_message(self, p: _Pending, stats: ExecStats) -> None:
-        """CPU (gloo: one work per message): each received message landed and checksummed as soon as it
-        is in, while the round's later messages still arrive; the round's transfer event spans the post
-        to the last message (the landing of the earlier ones inside it), its unpack event the landing
-        of the last. Every wait bounded by what is left of the one timeout of the round."""
-        what = f"rank {self.rank}: round {p.index} with ranks {p.peers}"
-        first_recv = len(p.works) - len(p.recvs)
-        end = time.monotonic() + self.groups.timeout.total_seconds()
-        err = None
-        try:
-            for k, rec in enumerate(p.recvs):
-                self._wait_part(p, [p.works[first_recv + k]], end, what)
-                if k + 1 < len(p.recvs):
-                    self._land_one(k, rec, self.staged, f"round {p.index}", stats)
-            self._wait_part(p, p.works[:first_recv], end, what)
-        except TransferError as exc:
-            err = exc
-            raise
-        finally:
-            self.events.record("round/transfer", p.posted_unix, time.perf_counter() - p.posted_at, error=err,
-                               bytes=p.wire, peers=p.peers, step=self.step_no, round=p.index)
-        last = p.recvs[-1]
-        with self._phase("round/unpack", round=p.index, step=self.step_no, bytes=last[1].nbytes,
-                         zero_copy_bytes=last[1].nbytes if last[3] is None else 0, peers=[last[0]]):
-            self._land_one(len(p.recvs) - 1, last, self.staged, f"round {p.index}", stats)
-        self._release(p)
-
-    def _wait_part(self, p: _Pending, works: list, end: float, what: str) -> None:
-        """Some of a step's works, bounded by the step's deadline ``end`` (monotonic), errors as ``_wait``'s."""
-        try:
-            wait_works(works, self.groups, max(0.0, end - time.monotonic()), what)
-        except Abandoned as exc:
-            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise
-        except (RuntimeError, TransferError) as exc:
-            err = TransferError(f"{what} failed: {exc}")
-            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise err from exc
-
-    # ---- point-to-point rounds -------------------------------------------------------------------
-    def _start_round(self, r: RoundOps, stats: ExecStats) -> _Pending:
-        local = self.staged if self.is_infer else self.src
-        p = _Pending("round", r.index, list(r.peers))
-        tag = _tag(r.index, _TAG_ROUND)
-        if r.sends and local is None:
-            raise TransferError(f"rank {self.rank} must send in round {r.index} but holds no weights")
-        if r.recvs and self.staged is None:
-            raise TransferError(f"rank {self.rank} receives in round {r.index} but has no staged weights")
-        ops = []
-        if r.sends:
-            with self._phase("round/pack", round=r.index, stage=r.stage, step=self.step_no,
-                                   bytes=sum(x.nbytes for x in r.sends), peers=[x.peer for x in r.sends]) as ph, \
-                    self._side():
-                zc0 = stats.zero_copy_messages
-                ops += self._post_sends(r.sends, local, tag, p, stats)
-                ph["zero_copy_bytes"] = p.sent_in_place  # counted while posting: no second walk
-                ph["zero_copy_messages"] = stats.zero_copy_messages - zc0
-        ops += self._post_recvs(r.recvs, self.staged, tag, p, stats)
-        self._before_post()
-        self._mark_posted(p, "round/transfer", round=r.index)
-        p.works = self._post(ops, f"round {r.index}")
-        stats.wire_bytes += p.wire
-        self._sum_sent_in_place(local, p, round=r.index)
-        return p
-
-    def _sum_sent_in_place(self, local, p: _Pending, **fields) -> None:
-        """CPU: the checksums of what this step sent straight from the arena, taken now, while gloo's
-        threads send it (they only read those bytes), not in the verify phase. On CUDA they stay booked
-        for the verify phase (the side stream's order: docs/gpu.md)."""
-        if self.cuda or not p.sent_in_place or getattr(local, "arena", None) is None:
-            return
-        with self._phase("checksum/sent", step=self.step_no, bytes=p.sent_in_place, **fields):
-            self.sums.settle(local.arena)
-
-    # ---- gather-and-broadcast buckets --------------------------------------------------------------
-    def _start_bucket(self, bo: BucketOps, stats: ExecStats) -> _Pending:
-        b = bo.bucket
-        tag = _tag(b.index, _TAG_GATHER)
-        p = _Pending("bucket", b.index, list(b.group))
-        if self.rank == b.root:
-            self._gather_at_root(bo, tag, p, stats)
-        else:
-            if bo.sends:  # a trainer sending its pieces to the root (straight from its arena where it can)
-                gp = _Pending("gather", b.index, [b.root])
-                with self._phase("bucket/gather", bucket=b.index, step=self.step_no, peers=[b.root],
-                                       bytes=sum(x.nbytes for x in bo.sends)):
-                    with self._side():
-                        ops = self._post_sends(bo.sends, self.src, tag, gp, stats)
-                    self._before_post()  # posted on the current stream, which waits for the packs (as rounds)
-                    works = self._post(ops, f"gather of bucket {b.index}")
-                self._sum_sent_in_place(self.src, gp, bucket=b.index)
-                if self.cuda and bo.member:  # NCCL: the world's gather done before the sub-communicator's broadcast
-                    gp.works = works
-                    self._wait(gp)
-                    self._release(gp)
-                else:
-                    p.works.extend(works)
-                    p.blocks.extend(gp.blocks)
-                stats.wire_bytes += gp.wire
-            if bo.member:
-                buf = self.pool.acquire(bo.layout.size)
-                p.blocks.append(buf)
-                view = buf[: bo.layout.size]
-                p.bucket = (bo, view, buf)
-                p.wire += bo.layout.size
-                self._mark_posted(p, "bucket/broadcast", bucket=b.index)
-                p.works.append(self._post_broadcast(bo, view))
-        stats.wire_bytes += p.wire
-        if not p.posted_at:
-            self._mark_posted(p, "bucket/broadcast", bucket=b.index)
-        return p
-
-    def _post_broadcast(self, bo: BucketOps, buf: torch.Tensor):
-        b = bo.bucket
-        try:
-            return dist.broadcast(buf, src=b.root, group=self.groups.group_for(b.group), async_op=True)
-        except RuntimeError as exc:
-            raise TransferError(f"rank {self.rank}: posting broadcast of bucket {b.index} failed: {exc}") from exc
-
-    def _gather_at_root(self, bo: BucketOps, tag: int, p: _Pending, stats: ExecStats) -> None:
-        """Pieces land straight in the bucket where they lie back to back there; only the others go
-        through a staging block, released once copied: the root's extra memory is the bucket plus those."""
-        b, lay = bo.bucket, bo.layout
-        with self._phase("bucket/gather", bucket=b.index, step=self.step_no, bytes=b.nbytes,
-                               peers=[x.peer for x in bo.recvs]):
-            block = self.pool.acquire(lay.size)
-            p.blocks.append(block)
-            bucket = block[: lay.size]
-            target = BucketTarget(self.model, lay, bo.pos, bucket, block)
-            gp = _Pending("gather", b.index, [x.peer for x in bo.recvs])
-            ops = self._post_recvs(bo.recvs, target, tag, gp, stats, places=bo.recv_at)
-            gp.works = self._post(ops, f"gather of bucket {b.index}")
-            with self._side():  # own pieces while the others arrive
-                own = self.pieces.get(("own", id(bo)), self.src.data, block, 0, lambda: bucket_pieces(
-                    self.model, lay, ((bo.pos[r.tensor], r.tensor, r.box) for r in bo.own), self.src, bucket,
-                    into_bucket=True))
-                copy_checked(own, self.sums.check, f"bucket {b.index}: own")
-            self._wait(gp)
-            with self._side():
-                self._land(gp, target, f"bucket {b.index} gather", stats)
-                self.sums.settle(bucket)
-                write_trailer(bucket, lay, item_checksums(lay, bucket))
-            self._release(gp)
-        self._before_post()
-        p.wire += lay.size
-        stats.bytes_sent += lay.payload
-        self._mark_posted(p, "bucket/broadcast", bucket=b.index)
-        p.works.append(self._post_broadcast(bo, bucket))
-
-    def _held_items(self, bo: BucketOps, device) -> tuple:
-        """A member's held items of a bucket: their positions (a list and an index tensor on ``device``)
-        and one failure description each; built once per bucket."""
-        got = self._held.get(id(bo))
-        if got is None:
-            ks = [k for k, _, _ in bo.held]
-            whats = [lambda t=t: f"bucket {bo.bucket.index}: {self.model.tensors[t].name}" for _, t, _ in bo.held]
-            got = self._held[id(bo)] = (ks, torch.tensor(ks, device=device), whats)
-        return got
-
-    def _finish_bucket(self, p: _Pending, stats: ExecStats) -> None:
-        self._wait_recorded(p, "bucket/broadcast", bucket=p.index)
-        if p.bucket is not None and self.is_infer:
-            bo, buf, block = p.bucket
-            b, lay = bo.bucket, bo.layout
-            with self._phase("bucket/unpack", bucket=b.index, step=self.step_no, bytes=b.nbytes), self._side():
-                if self.tap is not None and lay.payload:
-                    self.tap(self.step_no, buf, lay.offsets[0] + lay.sizes[0])
-                if bo.held:
-                    ks, at, whats = self._held_items(bo, buf.device)
-                    got = item_checksums(lay, buf, ks)
-                    want = trailer_view(lay, buf)[at]
-                    self.sums.check((got != want).any(1), whats)
-                held = self.pieces.get(("unpack", id(bo)), self.staged.data, block, 0, lambda: bucket_pieces(
-                    self.model, lay, ((k, t, box) for k, t, boxes in bo.held for box in boxes), self.staged, buf,
-                    into_bucket=False))
-                copy_checked(held, self.sums.check, f"bucket {b.index}", consume_source=True)  # released next
-                stats.bytes_received += held.nbytes
-        self._release(p)
