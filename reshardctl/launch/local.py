@@ -59,8 +59,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def choose_local_backend(world: int, device: str) -> str:
-    """gloo for ``--device cpu`` (or ``RESHARDCTL_FORCE_CPU=1``); NCCL where every rank has its own GPU."""
-    if device == "cpu" or os.environ.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false"):
+    """gloo for ``--device cpu`` (or ``RESHARDCTL_FORCE_CPU=1``); NCCL where every rank has its own GPU;
+    gloo for ``cuda-gloo`` (every rank's weights on a CUDA device, one GPU may hold them all, the bytes
+    through host memory: runtime/host_staging.py), which needs a CUDA device."""
+    forced_cpu = os.environ.get("RESHARDCTL_FORCE_CPU", "") not in ("", "0", "false")
+    if device == "cuda-gloo":
+        if forced_cpu:
+            raise LaunchError("device cuda-gloo but RESHARDCTL_FORCE_CPU is set")
+        if not torch.cuda.is_available():
+            raise LaunchError("device cuda-gloo: the ranks' weights go on a CUDA device, and this machine has none")
+        return "gloo"
+    if device == "cpu" or forced_cpu:
         if device == "cuda":
             raise LaunchError("--device cuda but RESHARDCTL_FORCE_CPU is set")
         return "gloo"
@@ -183,17 +192,17 @@ def _lost_record(rank: int, world_t: int, why: str, at: float, run_dir: str | No
     return lost_record(rank, side, side_rank, socket.gethostname(), at, why, run_dir)
 
 
-def start_method(backend: str) -> str:
+def start_method(backend: str, *, cuda: bool = False) -> str:
     """How local ranks start: gloo ranks fork from a server that imported torch and the runtime once
-    (``forkserver``: no rank pays the import, a few CPU seconds each); NCCL ranks are spawned fresh
-    (nothing CUDA-related is ever inherited across a fork). ``RESHARDCTL_START_METHOD=spawn`` forces
-    spawn (benchmarks/rank_start.py compares the two)."""
+    (``forkserver``: no rank pays the import, a few CPU seconds each); NCCL ranks, and gloo ranks with
+    CUDA weights (``cuda``), are spawned fresh (nothing CUDA-related is ever inherited across a fork).
+    ``RESHARDCTL_START_METHOD=spawn`` forces spawn (benchmarks/rank_start.py compares the two)."""
     forced = os.environ.get("RESHARDCTL_START_METHOD", "")
     if forced not in ("", "spawn", "forkserver"):
         raise LaunchError(f"RESHARDCTL_START_METHOD={forced!r}: expected spawn or forkserver")
     if forced:
         return forced
-    return "forkserver" if backend == "gloo" else "spawn"
+    return "forkserver" if backend == "gloo" and not cuda else "spawn"
 
 
 def _context(method: str):
@@ -245,7 +254,8 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     options = replace(options, token=options.token or secrets.token_hex(16))
     if deadline_s is None:  # a backstop only: failures end a run within timeout_s + GRACE_S of the first
         deadline_s = 120.0 + options.timeout_s * (2 * (options.iterations + warmup) * len(names) + 2) * (1 + options.retries)
-    method = start_method(backend)
+    host_staged = options.device == "cuda-gloo"
+    method = start_method(backend, cuda=host_staged)
     check_main_importable()
     ctx = _context(method)
     q = ctx.Queue()
@@ -267,7 +277,8 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
     try:
         inherited = _Inherited(dict(os.environ)) if method == "forkserver" else None
         for r in range(world):
-            env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend)
+            env = make_rank_env(r, first.train_world, first.infer_world, host, port, backend=backend,
+                                host_staged=host_staged)
             p = ctx.Process(target=_child, args=(env, payload, options.token, names, warmup, threads, q,
                                                  os.getpid(), inherited),
                             name=f"reshardctl-rank-{r}")

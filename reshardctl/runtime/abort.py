@@ -21,8 +21,8 @@ def abort_data_plane(groups: "Groups") -> None:
     it created (``own_groups``), never the RL framework's, in one NCCL group call as torch aborts several
     communicators (aborted one by one they can wait on each other). ``ncclCommAbort`` ends the kernels
     at once; a destroy (``ncclCommFinalize``) would wait for them, which for a dead peer is forever."""
-    if getattr(groups, "aborted", False):
-        return
+    if getattr(groups, "aborted", False) or getattr(groups, "host_staged", False):
+        return  # aborted already, or gloo on CUDA weights (host_staging.py): no communicator to abort
     try:
         groups.aborted = True
     except AttributeError:  # a read-only stand-in
@@ -60,8 +60,15 @@ def abort_after_failure(groups: "Groups | None") -> None:
     the rank settles, so no NCCL kernel of the attempt keeps spinning on the GPU and no device-wide sync
     (the framework's, or this rank's own teardown) waits for one. gloo has no kernels: its groups are
     released after settling (``release``)."""
-    if groups is not None and groups.device.type == "cuda":
+    if on_nccl(groups):
         abort_data_plane(groups)
+
+
+def on_nccl(groups: "Groups | None") -> bool:
+    """The data plane is NCCL on a CUDA device: its works are waited on the device, its communicators
+    aborted after a failure. False on gloo, also with CUDA weights staged through the host
+    (``Groups.host_staged``, host_staging.py), whose waits block in gloo and have nothing to abort."""
+    return groups is not None and groups.device.type == "cuda" and not getattr(groups, "host_staged", False)
 
 
 def own_groups(groups: "Groups") -> list:

@@ -53,7 +53,7 @@ def bucket_broadcasts(plan, rank: int) -> list[tuple[int, tuple[int, ...], int]]
 
 def raw_transfer(plan, groups: Groups, repeats: int = 3) -> dict[str, float]:
     rank = groups.env.global_rank
-    dev = groups.device
+    dev = getattr(groups, "wire_device", groups.device)  # the host where gloo carries CUDA weights
     out, inc = pair_bytes(plan, rank)
     bcasts = bucket_broadcasts(plan, rank)
     bufs_out = {p: torch.ones(n, dtype=torch.uint8, device=dev) for p, n in sorted(out.items())}

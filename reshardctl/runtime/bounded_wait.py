@@ -13,7 +13,7 @@ import time
 import torch
 
 from reshardctl.errors import TransferError
-from reshardctl.runtime.abort import abort_data_plane
+from reshardctl.runtime.abort import abort_data_plane, on_nccl
 from reshardctl.runtime.deadline_watch import DeadlineWatch
 
 if TYPE_CHECKING:  # annotations only: groups.py imports this module
@@ -39,7 +39,7 @@ def wait_works(works, groups: "Groups | None", timeout_s: float, what: str, *, d
     if not works:
         return
     if device is None:
-        device = groups is not None and groups.device.type == "cuda"
+        device = on_nccl(groups)
     if not device:
         run_bounded(lambda: wait_all(works), groups, timeout_s, what)
         return

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
+from reshardctl.runtime import host_staging
 from reshardctl.runtime.bucket_format import BucketTarget, item_checksums, trailer_view, write_trailer
 from reshardctl.runtime.piece_copy import bucket_pieces, copy_checked
 from reshardctl.runtime.program import BucketOps
@@ -60,6 +61,9 @@ class BucketSteps:
     def _post_broadcast(self, bo: BucketOps, buf: torch.Tensor):
         b = bo.bucket
         try:
+            if self.host_staged:  # gloo carrying CUDA bytes: through a host buffer (host_staging.py)
+                return host_staging.broadcast(buf, b.root, self.groups.group_for(b.group), self.groups, self.rank,
+                                              f"rank {self.rank}: broadcast of bucket {b.index}")
             return dist.broadcast(buf, src=b.root, group=self.groups.group_for(b.group), async_op=True)
         except RuntimeError as exc:
             raise TransferError(f"rank {self.rank}: posting broadcast of bucket {b.index} failed: {exc}") from exc

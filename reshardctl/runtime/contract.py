@@ -102,7 +102,9 @@ class RunOptions:
     first_step: int = 1  # training step of the first refit; inference starts on step first_step-1
     timeout_s: float = 60.0  # bound on every blocking communication call
     rendezvous_timeout_s: float | None = None  # default: timeout_s
-    device: str = "auto"  # "auto" (CUDA when available), "cpu", "cuda"
+    # "auto" (CUDA when available), "cpu", "cuda"; "cuda-gloo" (the local launcher): every rank's weights on
+    # a CUDA device (one GPU may hold every rank), the bytes through gloo and host memory (host_staging.py)
+    device: str = "auto"
     checkpoint: str | None = None  # safetensors file or directory; None = synthetic weights
     initial_weights: str = "synthetic"  # inference start weights: "synthetic" (step first_step-1) or "empty"
     full_check: bool = False  # compare every destination box to the weight source before commit

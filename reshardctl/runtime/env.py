@@ -48,6 +48,9 @@ class RankEnv:
     node_rank: int = 0
     source: str = "explicit"  # which convention it was read from
     cuda_index: int | None = None  # NCCL: the CUDA device, when already resolved (else resolved on use)
+    # gloo carrying CUDA weights through host memory (RunOptions.device "cuda-gloo", runtime/host_staging.py):
+    # the weights on the device NCCL would use (one GPU: cuda:0 for every rank), the bytes through gloo
+    host_staged: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -59,6 +62,8 @@ class RankEnv:
             problems.append(f"rank {self.global_rank} outside world of {self.world_size}")
         if self.side not in SIDES:
             problems.append(f"side {self.side!r} is not one of {SIDES}")
+        if self.host_staged and self.backend != "gloo":
+            problems.append(f"host-staged CUDA weights are carried by gloo, not {self.backend}")
         if not 0 < self.master_port < 65536:
             problems.append(f"master port {self.master_port} out of range")
         if problems:
@@ -66,9 +71,10 @@ class RankEnv:
 
     @property
     def device(self) -> str:
-        """``"cpu"`` on gloo; on NCCL ``"cuda:<i>"`` with ``i`` from ``device.cuda_device_index`` (raises
-        ``LaunchError`` when no device index is right, naming the variables)."""
-        if self.backend != "nccl":
+        """``"cpu"`` on gloo; on NCCL (and for gloo's host-staged CUDA weights) ``"cuda:<i>"`` with ``i``
+        from ``device.cuda_device_index`` (raises ``LaunchError`` when no device index is right, naming
+        the variables)."""
+        if self.backend != "nccl" and not self.host_staged:
             return "cpu"
         if self.cuda_index is not None:
             return f"cuda:{self.cuda_index}"
@@ -220,7 +226,7 @@ def read_rank_env(
 
 def make_rank_env(
     global_rank: int, train_world: int, infer_world: int, master_addr: str, master_port: int,
-    *, backend: str = "gloo", local_rank: int | None = None,
+    *, backend: str = "gloo", local_rank: int | None = None, host_staged: bool = False,
 ) -> RankEnv:
     """A RankEnv built directly (the local launcher: one machine, local rank = global rank)."""
     side, side_rank = side_of_global(global_rank, train_world)
@@ -233,4 +239,5 @@ def make_rank_env(
         master_addr=master_addr,
         master_port=master_port,
         backend=backend,
+        host_staged=host_staged,
     )

@@ -55,6 +55,7 @@ from reshardctl.runtime.deadline_watch import DeadlineWatch
 from reshardctl.runtime.abort import abort_data_plane
 from reshardctl.runtime.bounded_wait import Abandoned, raise_outcome, wait_works
 from reshardctl.runtime.groups import Groups
+from reshardctl.runtime import host_staging
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_pieces, message_pieces
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
@@ -105,6 +106,7 @@ class Executor(RoundSteps, BucketSteps):
         self.is_infer = self.program.is_infer
         self.device = groups.device
         self.cuda = self.device.type == "cuda"
+        self.host_staged = getattr(groups, "host_staged", False)  # gloo carries CUDA bytes (host_staging.py)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.timings = PhaseTimings(self.device) if self.cuda else None  # device time of GPU phases
         self._watch: DeadlineWatch | None = None  # CUDA: the refit's transfers, watched by a helper thread
@@ -295,6 +297,8 @@ class Executor(RoundSteps, BucketSteps):
         if not ops:
             return []
         try:
+            if self.host_staged:
+                return host_staging.post_p2p(ops, self.groups, f"rank {self.rank}: {what}")
             return dist.batch_isend_irecv(ops)
         except RuntimeError as exc:
             raise TransferError(f"rank {self.rank}: posting {what} failed: {exc}") from exc
@@ -322,7 +326,10 @@ class Executor(RoundSteps, BucketSteps):
         try:
             for w in p.works:
                 w.wait()
-        except RuntimeError as exc:  # a communicator already failed or aborted
+        except Abandoned as exc:  # host-staged gloo: another rank's failure, seen by the bounded wait
+            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
+            raise
+        except (RuntimeError, TransferError) as exc:  # a communicator already failed or aborted (host-staged: gloo's)
             err = TransferError(f"{what} failed: {exc}")
             err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
             raise err from exc

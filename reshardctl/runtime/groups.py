@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import LaunchError, TransferError
 from reshardctl.runtime import nccl_watchdog
-from reshardctl.runtime.abort import abort_data_plane, own_groups
+from reshardctl.runtime.abort import abort_data_plane, on_nccl, own_groups
 from reshardctl.runtime.bounded_wait import wait_works
 from reshardctl.runtime.env import RankEnv
 from reshardctl.runtime.update_world import registered
@@ -72,6 +72,17 @@ class Groups:
     forged: bool = False  # a failure record with a wrong seal was seen (and ignored)
     aborted: bool = False  # reshardctl's NCCL communicators of this attempt were aborted (abort_data_plane)
     notes: list[str] = field(default_factory=list)  # settings overridden for torch's monitor (nccl_watchdog)
+
+    @property
+    def host_staged(self) -> bool:
+        """gloo as the data plane of CUDA weights (``RunOptions.device`` "cuda-gloo"): every message of the
+        data plane goes through host memory (host_staging.py); nothing to abort after a failure."""
+        return self.device.type == "cuda" and self.env.backend == "gloo"
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where the data plane's own buffers live (pre-connect, the raw baseline): the host when staged."""
+        return torch.device("cpu") if self.host_staged else self.device
 
     def publish_failure(self, record: str) -> None:
         """Tell every rank that this attempt failed (first writer wins, the record sealed with the run's
@@ -322,7 +333,7 @@ def release(groups: "Groups") -> None:
     communicator); gloo groups are destroyed. As reshardctl's own ranks that is every group (the default
     group included); under the API its own data, broadcast and control groups, never the framework's:
     after a release none of them is left in torch's registry (``update_world.registered``)."""
-    cuda = groups.device.type == "cuda"
+    cuda = on_nccl(groups)
     if cuda:
         abort_data_plane(groups)
     if groups.data is not None and groups.data is dist.group.WORLD:

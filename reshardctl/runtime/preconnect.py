@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from reshardctl.errors import TransferError
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound
-from reshardctl.runtime.abort import abort_after_failure
+from reshardctl.runtime.abort import abort_after_failure, on_nccl
 from reshardctl.runtime.bounded_wait import Abandoned, start_helper
 from reshardctl.runtime.groups import Groups, broadcast_groups
 
@@ -67,7 +67,8 @@ def preconnect(groups: Groups, plan, timeout_s: float) -> dict:
     ``TransferError``. On gloo the same exchange runs (cheap), so the path is exercised everywhere.
     Returns what it connected (``peers``, ``groups``, ``seconds``)."""
     rank = groups.env.global_rank
-    cuda = groups.device.type == "cuda"
+    cuda = on_nccl(groups)
+    wire = getattr(groups, "wire_device", groups.device)  # the host where gloo carries CUDA weights
     sends, recvs = program_peers(plan, rank)
     subgroups = [(m, groups.broadcast[m]) for m in broadcast_groups(plan) if m in groups.broadcast]
     stage = [f"the exchange with its {len(set(sends) | set(recvs))} program peer(s)"]
@@ -76,8 +77,8 @@ def preconnect(groups: Groups, plan, timeout_s: float) -> dict:
     def job() -> None:
         if cuda:
             torch.cuda.set_device(groups.device)  # the device is per thread
-        one = torch.ones(1, dtype=torch.uint8, device=groups.device)
-        ins = [torch.zeros(1, dtype=torch.uint8, device=groups.device) for _ in recvs]
+        one = torch.ones(1, dtype=torch.uint8, device=wire)
+        ins = [torch.zeros(1, dtype=torch.uint8, device=wire) for _ in recvs]
         ops = [dist.P2POp(dist.isend, one, p, group=groups.data, tag=TAG_CONNECT) for p in sends]
         ops += [dist.P2POp(dist.irecv, t, p, group=groups.data, tag=TAG_CONNECT) for p, t in zip(recvs, ins)]
         if ops:
@@ -86,7 +87,7 @@ def preconnect(groups: Groups, plan, timeout_s: float) -> dict:
             if stop.is_set():
                 return
             stage[0] = f"the broadcast over group {list(members)}"
-            b = torch.zeros(1, dtype=torch.uint8, device=groups.device)
+            b = torch.zeros(1, dtype=torch.uint8, device=wire)
             _finish([dist.broadcast(b, src=members[0], group=pg, async_op=True)], stop, cuda)
 
     t0 = time.monotonic()
