@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test test-gpu bench clean install slurm-up slurm-down
+.PHONY: demo test test-gpu test-gpu-one gpu-one-device bench clean install slurm-up slurm-down
 
 install: $(VENV)/.installed
 
@@ -32,9 +32,19 @@ TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
-# the NCCL tests (marked gpu), on a machine with at least 2 GPUs; the CPU suite never runs them
+# the GPU tests (marked gpu); those marked gpus(n) skip with "needs n GPUs, found k" on fewer devices;
+# the CPU suite never runs them
 test-gpu: install
 	RESHARDCTL_TEST_GPU=1 $(PY) -m pytest -q -m gpu
+
+# the GPU tests one device can run (the multi_gpu ones deselected): a lent single-GPU machine
+test-gpu-one: install
+	RESHARDCTL_TEST_GPU=1 $(PY) -m pytest -q -rs -m "gpu and not multi_gpu"
+
+# one GPU's checks as one script (< 8 min; no install: it reuses the machine's CUDA torch); docs/gpu.md
+GPU_OUT ?= gpu-one-device
+gpu-one-device:
+	bash benchmarks/gpu_one_device.sh "$(GPU_OUT)"
 
 bench: install
 	$(PY) benchmarks/refit_local.py

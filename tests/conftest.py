@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import worker_groups
+from helpers import gpu_marks, worker_groups
 from helpers.slurm_cluster import require_cluster
 from helpers.small_llama import SMALL_LLAMA
 
@@ -51,7 +51,12 @@ GPU_FLAG = "RESHARDCTL_TEST_GPU"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs CUDA GPUs and NCCL; runs only with RESHARDCTL_TEST_GPU=1 (make test-gpu)")
+    config.addinivalue_line("markers", "gpu: needs CUDA (one device unless marked gpus(n)); runs only with "
+                                       "RESHARDCTL_TEST_GPU=1 (make test-gpu, make test-gpu-one)")
+    config.addinivalue_line("markers", "gpus(n): a gpu test that needs n CUDA devices (one NCCL rank per device); "
+                                       "skipped with 'needs n GPUs, found k' on fewer; n >= 2 also marks it multi_gpu")
+    config.addinivalue_line("markers", "multi_gpu: set by the gpus(n >= 2) mark: not runnable on one GPU "
+                                       "(make test-gpu-one deselects it)")
     config.addinivalue_line("markers", f"slurm: uses the local Slurm cluster; under pytest-xdist every such test runs in "
                                        f"one worker, one at a time (the group {SLURM_GROUP!r}, see below)")
 
@@ -111,15 +116,25 @@ def pytest_unconfigure(config):
         shutil.rmtree(config.stash[GROUPS_DIR], ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: multi_gpu is set here, from gpus(n)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.stash[GROUP] = _worker_group(item)
-    if os.environ.get(GPU_FLAG) == "1":
-        return
-    skip = pytest.mark.skip(reason=f"GPU test: set {GPU_FLAG}=1 (make test-gpu)")
-    for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None and gpu_marks.needed_gpus(item) >= 2:
+            item.add_marker(pytest.mark.multi_gpu)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if os.environ.get(GPU_FLAG) != "1":
+        skip = pytest.mark.skip(reason=f"GPU test: set {GPU_FLAG}=1 (make test-gpu, make test-gpu-one)")
+        for item in gpu_items:
             item.add_marker(skip)
+        return
+    if not gpu_items:
+        return
+    found, cuda = gpu_marks.visible_gpus()
+    for item in gpu_items:
+        why = gpu_marks.skip_reason(gpu_marks.needed_gpus(item), found, cuda)
+        if why is not None:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,7 @@
 """NCCL / CUDA checks, marked ``gpu``: they run only when asked (``make test-gpu``, i.e.
-``RESHARDCTL_TEST_GPU=1``) on a machine with enough GPUs; the CPU suite never picks NCCL.
+``RESHARDCTL_TEST_GPU=1``); the CPU suite never picks NCCL. Each needs one CUDA device unless marked
+``gpus(n)`` (an NCCL world of n ranks, one device each): on a machine with fewer, it is skipped with
+"needs n GPUs, found k" (tests/helpers/gpu_marks.py); ``make test-gpu-one`` runs the one-device ones.
 
 * the checksum gives the same value on CUDA as on the CPU (the pinned values of test_checksum.py);
 * a refit on NCCL (data plane) with the gloo control plane is byte exact;
@@ -29,13 +31,7 @@ from helpers.weight_checks import assert_previous_weights
 pytestmark = pytest.mark.gpu
 
 
-def _gpus(n: int) -> None:
-    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
-        pytest.skip(f"needs {n} CUDA devices")
-
-
 def test_checksum_same_value_on_cuda_and_cpu():
-    _gpus(1)
     assert checksum(torch.arange(256, dtype=torch.uint8).repeat(37).cuda()).tolist() == PINNED_ARANGE
     g = torch.Generator().manual_seed(5)
     buf = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=g)
@@ -43,8 +39,8 @@ def test_checksum_same_value_on_cuda_and_cpu():
     assert torch.equal(segment_checksums(buf, offs, sizes), segment_checksums(buf.cuda(), offs, sizes).cpu())
 
 
+@pytest.mark.gpus(4)
 def test_nccl_refit_is_byte_exact(tmp_path):
-    _gpus(4)
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
     reports = run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=2, device="cuda", dump_weights=True,
@@ -53,8 +49,8 @@ def test_nccl_refit_is_byte_exact(tmp_path):
     assert_previous_weights(tmp_path, plan, 2, [2, 3])
 
 
+@pytest.mark.gpus(4)
 def test_nccl_killed_rank_is_detected_and_survivors_report(tmp_path):
-    _gpus(4)
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
     timeout = 10.0
@@ -69,7 +65,6 @@ def test_nccl_killed_rank_is_detected_and_survivors_report(tmp_path):
 
 
 def test_selftest_gpu_passes_every_check(capsys):
-    _gpus(1)
     code = main(["selftest", "--gpu", "--json"])
     rep = json.loads(capsys.readouterr().out)
     failed = [(c["name"], c["detail"]) for c in rep["checks"] if not c["ok"]]
@@ -89,10 +84,10 @@ def test_selftest_gpu_passes_every_check(capsys):
 # --- issue 27: the NCCL path after a failure (docs/gpu.md "Failures on NCCL"); each would have caught one
 # of its findings on the first GPU run.
 
+@pytest.mark.gpus(4)
 def test_nccl_hang_before_any_connection_is_bounded_by_the_pre_connect(tmp_path):
     """A hang at first contact (phase connect, step 1: no p2p connection exists yet): without the bounded
     pre-connect every other rank blocks inside ncclGroupEnd to the walltime."""
-    _gpus(4)
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
     timeout = 10.0
@@ -105,12 +100,12 @@ def test_nccl_hang_before_any_connection_is_bounded_by_the_pre_connect(tmp_path)
     assert all(f["phase"] in ("connect", "start") for f in err.failures[1:])
 
 
+@pytest.mark.gpus(4)
 def test_nccl_hang_at_step_2_with_a_retry_ends_bounded_and_no_survivor_is_killed(tmp_path, monkeypatch):
     """Rank 2 stalls in step 2 past the timeout with ``--retries 1``: the silent rank is lost (settling
     does not wait for it again: no retry), reshardctl's communicators are aborted at the failure exit,
     every other rank reports its own error within the bound (none killed by torch's monitor, whose
     heartbeat timeout is 5 s here, nor left spinning in a kernel) and serves step 1."""
-    _gpus(4)
     monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "5")
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
@@ -126,10 +121,10 @@ def test_nccl_hang_at_step_2_with_a_retry_ends_bounded_and_no_survivor_is_killed
     assert_previous_weights(tmp_path, plan, 1, [3])
 
 
+@pytest.mark.gpus(4)
 def test_nccl_retry_on_rebuilt_groups_commits(tmp_path):
     """A corrupted byte at step 2 fails verification on every rank (all alive): every rank settles, the
     NCCL groups are released (aborted, not destroyed) and rebuilt, and attempt 1 of step 2 commits."""
-    _gpus(4)
     m, src, dst = rows_cols_case()
     plan = p2p_plan(m, src, dst, per_tensor_rounds=True)
     reports = run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=4, device="cuda", dump_weights=True,
@@ -139,10 +134,10 @@ def test_nccl_retry_on_rebuilt_groups_commits(tmp_path):
     assert_previous_weights(tmp_path, plan, 4, [2, 3])
 
 
+@pytest.mark.gpus(4)
 def test_nccl_gather_and_broadcast_over_two_sub_communicators_with_the_baseline(tmp_path):
     """Buckets alternating between two broadcast groups (two sub-communicators), refit and raw baseline:
     one communicator at a time, pre-connected, byte exact."""
-    _gpus(4)
     from helpers.runtime_plans import alternating_plan
     plan = alternating_plan()
     reports = run_local(plan, RunOptions(run_dir=str(tmp_path), iterations=2, device="cuda", dump_weights=True,
@@ -205,8 +200,8 @@ def _api_probe_rank(rank: int, world: int, port: int, cfg: str, q) -> None:
         q.put((rank, None, repr(exc)))
 
 
+@pytest.mark.gpus(4)
 def test_api_rank_stalled_mid_transfer_every_rank_lives_and_its_default_group_works(tmp_path):
-    _gpus(4)
     from helpers.small_llama import SMALL_LLAMA
     from helpers.spawned_ranks import run_ranks
     cfg = tmp_path / "small" / "config.json"
@@ -258,8 +253,8 @@ def _producer_rank(rank: int, world: int, port: int, cfg: str, q) -> None:
         q.put((rank, None, repr(exc)))
 
 
+@pytest.mark.gpus(4)
 def test_api_producer_stream_orders_the_refit_after_the_callers_writes(tmp_path):
-    _gpus(4)
     from helpers.small_llama import SMALL_LLAMA
     from helpers.spawned_ranks import run_ranks
     cfg = tmp_path / "small" / "config.json"
@@ -356,12 +351,12 @@ def _stream_order_rank(rank: int, world: int, port: int, cfg: str, refits: int, 
         q.put((rank, None, repr(exc)))
 
 
+@pytest.mark.gpus(4)
 def test_stream_ordered_refits_deliver_exact_bytes_under_a_busy_device_with_few_host_syncs(tmp_path):
     """A missing event wait (the pack reading before the producer wrote, a staging block reused while the
     previous step's unpack still reads it, an unpack before the bytes landed) shows as wrong bytes in
     some refit under load; the host syncs per refit stay a constant, not one per step (docs/gpu.md,
     "Stream discipline")."""
-    _gpus(4)
     from helpers.small_llama import SMALL_LLAMA
     from helpers.spawned_ranks import run_ranks
     cfg = tmp_path / "small" / "config.json"
