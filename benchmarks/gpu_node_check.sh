@@ -9,7 +9,7 @@
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d -t gpu-node-check-XXXXXX)}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_NCCL_DUMP_ON_TIMEOUT=0   # the framework's side of the contract (docs/gpu.md, "Torch's monitor")
@@ -23,7 +23,10 @@ else
     export RESHARDCTL_BACKEND=gloo RESHARDCTL_FORCE_CPU=1
     HALF=2
 fi
-echo "gpu_node_check: $GPUS GPU(s), backend $RESHARDCTL_BACKEND, $HALF + $HALF ranks, logs in $OUT"
+# the inference side in another layout than the trainers' (tp halves replicated twice): a real reshard, not
+# a one-to-one copy between identical layouts; an odd half (3, 5, 7 ranks) keeps tp=HALF
+if [ $((HALF % 2)) -eq 0 ]; then INFER="tp=$((HALF / 2)),dp=2"; else INFER="tp=$HALF"; fi
+echo "gpu_node_check: $GPUS GPU(s), backend $RESHARDCTL_BACKEND, tp=$HALF -> $INFER ($HALF + $HALF ranks), logs in $OUT"
 
 MODEL="$OUT/model/config.json"
 mkdir -p "$OUT/model"
@@ -51,7 +54,7 @@ run() {
 refit() {  # refit STEP LIMIT_S [reshardctl run options...]
     local step=$1 limit=$2
     shift 2
-    run "$step" "$limit" "$PY" -m reshardctl run --model "$MODEL" --train "tp=$HALF" --infer "tp=$HALF" \
+    run "$step" "$limit" "$PY" -m reshardctl run --model "$MODEL" --train "tp=$HALF" --infer "$INFER" \
         --out "$OUT/$step" --force "$@"
 }
 
@@ -82,9 +85,10 @@ else
     fail hang_step2_retry "exit $RC after ${SECS}s (want 1, bounded, no survivor lost)"
 fi
 
-# 4b. a retry on rebuilt groups: a corrupted byte at step 2 fails verification on every rank (all alive),
+# 4b. a retry on rebuilt groups: a byte corrupted at step 2 where the first inference rank (rank $HALF) landed
+#     it fails verification on every rank (all alive; a trainer receives nothing to corrupt),
 #     every rank settles, the groups are released and rebuilt (exception_dump deleted), and step 2 commits
-refit corrupt_step2_retry 120 --iters 3 --timeout-s 10 --retries 1 --inject "corrupt:rank=2:step=2"
+refit corrupt_step2_retry 120 --iters 3 --timeout-s 10 --retries 1 --inject "corrupt:rank=$HALF:step=2"
 if [ "$RC" -eq 0 ] && grep -q "step 2 attempt 1 (reshard): committed" "$OUT/corrupt_step2_retry.log"; then
     pass corrupt_step2_retry "${SECS}s"
 else

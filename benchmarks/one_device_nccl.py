@@ -31,7 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-HEARTBEAT_S = 3  # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC for the child: torch's default is 480
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC for the child (torch's default: 480 s). Above the 4 s a failed group's
+# watchdog sleeps before it aborts (4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, 1000 ms under reshardctl), so
+# a kill inside the window is the monitor reacting to the failure, not a watchdog that merely slept
+HEARTBEAT_S = 6
 MONITOR_VARS = ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")
 
@@ -128,11 +131,13 @@ def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
     res["phases"].append(a)
     save(res)
 
-    def after_abort(groups):
-        if window_s > 0:
+    def after(groups, phase: dict):
+        """After a phase: the heartbeat window where it timed out (an abort), the dump key, a rebuild."""
+        if window_s > 0 and phase.get("outcome") == "timeout":
             say(f"alive through {window_s:g} s (2 x heartbeat + 1)")
             time.sleep(window_s)
-        res["alive_after_window"] = True
+            res["alive_after_window"] = True
+        res.setdefault("alive_after_window", window_s == 0)
         res["dump_key_set"] = _dump_key(store)
         t1 = time.monotonic()
         groups = rebuild(groups, [], store, timeout_s)
@@ -142,7 +147,7 @@ def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
         save(res)
         return groups
 
-    groups = after_abort(groups)
+    groups = after(groups, a)
     if a.get("outcome") != "timeout" and groups.device.type == "cuda":
         sleep_s = timeout_s + 3.0
         probe = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -160,7 +165,7 @@ def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
         b["device_sleep_s"] = sleep_s
         res["phases"].append(b)
         save(res)
-        groups = after_abort(groups)
+        groups = after(groups, b)
     shutdown()
     return res
 
@@ -187,7 +192,7 @@ def judge(res: dict, rc: int, cuda: bool) -> tuple[list[str], str]:
     if res.get("error"):
         bad.append(f"the probe raised: {res['error'][:300]}")
     if not res.get("alive_after_window"):
-        bad.append("not alive after the heartbeat window")
+        bad.append("no heartbeat window was lived through after an abort")
     if not res.get("health") or not all(h.get("ok") for h in res["health"]):
         bad.append(f"rebuilt groups unhealthy: {res.get('health')}")
     a = phases[0] if phases else {}
@@ -210,7 +215,7 @@ def step_nccl_abort(ctx) -> dict:
     env.pop("TORCH_NCCL_DUMP_ON_TIMEOUT", None)  # reshardctl's own rank settings decide (nccl_watchdog.py)
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", "nccl" if cuda else "gloo",
             "--timeout", str(timeout_s), "--window", str(window), "--out", str(out_file)]
-    limit = 60.0
+    limit = 45.0  # A and B at ~5 s each, one heartbeat window, two rebuilds: about 30 s; the step's limit 55 s
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=limit)
