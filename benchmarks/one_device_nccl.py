@@ -5,16 +5,19 @@ runtime's own code (``groups.rendezvous`` and ``groups.init_groups``: reshardctl
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``, the device-bound default group) with a short
 ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` set by the parent:
 
-* A, a receive whose sender never comes: ``irecv`` from its own rank (torch allows it), no send; waited by
-  ``bounded_wait.wait_works`` (host blocked in ``Event.synchronize()``, the deadline in a
-  ``DeadlineWatch`` thread). Where NCCL leaves it pending, the watch must abort the communicator
-  (``abort.abort_data_plane``) past the timeout and the host must be released: the claim docs/gpu.md
-  could only reason about. NCCL may instead refuse or complete it: then A proves nothing and says so.
-* B, only when A did not time out: an all-reduce posted behind a device sleep longer than the timeout:
-  the watch aborts at the deadline and the wait ends (when the sleep ends), with the timeout's error.
-* After an abort: ``2 x heartbeat + 1`` seconds alive (torch's monitor would have killed the process by
-  then), whether torch wrote ``exception_dump`` to the store, then ``groups.rebuild`` (the key deleted,
-  fresh groups) and an all-reduce on the rebuilt data group.
+* A1, a receive whose sender never comes: ``irecv`` from its own rank (torch allows it), no send, on
+  groups whose own timeout is long (``LONG_S``); waited by ``bounded_wait.wait_works`` (host blocked in
+  ``Event.synchronize()``, the deadline in a ``DeadlineWatch`` thread). Where NCCL leaves it pending, only
+  reshardctl's watch can end it: it must abort the communicator (``abort.abort_data_plane``) past the
+  deadline and the host must be released: the claim docs/gpu.md could only reason about.
+* A2, the same on groups rebuilt with torch's timeout equal to the deadline, as a refit builds them:
+  torch's watchdog times the work out first (then sleeps 4 s and aborts); whoever ends it, the host must
+  be back within the bound, and the process must live ``2 x heartbeat + 1`` seconds after it (torch's
+  monitor would have killed it by then), whether or not torch wrote ``exception_dump`` to the store.
+* B, only where the self-receive never stayed pending (NCCL refused or completed it): an all-reduce
+  posted behind a device sleep longer than the deadline: the watch aborts at the deadline and the wait
+  ends (when the sleep ends) with the timeout's error.
+* After each: ``groups.rebuild`` (the key deleted, fresh groups) and an all-reduce on the rebuilt group.
 
 Run as a child (``--child``) by ``step_nccl_abort``, which judges its JSON and its exit status (a
 monitor kill is a signal). Without CUDA the child runs on gloo as a rehearsal of this code (gloo refuses
@@ -35,6 +38,7 @@ from pathlib import Path
 # watchdog sleeps before it aborts (4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, 1000 ms under reshardctl), so
 # a kill inside the window is the monitor reacting to the failure, not a watchdog that merely slept
 HEARTBEAT_S = 6
+LONG_S = 60.0  # the groups' own (torch's) timeout in phase A1 and B: beyond reshardctl's deadline
 MONITOR_VARS = ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")
 
@@ -66,7 +70,10 @@ def _dump_key(store) -> bool | None:
 
 
 def _wait_phase(name: str, post, groups, timeout_s: float, aborts: list) -> dict:
-    """Post (``post()`` -> works) and wait bounded; what happened, and how long until the host was back."""
+    """Post (``post()`` -> works) and wait bounded; what happened, and how long until the host was back.
+    ``outcome``: refused (the post raised), timeout (reshardctl's deadline: ``TransferError``), error (a
+    ``RuntimeError``, or a ``TransferError`` of another kind), completed (the wait returned: then
+    ``work_after`` says whether the work itself had failed, e.g. torch's watchdog timed it out first)."""
     from reshardctl.errors import TransferError
     from reshardctl.runtime.bounded_wait import wait_works
 
@@ -78,7 +85,7 @@ def _wait_phase(name: str, post, groups, timeout_s: float, aborts: list) -> dict
         out.update(outcome="refused", error=f"{type(exc).__name__}: {exc}"[:400])
         return out
     out["post_s"] = round(time.monotonic() - t0, 3)
-    say(f"{name}: posted; waiting (timeout {timeout_s:g} s)")
+    say(f"{name}: posted; waiting (deadline {timeout_s:g} s)")
     n0 = len(aborts)
     try:
         wait_works(works, groups, timeout_s, name)
@@ -90,12 +97,27 @@ def _wait_phase(name: str, post, groups, timeout_s: float, aborts: list) -> dict
     out["released_s"] = round(time.monotonic() - t0, 3)
     out["aborts"] = aborts[n0:]
     out["groups_aborted"] = bool(getattr(groups, "aborted", False))
+    if out["outcome"] == "completed":
+        after = {"is_completed": bool(works[0].is_completed())}
+        try:
+            works[0].wait()
+            after["wait_again"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - informational: the work had failed although the wait returned
+            after["wait_again"] = f"{type(exc).__name__}: {exc}"[:300]
+            out["outcome"] = "completed_with_error"
+        out["work_after"] = after
     say(f"{name}: {out['outcome']} after {out['released_s']} s")
     return out
 
 
 def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
-    """The probe; ``save(res)`` after every phase (a hang later still leaves what came before)."""
+    """The probe; ``save(res)`` after every phase (a hang later still leaves what came before).
+
+    A1: the groups' own timeout long (``LONG_S``), reshardctl's deadline ``timeout_s``: only reshardctl's
+    watch can end the pending receive (its abort). A2: both ``timeout_s``, as a refit builds them: torch's
+    watchdog times the work out at ``timeout_s`` and reshardctl's watch would abort at ``timeout_s + 1``;
+    whoever ends it, within a bound. Then the heartbeat window, the dump key, a rebuild. B only where the
+    self-receive never stayed pending (refused or completed): an all-reduce behind a device sleep."""
     import torch
     import torch.distributed as dist
 
@@ -113,59 +135,69 @@ def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
         aborts.append({"abort_call_s": round(time.monotonic() - t0, 3)})
     bounded_wait.abort_data_plane = timed_abort
 
-    res: dict = {"backend": backend, "timeout_s": timeout_s, "window_s": window_s, "phases": [], "health": []}
+    res: dict = {"backend": backend, "timeout_s": timeout_s, "long_s": LONG_S, "window_s": window_s, "phases": [],
+                 "health": [], "alive_after_window": window_s == 0}
     env = make_rank_env(0, 1, 0, "127.0.0.1", free_port(), backend=backend)
     store = rendezvous(env, 30.0, secrets.token_hex(16))
     t0 = time.monotonic()
-    groups = init_groups(env, [], store, timeout_s)
+    groups = init_groups(env, [], store, LONG_S)
     res["group_init_s"] = round(time.monotonic() - t0, 3)
     res["torch_env"] = {k: os.environ.get(k) for k in MONITOR_VARS}  # after init_groups
     res["torch_env_note"] = ("TORCH_NCCL_ASYNC_ERROR_HANDLING is 2 while reshardctl's NCCL groups are built "
                              "(groups.nccl_error_handling) and restored after; the others as set for torch")
     res["device"] = str(groups.device)
     say(f"groups up on {groups.device} ({backend}) in {res['group_init_s']} s")
-
     buf = torch.zeros(1 << 20, dtype=torch.uint8, device=groups.device)
-    a = _wait_phase("A unmatched self-receive", lambda: [dist.irecv(buf, src=0, group=groups.data)], groups,
-                    timeout_s, aborts)
-    res["phases"].append(a)
-    save(res)
 
-    def after(groups, phase: dict):
-        """After a phase: the heartbeat window where it timed out (an abort), the dump key, a rebuild."""
-        if window_s > 0 and phase.get("outcome") == "timeout":
-            say(f"alive through {window_s:g} s (2 x heartbeat + 1)")
-            time.sleep(window_s)
-            res["alive_after_window"] = True
-        res.setdefault("alive_after_window", window_s == 0)
-        res["dump_key_set"] = _dump_key(store)
+    def phase(name, post, groups):
+        got = _wait_phase(name, post, groups, timeout_s, aborts)
+        res["phases"].append(got)
+        save(res)
+        return got
+
+    def rebuilt(groups, pg_timeout_s: float):
+        res["dump_key_set"] = _dump_key(store)  # before the rebuild deletes it
         t1 = time.monotonic()
-        groups = rebuild(groups, [], store, timeout_s)
-        res["rebuild_s"] = round(time.monotonic() - t1, 3)
+        groups = rebuild(groups, [], store, pg_timeout_s)
+        res.setdefault("rebuild_s", []).append(round(time.monotonic() - t1, 3))
         res["health"].append(_health(groups, timeout_s))
-        say(f"rebuilt in {res['rebuild_s']} s, health {res['health'][-1]}")
+        say(f"rebuilt in {res['rebuild_s'][-1]} s, health {res['health'][-1]}")
         save(res)
         return groups
 
-    groups = after(groups, a)
-    if a.get("outcome") != "timeout" and groups.device.type == "cuda":
+    def window():
+        if window_s > 0:
+            say(f"alive through {window_s:g} s (2 x heartbeat + 1) after the last failed work")
+            time.sleep(window_s)
+        res["alive_after_window"] = True
+        save(res)
+
+    recv = lambda: [dist.irecv(buf, src=0, group=groups.data)]  # noqa: E731 - groups rebinds below
+    a1 = phase("A1 unmatched self-receive, reshardctl's deadline only", recv, groups)
+    groups = rebuilt(groups, timeout_s)
+    pending = {"timeout", "error", "completed_with_error"}
+    a2 = phase("A2 unmatched self-receive, torch's timeout = the deadline", recv, groups)
+    if a2["outcome"] in pending:
+        window()
+    groups = rebuilt(groups, LONG_S)
+    if a1["outcome"] not in pending and groups.device.type == "cuda":
         sleep_s = timeout_s + 3.0
-        probe = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        probe[0].record()
+        ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev[0].record()
         torch.cuda._sleep(100_000_000)
-        probe[1].record()
-        probe[1].synchronize()
-        per_s = 1e8 / max(probe[0].elapsed_time(probe[1]) / 1e3, 1e-6)  # sleep cycles per second on this GPU
+        ev[1].record()
+        ev[1].synchronize()
+        per_s = 1e8 / max(ev[0].elapsed_time(ev[1]) / 1e3, 1e-6)  # sleep cycles per second on this GPU
         x = torch.ones(8, device=groups.device)
 
         def post():
             torch.cuda._sleep(int(per_s * sleep_s))  # the current stream busy past the deadline
             return [dist.all_reduce(x, group=groups.data, async_op=True)]
-        b = _wait_phase("B all-reduce behind a device sleep", post, groups, timeout_s, aborts)
+        b = phase("B all-reduce behind a device sleep", post, groups)
         b["device_sleep_s"] = sleep_s
-        res["phases"].append(b)
-        save(res)
-        groups = after(groups, b)
+        if b["outcome"] in pending:
+            window()
+        groups = rebuilt(groups, LONG_S)
     shutdown()
     return res
 
@@ -175,32 +207,34 @@ def judge(res: dict, rc: int, cuda: bool) -> tuple[list[str], str]:
     bad = []
     if rc != 0:
         bad.append(f"the probe exited with {rc}" + (f" (signal {-rc}: torch's monitor?)" if rc < 0 else ""))
-    phases = res.get("phases", [])
-    timed_out = [p for p in phases if p.get("outcome") == "timeout"]
-    limit = res.get("timeout_s", 0) + 1.0 + 5.0
-    if cuda:
-        if not timed_out:
-            bad.append("no phase timed out: the abort path was not reached")
-        for p in timed_out:
-            bound = limit + p.get("device_sleep_s", 0.0)
-            if not p.get("aborts") or not p.get("groups_aborted"):
-                bad.append(f"{p['phase']}: timed out without an abort")
-            elif any(x["abort_call_s"] > 5.0 for x in p["aborts"]):
-                bad.append(f"{p['phase']}: the abort call took {p['aborts']}")
-            if p.get("released_s", 1e9) > bound:
-                bad.append(f"{p['phase']}: host released after {p['released_s']} s (bound {bound:g} s)")
     if res.get("error"):
         bad.append(f"the probe raised: {res['error'][:300]}")
+    phases = {p["phase"].split()[0]: p for p in res.get("phases", [])}
+    t = res.get("timeout_s", 0.0)
+    if cuda:
+        own = phases.get("B") if phases.get("A1", {}).get("outcome") in ("refused", "completed") else phases.get("A1")
+        if own is None or own.get("outcome") != "timeout":
+            bad.append(f"reshardctl's deadline did not end a pending NCCL work: {own}")
+        else:
+            bound = t + 1.0 + 5.0 + own.get("device_sleep_s", 0.0)
+            if not own.get("aborts") or not own.get("groups_aborted"):
+                bad.append(f"{own['phase']}: timed out without reshardctl's abort")
+            elif any(x["abort_call_s"] > 5.0 for x in own["aborts"]):
+                bad.append(f"{own['phase']}: the abort call took {own['aborts']}")
+            if own.get("released_s", 1e9) > bound:
+                bad.append(f"{own['phase']}: host released after {own['released_s']} s (bound {bound:g} s)")
+        a2 = phases.get("A2", {})
+        bound2 = t + 1.0 + 4.0 + 5.0  # + torch's 4 s sleep before its own abort
+        if a2.get("outcome") not in ("refused", "completed") and a2.get("released_s", 1e9) > bound2:
+            bad.append(f"A2: host released after {a2.get('released_s')} s (bound {bound2:g} s)")
     if not res.get("alive_after_window"):
-        bad.append("no heartbeat window was lived through after an abort")
+        bad.append("no heartbeat window was lived through after the last failed work")
     if not res.get("health") or not all(h.get("ok") for h in res["health"]):
         bad.append(f"rebuilt groups unhealthy: {res.get('health')}")
-    a = phases[0] if phases else {}
-    head = (f"A (unmatched self-receive): {a.get('outcome', '?')}"
-            + (f" after {a.get('released_s')} s" if a.get("released_s") is not None else "")
-            + "".join(f"; B: {p.get('outcome')} after {p.get('released_s')} s" for p in phases[1:])
-            + f"; alive {res.get('window_s', 0):g} s after, dump key {res.get('dump_key_set')}, rebuilt group "
-              f"{'ok' if res.get('health') and all(h.get('ok') for h in res['health']) else 'FAILED'}")
+    head = "; ".join(f"{k}: {p.get('outcome')}" + (f" after {p['released_s']} s" if "released_s" in p else "")
+                     for k, p in phases.items())
+    head += (f"; alive {res.get('window_s', 0):g} s after, exception_dump key {res.get('dump_key_set')}, rebuilt "
+             f"groups {'ok' if res.get('health') and all(h.get('ok') for h in res['health']) else 'FAILED'}")
     return bad, head
 
 
@@ -215,7 +249,7 @@ def step_nccl_abort(ctx) -> dict:
     env.pop("TORCH_NCCL_DUMP_ON_TIMEOUT", None)  # reshardctl's own rank settings decide (nccl_watchdog.py)
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", "nccl" if cuda else "gloo",
             "--timeout", str(timeout_s), "--window", str(window), "--out", str(out_file)]
-    limit = 45.0  # A and B at ~5 s each, one heartbeat window, two rebuilds: about 30 s; the step's limit 55 s
+    limit = 45.0  # A1, A2 (or B) at ~3-6 s each, one heartbeat window (13 s), rebuilds: ~30 s; the step's 55 s
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=limit)
