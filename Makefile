@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test test-gpu test-gpu-one gpu-one-device bench clean install slurm-up slurm-down
+.PHONY: demo test test-gpu test-gpu-one gpu-one-device wheels bench clean install slurm-up slurm-down
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,14 @@ test-gpu-one: install
 GPU_OUT ?= gpu-one-device
 gpu-one-device:
 	bash benchmarks/gpu_one_device.sh "$(GPU_OUT)"
+
+# the pure-Python dependencies as wheels, for a GPU machine without network (carry build/wheels there and
+# run the script with RESHARDCTL_WHEELS=build/wheels); WHEELS_PYTHON: that machine's Python (e.g. 3.10)
+WHEELS_PYTHON ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+wheels:
+	$(PYTHON) -m pip download -q -d build/wheels --only-binary=:all: --python-version "$(WHEELS_PYTHON)" \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform any "numpy>=1.24" "typer>=0.12" "rich>=13" "pyyaml>=6" "safetensors>=0.4"
 
 bench: install
 	$(PY) benchmarks/refit_local.py

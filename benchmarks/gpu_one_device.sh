@@ -12,7 +12,7 @@
 # Interpreter: $PYTHON, else the first of python3 and .venv/bin/python whose torch sees CUDA, else the
 # first with torch. Nothing is downloaded and torch is never installed: the package runs from this tree
 # (PYTHONPATH); a missing pure-Python dependency comes from a local wheel directory RESHARDCTL_WHEELS, if
-# given, into OUT_DIR/venv (--system-site-packages: the machine's torch stays).
+# given (`make wheels`), into OUT_DIR/pydeps (pip --target, on PYTHONPATH after the tree: torch untouched).
 # No CUDA, or --cpu-dry: the CPU-possible steps run on the CPU, the GPU-only ones (staging, nccl_abort,
 # calibrate) are "skipped" with the reason and a CPU rehearsal of their code.
 # ONE_DEVICE_STEPS="checksums rates" runs only those (a rerun); ONE_DEVICE_LIMITS="step:seconds ..." replaces
@@ -37,7 +37,7 @@ OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT" || exit 2
 
-# step -> its limit in seconds (with the 3 s kill grace each, the interpreter checks and the wheel install:
+# step -> its limit in seconds (with the 3 s kill grace each, the two interpreter checks and the wheel install:
 # 45+40+40+30+80+55+30+30 + 8x3 + 2x20 + 45 = 459 s < 480 s)
 STEP_LIMITS=${ONE_DEVICE_LIMITS:-"install:30 selftest:45 checksums:40 rates:40 staging:30 gloo_refit:80 nccl_abort:55 calibrate:30"}
 STEPS=${ONE_DEVICE_STEPS:-install selftest checksums rates staging gloo_refit nccl_abort calibrate}
@@ -49,8 +49,11 @@ probe() {  # probe PY: 2 = torch with CUDA, 1 = torch without, 0 = no torch (bou
 }
 PY=""
 HOW=""
+KIND=0
 if [ -n "${PYTHON:-}" ]; then
     PY=$PYTHON
+    probe "$PY"
+    KIND=$?
     HOW="PYTHON=$PYTHON"
 else
     FALLBACK=""
@@ -58,28 +61,26 @@ else
         command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
         probe "$cand"
         case $? in
-            2) PY=$cand; HOW="$cand: its torch sees CUDA"; break ;;
+            2) PY=$cand; KIND=2; HOW="$cand: its torch sees CUDA"; break ;;
             1) [ -n "$FALLBACK" ] || FALLBACK=$cand ;;
         esac
     done
     if [ -z "$PY" ]; then
         PY=${FALLBACK:-python3}
-        HOW="$PY: ${FALLBACK:+torch without CUDA}${FALLBACK:-no torch found}"
+        if [ -n "$FALLBACK" ]; then KIND=1; HOW="$PY: torch without CUDA"; else HOW="$PY: no torch found"; fi
     fi
 fi
-probe "$PY"
-[ $? -eq 2 ] || MODE="--cpu"
+[ "$KIND" -eq 2 ] || MODE="--cpu"
 
 # missing pure-Python dependencies, from a local wheel directory only (offline), never torch
 MISSING=$("$PY" -c 'import importlib.util as u; print(" ".join(p for m, p in (("numpy","numpy"),("typer","typer"),("rich","rich"),("yaml","pyyaml"),("safetensors","safetensors")) if u.find_spec(m) is None))' 2>/dev/null)
 if [ -n "$MISSING" ] && [ -n "${RESHARDCTL_WHEELS:-}" ]; then
-    echo "gpu_one_device: installing $MISSING from $RESHARDCTL_WHEELS into $OUT/venv (offline, the machine's torch kept)"
+    echo "gpu_one_device: installing $MISSING from $RESHARDCTL_WHEELS into $OUT/pydeps (offline; torch untouched)"
     # shellcheck disable=SC2086 - one word per package name
-    if timeout 45 "$PY" -m venv --system-site-packages "$OUT/venv" \
-        && timeout 45 "$OUT/venv/bin/python" -m pip install -q --no-index --find-links "$RESHARDCTL_WHEELS" \
-            --no-build-isolation $MISSING > "$OUT/install-wheels.log" 2>&1; then
-        PY="$OUT/venv/bin/python"
-        export ONE_DEVICE_VENV="$OUT/venv"
+    if timeout 45 "$PY" -m pip install -q --no-index --find-links "$RESHARDCTL_WHEELS" --target "$OUT/pydeps" \
+            $MISSING > "$OUT/install-wheels.log" 2>&1; then
+        export PYTHONPATH="$PYTHONPATH:$OUT/pydeps"
+        export ONE_DEVICE_PYDEPS="$OUT/pydeps"
         HOW="$HOW; $MISSING from $RESHARDCTL_WHEELS"
     else
         HOW="$HOW; installing $MISSING from $RESHARDCTL_WHEELS failed (install-wheels.log)"

@@ -79,7 +79,7 @@ def step_install(ctx) -> dict:
     detail = {"python": sys.executable, "python_version": sys.version.split()[0], "torch": torch.__version__,
               "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
               "reshardctl": reshardctl.__version__, "reshardctl_from": str(Path(reshardctl.__file__).parent),
-              "deps": deps, "missing": missing, "venv": os.environ.get("ONE_DEVICE_VENV") or None,
+              "deps": deps, "missing": missing, "pydeps": os.environ.get("ONE_DEVICE_PYDEPS") or None,
               "how": os.environ.get("ONE_DEVICE_HOW", "")}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
