@@ -128,8 +128,12 @@ def step_checksums(ctx) -> dict:
         per_dtype[name] = len(bufs)
         n_bufs += len(bufs)
         n_bytes += sum(sizes)
-    where = "CPU == CUDA bit for bit" if not cpu else "CPU only (no CUDA: checksum == segment_checksums)"
-    detail = {"dtypes": per_dtype, "buffers": n_bufs, "bytes": n_bytes, "where": where,
+    from reshardctl.runtime.checksum import path_for
+
+    paths = {"cpu": path_for(torch.device("cpu"))} | ({} if cpu else {"cuda": path_for(dev)})
+    where = (f"CPU ({paths['cpu']}) == CUDA ({paths.get('cuda')}) bit for bit" if not cpu
+             else f"CPU only ({paths['cpu']}; no CUDA: checksum == segment_checksums)")
+    detail = {"dtypes": per_dtype, "buffers": n_bufs, "bytes": n_bytes, "where": where, "paths": paths,
               "headline": f"{n_bufs} buffers of {len(per_dtype)} dtypes ({n_bytes / 2**20:.1f} MiB): {where}; "
                           "a flipped bit changes every sum"}
     if bad:

@@ -22,6 +22,7 @@ from reshardctl.errors import TransferError
 from reshardctl.launch.local import run_local
 from reshardctl.runtime.checksum import checksum, segment_checksums
 from reshardctl.runtime.contract import RunOptions
+from reshardctl.runtime.selftest import CPU_CHECKS
 
 from helpers.runtime_plans import p2p_plan, rows_cols_case
 from helpers.pinned_checksums import PINNED_ARANGE
@@ -71,7 +72,7 @@ def test_selftest_gpu_passes_every_check(capsys):
     assert code == 0 and rep["ok"] and not rep["skipped"] and failed == [], failed
     assert rep["device"].startswith("cuda:")
     checks = {c["name"]: c for c in rep["checks"]}
-    assert list(checks) == ["pack_roundtrip", "checksums", "stream_order", "pinned_pool", "nccl_refit"]
+    assert list(checks) == [*CPU_CHECKS, "nccl_refit"]  # the runtime's checks, then the CLI's NCCL refit
     assert all(not c["skipped"] for n, c in checks.items() if n != "nccl_refit")
     assert checks["pinned_pool"]["numbers"]["peak_held"] <= checks["pinned_pool"]["numbers"]["capacity"]
     nccl = checks["nccl_refit"]
