@@ -75,7 +75,7 @@ def _buckets(nbytes: np.ndarray, target: int) -> list[tuple[int, int]]:
     return out
 
 
-def _export_seconds(model, train, topology, links) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def _export_seconds(model, train, topology, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, trainer rank 0's (the broadcast source's) export: PP broadcast, TP and EP all-gathers."""
     T = len(model.tensors)
     pp_s, tp_s, ep_s = np.zeros(T), np.zeros(T), np.zeros(T)
@@ -85,10 +85,14 @@ def _export_seconds(model, train, topology, links) -> tuple[np.ndarray, np.ndarr
         (links.nvlink, links.nvlink_latency)
     ep = max(1, train.ep)
     counts = {"pp_broadcasts": 0.0, "tp_gathers": 0.0, "ep_gathers": 0.0}
+    shards: dict[int, int] = {}
     for i, t in enumerate(model.tensors):
-        p = train.placement(i)
-        boxes = {h for h in (p.holding(r) for r in p.ranks) if h}
-        k = max(1, len(boxes))
+        if not keep[i]:
+            continue
+        tpl = train.placement(i).template
+        k = shards.get(id(tpl))
+        if k is None:  # distinct non-empty boxes over the slots: the TP (ETP) split of the tensor
+            k = shards[id(tpl)] = max(1, len({h for h in tpl.holdings if h}))
         local = t.nbytes / k  # the TP (ETP) shard a rank exports
         # rank 0 exports its own EP rank's local experts (one conversion task each): 1 / ep of the expert tensors
         # go through its PP broadcast and TP gather, the EP gather then yields the other ep - 1
@@ -113,7 +117,7 @@ def _export_seconds(model, train, topology, links) -> tuple[np.ndarray, np.ndarr
     return pp_s, tp_s, ep_s, counts
 
 
-def _load_seconds(model, infer, links) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def _load_seconds(model, infer, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, vLLM rank 0's load_weights: name mapping and loader call host seconds, copied bytes."""
     d = model.dims
     arch = d.arch
@@ -125,8 +129,15 @@ def _load_seconds(model, infer, links) -> tuple[np.ndarray, np.ndarray, np.ndarr
     entries = 3 * (d.num_experts + R) if d.num_experts else 0
     linear_scan = arch == "deepseek_v3"  # the hand-rolled loop; others index the mapping by expert
     shard_pos = {"expert_gate": 1, "expert_down": 2, "expert_up": 3}  # (w1 gate, w2 down, w3 up) per expert
+    held_cache: dict[int, tuple] = {}
     for i, t in enumerate(model.tensors):
-        box = infer.placement(i).holding(0)
+        if not keep[i]:
+            scan[i] = 0.0
+            continue
+        pl = infer.placement(i)
+        box = held_cache.get(id(pl))
+        if box is None:  # placements are interned: one look-up per distinct placement
+            box = held_cache[id(pl)] = pl.holding(0)
         if box:
             held[i] = True
             held_bytes[i] = sum(math.prod(b - a for a, b in bx) for bx in box) * t.itemsize
@@ -138,20 +149,24 @@ def _load_seconds(model, infer, links) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return scan * links.mapping_entry, held * links.loader_call, held_bytes, counts
 
 
-def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, buffers: int = 2) -> dict:
+def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, buffers: int = 2,
+                    tensors=None) -> dict:
     """NeMo RL's collective refit of ``model`` from ``train`` (Megatron) to ``infer`` (vLLM): predicted seconds,
     each term on the critical path (``breakdown_s``, sums to ``predicted_s``), each term's total work
     (``work_s``), the counts and per-unit figures behind them and each term's source. ``buffers``: 2 (NeMo RL's
     default, ``NRL_REFIT_NUM_BUFFERS``: exporting and packing buffer k+1 while k is broadcast and loaded), 1
-    (the path before NeMo RL PR 1379: every phase one after the other)."""
+    (the path before NeMo RL PR 1379: every phase one after the other). ``tensors``: the indices of the
+    tensors this path carries (None: all; ``nccl_reshard_refit``: its misc path's)."""
     from reshardctl.layout.megatron import MegatronLayout
     from reshardctl.layout.vllm import VllmLayout
 
     if not isinstance(train, MegatronLayout) or type(infer) is not VllmLayout:
         return {"skipped": "modelled for a Megatron-Core trainer and a vLLM engine (NeMo RL's Megatron path)"}
-    nbytes = np.asarray([t.nbytes for t in model.tensors], dtype=np.float64)
-    pp_s, tp_s, ep_s, counts = _export_seconds(model, train, topology, links)
-    map_s, call_s, held_b, lcounts = _load_seconds(model, infer, links)
+    keep = np.ones(len(model.tensors), dtype=bool) if tensors is None else \
+        np.isin(np.arange(len(model.tensors)), np.asarray(list(tensors), dtype=np.int64))
+    nbytes = np.asarray([t.nbytes for t in model.tensors], dtype=np.float64) * keep
+    pp_s, tp_s, ep_s, counts = _export_seconds(model, train, topology, links, keep)
+    map_s, call_s, held_b, lcounts = _load_seconds(model, infer, links, keep)
     counts.update(lcounts)
     buckets = _buckets(nbytes, buffer_bytes)
     world = train.world_size + infer.world_size
@@ -162,6 +177,7 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
     d = model.dims
     passes = 2 if d.arch == "deepseek_v3" else 1
     moe_layer = np.asarray([t.layer if t.kind in EXPERT_KINDS else -1 for t in model.tensors])
+    buckets = [(a, b) for a, b in buckets if keep[a:b].any()]
     B = len(buckets)
     per = {t: np.zeros(B) for t in ENGINE_TERMS}
     for k, (a, b) in enumerate(buckets):
@@ -170,7 +186,7 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
         per["export_ep_gather"][k] = ep_s[a:b].sum()
         per["pack"][k] = nbytes[a:b].sum() / links.copy
         per["broadcast"][k] = nbytes[a:b].sum() / ring + hops_s
-        maps = 1 if d.arch == "deepseek_v3" else len(set(moe_layer[a:b][moe_layer[a:b] >= 0].tolist()))
+        maps = 1 if d.arch == "deepseek_v3" else len(set(moe_layer[a:b][(moe_layer[a:b] >= 0) & keep[a:b]].tolist()))
         per["load_setup"][k] = (passes * counts["params_on_rank"] * links.named_param
                                 + maps * counts["expert_mapping_entries"] * links.mapping_entry)
         per["name_mapping"][k] = map_s[a:b].sum()
@@ -204,3 +220,28 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
             "work_s": {t: float(v.sum()) for t, v in per.items()}, "buffer_bytes": int(buffer_bytes),
             "buffers": int(buffers), "buckets": B, "tensors": len(model.tensors), "counts": counts,
             "per_unit": per_unit, "sources": SOURCES}
+
+
+def nccl_reshard_refit(plan, links, *, buffer_bytes: int) -> dict:
+    """NeMo RL's ``refit_transport: nccl_reshard`` for a ``hybrid`` plan of the same model and layouts: the bulk
+    path first (NCCL M2N reshard of the FFN / expert tensors, ``docs/design-docs/nccl-reshard-refit.md``
+    "Execution Flow": xferdtensor per parameter), predicted as the plan's rounds (their wire, latency and pack
+    terms: no checksum, no vote), then the misc path ("After the bulk reshard completes, the misc parameters are
+    transferred": the conventional packed broadcast and ``load_weights``) for the tensors the plan broadcasts,
+    predicted by :func:`framework_refit`. ``{"skipped": reason}`` where that does not apply."""
+    from dataclasses import replace
+
+    from reshardctl.plan.cost import predict
+
+    if plan.transport != "hybrid":
+        return {"skipped": f"needs the hybrid plan (got {plan.transport})"}
+    misc = sorted({i for b in plan.buckets for i in b.tensors})
+    miscr = framework_refit(plan.model, plan.train, plan.infer, plan.topology, links, buffer_bytes=buffer_bytes,
+                            tensors=misc)
+    if "skipped" in miscr:
+        return miscr
+    rounds = predict(replace(plan, buckets=()), links, land=False).breakdown if plan.rounds else {}
+    bulk = {t: float(rounds.get(t, 0.0)) for t in ("wire", "latency", "pack")}
+    return {"path": "nemo_rl_nccl_reshard", "predicted_s": sum(bulk.values()) + miscr["predicted_s"],
+            "bulk_s": bulk, "misc": miscr, "misc_tensors": len(misc),
+            "source": f"{NRL} docs/design-docs/nccl-reshard-refit.md (Bulk path, Misc path, Execution Flow)"}

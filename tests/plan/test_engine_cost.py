@@ -149,7 +149,9 @@ def test_other_styles_are_skipped_with_the_reason():
 def test_plan_json_shows_every_term(capsys):
     assert main(["plan", "--site", "local", "--model", "tiny-deepseek", "--train", "tp=2,pp=2", "--infer", "tp=2",
                  "--transport", "reshard", "--json"]) == 0
-    fr = json.loads(capsys.readouterr().out)["framework_refit"]
+    out = json.loads(capsys.readouterr().out)["framework_refit"]
+    assert set(out) == {"collective"}  # nccl_reshard needs the hybrid plan
+    fr = out["collective"]
     assert set(fr["breakdown_s"]) == set(ENGINE_TERMS) == set(fr["work_s"]) == set(fr["sources"])
     assert fr["predicted_s"] > 0 and fr["counts"]["pp_broadcasts"] > 0 and fr["buckets"] >= 1
     assert fr["per_unit"]["mapping_entry_s"] > 0 and fr["per_unit"]["named_param_s"] > 0
@@ -165,3 +167,21 @@ def test_rank_0_exports_its_own_experts_and_gathers_the_rest():
         c = run(m, f"pp=2,ep={ep}", "tp=2")["counts"]
         assert c["ep_gathers"] == experts // ep
         assert c["pp_broadcasts"] == len(m.tensors) - experts + experts // ep
+
+
+def test_nccl_reshard_is_the_hybrid_plans_bulk_then_the_misc_path(capsys):
+    """nccl-reshard-refit.md "Execution Flow": the bulk reshard first (the hybrid plan's rounds: wire, latency,
+    pack), then the misc tensors through the collective path: only the tensors the plan broadcasts."""
+    from reshardctl.api import plan_refit
+    from reshardctl.plan.engine_cost import nccl_reshard_refit
+
+    assert main(["plan", "--site", "local", "--model", "tiny-deepseek", "--train", "tp=2,pp=2", "--infer", "tp=2",
+                 "--transport", "all", "--json"]) == 0
+    fr = json.loads(capsys.readouterr().out)["framework_refit"]
+    nr, col = fr["nccl_reshard"], fr["collective"]
+    assert math.isclose(nr["predicted_s"], sum(nr["bulk_s"].values()) + nr["misc"]["predicted_s"], rel_tol=1e-12)
+    assert set(nr["bulk_s"]) == {"wire", "latency", "pack"} and nr["bulk_s"]["wire"] > 0
+    assert 0 < nr["misc_tensors"] < col["tensors"] and nr["misc"]["counts"]["held_tensors"] <= nr["misc_tensors"]
+    assert nr["misc"]["work_s"]["loader_calls"] < col["work_s"]["loader_calls"]
+    plan = plan_refit(model="tiny-deepseek", train="tp=2,pp=2", infer="tp=2", site="local", transport="reshard")
+    assert nccl_reshard_refit(plan, GPU, buffer_bytes=MB) == {"skipped": "needs the hybrid plan (got reshard)"}
