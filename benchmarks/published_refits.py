@@ -61,7 +61,8 @@ ROWS = (
         "H100, 32 + 32 nodes", (34.0, 34.0), "collective", train=DSV3_TRAIN, infer="tp=32,dp=8", buffers=1,
         bucket_mb=PR638_BUFFER_MB),
     Row(PR1379, "Qwen3-235B after PR 1379 (2 buffers)", "qwen3-235b-a22b", "TP4xPP8xEP16 -> TP8xDP16 (recipe, assumed)",
-        "H100, 16 + 16 nodes", (5.5, 5.5), "collective", train=Q235_TRAIN, infer="tp=8,dp=16", bucket_mb=H100_BUFFER_MB),
+        "H100, 16 + 16 nodes", (5.5, 5.5), "collective", train=Q235_TRAIN, infer="tp=8,dp=16",
+        bucket_mb=H100_BUFFER_MB),
     Row(PR1379, "Qwen3-235B before PR 1379 (1 buffer)", "qwen3-235b-a22b", "TP4xPP8xEP16 -> TP8xDP16 (recipe, assumed)",
         "H100, 16 + 16 nodes", (13.0, 13.0), "collective", train=Q235_TRAIN, infer="tp=8,dp=16", buffers=1,
         bucket_mb=PR638_BUFFER_MB),
@@ -146,7 +147,8 @@ def command(row: Row) -> str:
     bucket = f" --bucket-mb {row.bucket_mb:g}" if row.bucket_mb else ""
     transport = "hybrid" if row.path == "hybrid" else "gather_broadcast"
     key = "nccl_reshard" if row.path == "hybrid" else "collective"
-    note = "" if row.buffers == 2 else f" (framework_refit.{key} with buffers={row.buffers}: benchmarks/published_refits.py)"
+    note = "" if row.buffers == 2 else \
+        f" (framework_refit.{key} with buffers={row.buffers}: benchmarks/published_refits.py)"
     return (f"reshardctl plan --site {row.site} --model {row.model} --train {row.train} --infer {row.infer} "
             f"--transport {transport}{bucket} --json: framework_refit.{key}.predicted_s{note}")
 
@@ -156,7 +158,8 @@ def fmt_published(p: tuple[float, float]) -> str:
 
 
 def markdown(rows=ROWS) -> str:
-    out = ["| source | figure | model | layouts | hardware | path | published s | predicted s | predicted / published |",
+    out = ["| source | figure | model | layouts | hardware | path | published s | predicted s | "
+           "predicted / published |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = predict(r)

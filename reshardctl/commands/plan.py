@@ -96,8 +96,9 @@ def render(result: dict, con=None) -> None:
               f"{_s(ld['seconds'])} (one _foreach_copy_); a framework loader ({ld['tensors']:,} per-tensor calls) "
               f"would add {_s(ld['loader_extra_s'])}", markup=False)
     for path, fr in result.get("framework_refit", {}).items():
-        if "predicted_s" in fr:  # NeMo RL's own refit of these layouts (docs/cost-model.md, "The framework's own refit")
-            terms = fr["breakdown_s"] if path == "collective" else {**fr["bulk_s"], "misc path": fr["misc"]["predicted_s"]}
+        if "predicted_s" in fr:  # NeMo RL's own refit of these layouts (docs/cost-model.md "The framework's own refit")
+            terms = fr["breakdown_s"] if path == "collective" else \
+                {**fr["bulk_s"], "misc path": fr["misc"]["predicted_s"]}
             con.print(f"NeMo RL {path} refit: {_s(fr['predicted_s'])} (" + ", ".join(
                 f"{k} {_s(v)}" for k, v in terms.items() if v > 0) + ")", markup=False)
     if len(result["transports"]) > 1:

@@ -47,7 +47,8 @@ SOURCES = {
     "name_mapping": f"{VLLM} models/deepseek_v2.py:1676 stacked_params_mapping scan, :1763-1766 "
                     f"expert_params_mapping scanned entry by entry up to the tensor's expert (the whole list for "
                     f"an expert another rank holds); routed_experts.py:1010-1025 (other MoE models) index by expert",
-    "loader_calls": f"{VLLM} weight_loader per held tensor (deepseek_v2.py:1702-1704, :1786-1793; narrow + copy_)",
+    "loader_calls": f"{VLLM} weight_loader per held tensor (deepseek_v2.py:1709-1710 stacked, :1786-1793 experts, "
+                    f":1824 the rest; narrow + copy_)",
     "param_copy": "the held bytes copied into the parameters (device copies, beside the host work)",
 }
 STACKED_ENTRIES = {"deepseek_v3": 6}  # deepseek_v2.py:1595-1623: gate/up 2 + indexer 2 + MLA 2 (MHA: 3)

@@ -135,8 +135,8 @@ def local_experts(model: ModelSpec, dep: Deployment, ep_rank: int, ep_size: int)
     linear: physical ``[ep_rank*base + min(ep_rank, rem), + local)``; round_robin:
     ``arange(ep_rank, global, ep)``. determine_expert_placement_strategy: round_robin only with
     ``num_expert_group > 1``, no redundant experts, no EPLB, and either no all2all kernels or a backend with
-    round-robin routing tables (``A2A_ROUND_ROBIN_TABLES``); else linear. layer.py make_expert_params_mapping: physical slot ``p`` loads
-    the checkpoint's ``experts.{physical_to_logical_map[p]}``."""
+    round-robin routing tables (``A2A_ROUND_ROBIN_TABLES``); else linear. layer.py make_expert_params_mapping:
+    physical slot ``p`` loads the checkpoint's ``experts.{physical_to_logical_map[p]}``."""
     E = model.dims.num_experts
     R = dep.redundant if dep.phys_map is None else len(dep.phys_map) - E
     phys = dep.phys_map if dep.phys_map is not None else initial_phys_map(E, R)

@@ -232,11 +232,12 @@ def test_moonep_refused_where_its_kernels_replace_the_experts():
 def test_cli_bad_all2all_exits_2_naming_the_key_and_the_values(capsys):
     from reshardctl.cli import main
 
-    rc = main(["layout", "show", "--model", "tiny-deepseek", "--side", "infer", "--infer", "tp=2,dp=2,ep=4,all2all=nccl"])
+    show = ["layout", "show", "--model", "tiny-deepseek", "--side", "infer", "--infer"]
+    rc = main([*show, "tp=2,dp=2,ep=4,all2all=nccl"])
     err = capsys.readouterr().err
     assert rc == 2 and "all2all='nccl' is not a backend of vLLM 0.33 (expected one of allgather_reducescatter," in err
     assert "moonep" in err and "passthrough" in err and "Traceback" not in err
-    rc = main(["layout", "show", "--model", "tiny-deepseek", "--side", "infer", "--infer", "tp=2,dp=2,ep=4,all2all=moonep"])
+    rc = main([*show, "tp=2,dp=2,ep=4,all2all=moonep"])
     assert rc == 2 and "NotImplementedError on a weight reload" in capsys.readouterr().err
 
 
