@@ -72,6 +72,7 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     ``progress(what, done, total)``, if given, is told each stage as it begins (planning a transport, its
     figures, the lower bound, the candidates): it only listens; the plans and the object are the same."""
     from reshardctl.plan.lower_bound import lower_bound
+    from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
 
@@ -110,6 +111,13 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
         "cost_figures": inp.links.source,
         "transports": reports,
         "m2n_compat": compat,
+        # NeMo RL's own refit of the same model and layouts, term by term (plan/engine_cost.py), its buffers the
+        # plan's bucket bound (NeMo RL's default is 0.02 x GPU memory, capped at 5 GiB): the collective path, and
+        # nccl_reshard where the hybrid plan (its bulk / misc split) was planned
+        "framework_refit": {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
+                                                          buffer_bytes=inp.bucket_bytes)}
+        | ({"nccl_reshard": nccl_reshard_refit(plans["hybrid"], inp.links, buffer_bytes=inp.bucket_bytes)}
+           if "hybrid" in plans else {}),
         "planning_s": 0.0,
         "inputs": inputs_json(inp),
     }

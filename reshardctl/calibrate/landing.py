@@ -142,11 +142,56 @@ def timed(fn, ld: Landing, reps: int, device="cpu") -> float:
     return statistics.median(out)
 
 
+def _median_host(fn, reps: int) -> float:
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def mapping_scan_seconds(n: int, reps: int) -> float:
+    """Host seconds of scanning ``n`` entries of an expert-parameter mapping for a name none of them matches: vLLM
+    0.33 ``deepseek_v2.py:1763-1766`` (``for mapping in expert_params_mapping: ... if weight_name not in
+    chunk_name: continue``), the name-mapping term of ``plan/engine_cost.py``."""
+    mapping = [("experts.w13_" if s != "w2" else "experts.w2_", f"experts.{e}.{w}.", e, s)
+               for e in range(n // 3 + 1) for s, w in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))][:n]
+    name = "model.layers.7.self_attn.kv_b_proj.weight"
+
+    def scan() -> int:
+        hits = 0
+        for _param_name, weight_name, _expert_id, _shard_id in mapping:
+            if weight_name not in name:
+                continue
+            hits += 1
+        return hits
+
+    return _median_host(scan, reps)
+
+
+def named_parameters_seconds(n: int, reps: int) -> float:
+    """Host seconds of ``dict(model.named_parameters())`` over a module tree of ``n`` parameters (8 per leaf
+    module): vLLM's ``load_weights`` builds it on every call (``deepseek_v2.py:1642``)."""
+    root, layers = torch.nn.Module(), torch.nn.ModuleList()
+    for i in range(max(1, n // 8)):
+        m = torch.nn.Module()
+        for j in range(8):
+            m.register_parameter(f"w{j}", torch.nn.Parameter(torch.zeros(1), requires_grad=False))
+        layers.append(m)
+    root.layers = layers
+    return _median_host(lambda: dict(root.named_parameters()), reps)
+
+
 def host_cost(device="cpu", reps: int = 7, n: int = HOST_VIEWS) -> dict:
     """Host seconds per landed view (direct) and per loader call, from ``n`` one-element parameters of one
-    segment each (the bytes negligible): the calibration's ``landing_s_per_view`` and ``loader_s_per_tensor``."""
+    segment each (the bytes negligible): the calibration's ``landing_s_per_view`` and ``loader_s_per_tensor``;
+    and, for a framework's ``load_weights`` (``plan/engine_cost.py``), ``n`` name-mapping entries scanned and
+    ``n`` parameters walked into a dict: ``mapping_s_per_entry``, ``named_params_s_per_param``."""
     lps = [LocalParam(f"p{i}", (1,), "float32", (LocalSegment(f"t{i}", ((0, 1),), f"p{i}", (0,)),)) for i in range(n)]
     ld = build(lps, {f"t{i}": (1,) for i in range(n)}, device=device, one_element=True)
     d, l_ = timed(land_direct, ld, reps, device), timed(land_loader, ld, reps, device)
-    return {"views": n, "direct_seconds": d, "loader_seconds": l_}
+    return {"views": n, "direct_seconds": d, "loader_seconds": l_,
+            "mapping_seconds": mapping_scan_seconds(n, reps), "named_params_seconds": named_parameters_seconds(n, reps)}
 

@@ -183,6 +183,9 @@ def figures(raw: dict) -> dict:
         ld = raw["landing"]
         out["landing_s_per_param"] = max(ld["direct_seconds"] / ld["views"], 1e-12)
         out["loader_s_per_tensor"] = max(ld["loader_seconds"] / ld["views"], 1e-12)
+        if "mapping_seconds" in ld:  # the framework load_weights' host costs (plan/engine_cost.py)
+            out["mapping_s_per_entry"] = max(ld["mapping_seconds"] / ld["views"], 1e-12)
+            out["named_params_s_per_param"] = max(ld["named_params_seconds"] / ld["views"], 1e-12)
     assert set(FIGURES) <= set(out) <= set(FIGURES) | set(OPTIONAL_FIGURES)
     return out
 

@@ -29,6 +29,8 @@ LABELS = {
     "control_round_s": ("control round, every rank", "s"),
     "landing_s_per_param": ("landing, per parameter segment", "s"),
     "loader_s_per_tensor": ("framework loader, per tensor", "s"),
+    "mapping_s_per_entry": ("load_weights name mapping, per entry", "s"),
+    "named_params_s_per_param": ("load_weights parameter table, per parameter", "s"),
 }
 
 
@@ -36,6 +38,8 @@ def figure_text(key: str, value: float) -> str:
     kind = LABELS[key][1]
     if kind == "bw":
         return f"{value / 1e9:.2f} GB/s"
+    if value < 1e-6:
+        return f"{value * 1e9:.0f} ns"
     return f"{value * 1e6:.1f} us" if value < 1e-2 else f"{value * 1e3:.1f} ms"
 
 

@@ -95,6 +95,12 @@ def render(result: dict, con=None) -> None:
     con.print(f"landing: infer{ld['infer_rank']} writes {ld['params']:,} parameter segments ({_b(ld['bytes'])}) in "
               f"{_s(ld['seconds'])} (one _foreach_copy_); a framework loader ({ld['tensors']:,} per-tensor calls) "
               f"would add {_s(ld['loader_extra_s'])}", markup=False)
+    for path, fr in result.get("framework_refit", {}).items():
+        if "predicted_s" in fr:  # NeMo RL's own refit of these layouts (docs/cost-model.md "The framework's own refit")
+            terms = fr["breakdown_s"] if path == "collective" else \
+                {**fr["bulk_s"], "misc path": fr["misc"]["predicted_s"]}
+            con.print(f"NeMo RL {path} refit: {_s(fr['predicted_s'])} (" + ", ".join(
+                f"{k} {_s(v)}" for k, v in terms.items() if v > 0) + ")", markup=False)
     if len(result["transports"]) > 1:
         con.print(f"* = primary transport (fingerprint {result['fingerprint']})", markup=False)
     else:

@@ -55,7 +55,7 @@ from reshardctl.layout.shard_rules import (
 )
 from reshardctl.layout.side import SideLayout
 from reshardctl.layout.vllm_params import vllm_local_params
-from reshardctl.layout.vllm_versions import DEFAULT_VLLM, vllm_rules
+from reshardctl.layout.vllm_versions import DEFAULT_VLLM, backend_problems, vllm_rules
 from reshardctl.models.architectures import EXPERT_KINDS, QKV_BIAS_KINDS
 from reshardctl.models.spec import ModelSpec, TensorSpec
 
@@ -223,6 +223,11 @@ class VllmLayout(StagedPlacements, SideLayout):
         all2all = rules.effective_backend(asked)
         self.all2all = all2all
         self.sp_moe = bool(ep_on and TP > 1 and engine_dp > 1 and all2all in rules.sp_moe)
+        if asked in rules.backends:  # FusedMoEParallelConfig.use_all2all_kernels: EP and in-engine dp > 1
+            quantized = any(t.name.endswith("weight_scale_inv") for t in self.model.tensors)
+            problems.extend(backend_problems(
+                rules, all2all, all2all_kernels=bool(ep_on and engine_dp > 1), quantized=quantized,
+                eplb=bool(spec.redundant or spec.expert_map), placement=spec.placement or "linear"))
         self.shared_tp = 1 if self.sp_moe and d.arch not in SHARED_ALWAYS_TP else TP
         self._tp_of = [j % TP for j in range(M)]
         self.expert_map: ExpertMap | None = None

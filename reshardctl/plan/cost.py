@@ -41,6 +41,10 @@ STEP_TERMS = ("wire", "latency", "pack", "checksum", "sync")  # what a step (rou
 TERMS = STEP_TERMS + ("landing",)
 NCCL_OPS_PER_CHANNEL = 8  # grouped p2p ops in flight per channel (NVIDIA/nccl #1028)
 NCCL_OPS_PER_GROUP = 2048  # calls per group; larger groups split into several kernels (nccl #1028, #1768)
+# host costs of a framework's load_weights (plan/engine_cost.py), measured on this repository's 2-core CPU machine by
+# calibrate/landing.py host_cost (a calibration's mapping_s_per_entry / named_params_s_per_param replace them)
+MAPPING_ENTRY_S = 40e-9  # one entry of a name-mapping scan (``if weight_name not in name: continue``)
+NAMED_PARAM_S = 0.5e-6  # one parameter of ``dict(model.named_parameters())``
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class Links:
     control: float | None = None  # cpu_only: seconds of one control round, an all-reduce of every rank (None: latencies)
     land_param: float = 0.0  # host seconds per parameter segment landed directly (one _foreach_copy_ of all)
     loader_call: float = 0.0  # host seconds per HF tensor through a framework loader call
+    mapping_entry: float = MAPPING_ENTRY_S  # host seconds per entry of a loader's name-mapping scan (engine_cost.py)
+    named_param: float = NAMED_PARAM_S  # host seconds per parameter of dict(model.named_parameters()) (engine_cost.py)
     msg_concurrency: int = 1  # messages of one rank in flight at once
     ops_per_launch: int = 1 << 30  # operations one launch carries (NCCL: 2048 per group)
     nics_per_node: int = 1
@@ -123,6 +129,8 @@ class Links:
             launch=m["launch_s"], copy=m["copy_bytes_per_s"], checksum=m["checksum_bytes_per_s"],
             land_param=m.get("landing_s_per_param", kw["land_param"]),
             loader_call=m.get("loader_s_per_tensor", kw["loader_call"]),
+            mapping_entry=m.get("mapping_s_per_entry", MAPPING_ENTRY_S),
+            named_param=m.get("named_params_s_per_param", NAMED_PARAM_S),
         )
         # a measured rate can beat a datasheet figure; the lower bound takes the higher of the two
         kw.update(peak_nvlink=max(kw["peak_nvlink"], kw["nvlink"]), peak_nic=max(kw["peak_nic"], kw["nic"]),

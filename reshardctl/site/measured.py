@@ -39,6 +39,8 @@ OPTIONAL_FIGURES = (
     "control_round_s",  # one control-plane all-reduce of every rank (a refit's vote, its acknowledgement)
     "landing_s_per_param",  # host time per parameter segment landed directly (one _foreach_copy_ of all)
     "loader_s_per_tensor",  # host time per HF tensor through a framework loader call (calibrate/landing.py)
+    "mapping_s_per_entry",  # host time per entry of a load_weights name-mapping scan (plan/engine_cost.py)
+    "named_params_s_per_param",  # host time per parameter of dict(model.named_parameters()) (plan/engine_cost.py)
 )
 
 

@@ -80,6 +80,16 @@ def test_landing_figures_replace_the_profile_defaults_and_are_checked():
     new["figures"] = {**new["figures"], "landing_s_per_param": 3e-7, "loader_s_per_tensor": 9e-6}
     links = Links.from_site(site, parse_measured(new, "cal.json", "local"))
     assert (links.land_param, links.loader_call) == (3e-7, 9e-6)
+    from reshardctl.plan.cost import MAPPING_ENTRY_S, NAMED_PARAM_S
+
+    assert (links.mapping_entry, links.named_param) == (MAPPING_ENTRY_S, NAMED_PARAM_S)  # not measured: defaults
+    new["figures"].update(mapping_s_per_entry=7e-8, named_params_s_per_param=2e-6)
+    links = Links.from_site(site, parse_measured(new, "cal.json", "local"))
+    assert (links.mapping_entry, links.named_param) == (7e-8, 2e-6)
+    new["figures"]["mapping_s_per_entry"] = -1.0
+    with pytest.raises(ProfileError, match="figures.mapping_s_per_entry"):
+        parse_measured(new, "cal.json", "local")
+    new["figures"]["mapping_s_per_entry"] = 7e-8
     new["figures"]["loader_s_per_tensor"] = float("inf")
     new["figures"]["landing_s_per_param"] = 0
     with pytest.raises(ProfileError) as e:
@@ -169,6 +179,9 @@ def test_calibrate_local_for_real(capsys, tmp_path):
     ld = raw["landing"]
     assert ld["views"] > 0 and m.figures["landing_s_per_param"] == ld["direct_seconds"] / ld["views"] > 0
     assert m.figures["loader_s_per_tensor"] == ld["loader_seconds"] / ld["views"] > 0
+    # and a framework load_weights' host costs (plan/engine_cost.py), per mapping entry and per parameter
+    assert m.figures["mapping_s_per_entry"] == ld["mapping_seconds"] / ld["views"] > 0
+    assert m.figures["named_params_s_per_param"] == ld["named_params_seconds"] / ld["views"] > 0
     # the same file through the default location: plan and run find it by site name
     default_path("local").parent.mkdir(parents=True)
     default_path("local").write_text(out_file.read_text())

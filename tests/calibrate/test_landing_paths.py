@@ -40,3 +40,4 @@ def test_direct_and_loader_land_the_same_bytes_in_the_right_place(model, infer):
 def test_host_cost_reports_both_paths():
     got = host_cost(reps=1, n=64)
     assert got["views"] == 64 and got["direct_seconds"] > 0 and got["loader_seconds"] > 0
+    assert got["mapping_seconds"] > 0 and got["named_params_seconds"] > 0

@@ -28,10 +28,34 @@ PAD = 64  # vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE = 64; pad_vo
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
 
 
+# The all2all backends' rules, per vLLM release, as each wheel's source states them (PyPI wheels 0.14.1, 0.29.0,
+# 0.33.0), independently of reshardctl/layout/vllm_versions.py:
+# - config/parallel.py ParallelConfig._validate_parallel_config (0.33.0 :537-543, 0.29.0 :488-494): "naive" and
+#   "pplx" "have been removed", the config then holds "allgather_reducescatter" (0.14.1 keeps them);
+# - config/parallel.py use_sequence_parallel_moe (0.33.0 :768-785, 0.29.0 :704-719, 0.14.1 :429-441): the backend
+#   in the list below and enable_expert_parallel and tensor_parallel_size > 1 and data_parallel_size > 1;
+# - fused_moe/config.py use_all2all_kernels (0.33.0 :1035-1038): use_ep and (dp_size > 1 or pcp_size > 1 or
+#   sp_size > 1); expert_map_manager.py determine_expert_placement_strategy (0.33.0 :137-147): round_robin kept
+#   with all2all kernels only where needs_round_robin_routing_tables (config.py :1070-1071: deepep_low_latency,
+#   nixl_ep kernels; 0.14.1 fused_moe/layer.py:200-210: deepep_low_latency only).
+A2A_REMOVED = {"0.14": frozenset(), "0.29": frozenset({"naive", "pplx"}), "0.33": frozenset({"naive", "pplx"})}
+A2A_SEQUENCE_PARALLEL = {
+    "0.14": ("allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency"),
+    "0.29": ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "flashinfer_nvlink_one_sided",
+             "mori_high_throughput", "mori_low_latency", "nixl_ep"),
+    "0.33": ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+             "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "nixl_ep"),
+}
+A2A_ROUND_ROBIN_TABLES = {"0.14": ("deepep_low_latency",), "0.29": ("deepep_low_latency", "nixl_ep"),
+                          "0.33": ("deepep_low_latency", "nixl_ep")}
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One vLLM engine: ``tp``, ``pp``, in-engine ``dp``; ``expert_parallel`` (--enable-expert-parallel),
-    ``placement`` (--expert-placement-strategy), EPLB ``redundant`` slots, an EPLB physical->logical map."""
+    ``placement`` (--expert-placement-strategy), EPLB ``redundant`` slots, an EPLB physical->logical map,
+    ``all2all`` (--all2all-backend, default ``allgather_reducescatter``: config/parallel.py:220 in 0.33.0) and
+    the vLLM release ``vllm`` whose rules apply."""
 
     tp: int = 1
     pp: int = 1
@@ -40,6 +64,23 @@ class Deployment:
     placement: str = "linear"
     redundant: int = 0
     phys_map: tuple[int, ...] | None = None
+    all2all: str = "allgather_reducescatter"
+    vllm: str = "0.33"
+
+    @property
+    def backend(self) -> str:
+        """The backend the engine runs (after _validate_parallel_config's fallback)."""
+        return "allgather_reducescatter" if self.all2all in A2A_REMOVED[self.vllm] else self.all2all
+
+    @property
+    def sequence_parallel_moe(self) -> bool:
+        return (self.backend in A2A_SEQUENCE_PARALLEL[self.vllm] and self.expert_parallel and self.tp > 1
+                and self.dp > 1)
+
+    @property
+    def all2all_kernels(self) -> bool:
+        """FusedMoEParallelConfig: use_ep = (dp*tp > 1 and expert parallel); then dp > 1 or sequence parallel."""
+        return self.expert_parallel and self.dp * self.tp > 1 and (self.dp > 1 or self.sequence_parallel_moe)
 
     @property
     def world(self) -> int:
@@ -63,6 +104,10 @@ class Deployment:
                 s += f",redundant={self.redundant}"
             if map_file:
                 s += f",expert_map={map_file}"
+        if self.all2all != "allgather_reducescatter":
+            s += f",all2all={self.all2all}"
+        if self.vllm != "0.33":
+            s += f",vllm={self.vllm}"
         return s
 
 
@@ -89,9 +134,9 @@ def local_experts(model: ModelSpec, dep: Deployment, ep_rank: int, ep_size: int)
     determine_expert_map: ``base, rem = divmod(global, ep)``; ``local = base + 1 if ep_rank < rem``;
     linear: physical ``[ep_rank*base + min(ep_rank, rem), + local)``; round_robin:
     ``arange(ep_rank, global, ep)``. determine_expert_placement_strategy: round_robin only with
-    ``num_expert_group > 1``, no redundant experts, no EPLB, and no all2all kernels (dp > 1 with EP)
-    unless DeepEP low-latency; else linear. layer.py make_expert_params_mapping: physical slot ``p`` loads
-    the checkpoint's ``experts.{physical_to_logical_map[p]}``."""
+    ``num_expert_group > 1``, no redundant experts, no EPLB, and either no all2all kernels or a backend with
+    round-robin routing tables (``A2A_ROUND_ROBIN_TABLES``); else linear. layer.py make_expert_params_mapping:
+    physical slot ``p`` loads the checkpoint's ``experts.{physical_to_logical_map[p]}``."""
     E = model.dims.num_experts
     R = dep.redundant if dep.phys_map is None else len(dep.phys_map) - E
     phys = dep.phys_map if dep.phys_map is not None else initial_phys_map(E, R)
@@ -99,8 +144,9 @@ def local_experts(model: ModelSpec, dep: Deployment, ep_rank: int, ep_size: int)
     if ep_size == 1:
         return list(phys)
     placement = dep.placement
+    tables = dep.backend in A2A_ROUND_ROBIN_TABLES[dep.vllm]
     if placement == "round_robin" and (int(model.config.get("n_group") or 1) <= 1 or R or dep.phys_map
-                                       or dep.dp > 1):
+                                       or dep.all2all_kernels and not tables):
         placement = "linear"
     base, rem = divmod(n, ep_size)
     count = base + (1 if ep_rank < rem else 0)
@@ -297,10 +343,10 @@ def _layer_params(model: ModelSpec, dep: Deployment, rank: int, layer: int, pre:
         out[m + "experts.w2_weight_scale_inv"] = VParam((n, _ceil(H, bn), _ceil(i_tp, bk)), "float32",
                                                         experts(slots, mtp_rank))
     if d.num_shared_experts:
-        # DeepseekV2MoE: shared_experts = DeepseekV2MLP(I * n_shared), disable_tp when
-        # ParallelConfig.use_sequence_parallel_moe (EP, tp > 1, dp > 1, an SP all2all backend: the default)
-        sp = dep.expert_parallel and TP > 1 and dep.dp > 1
-        st, sr = (1, 0) if sp else (TP, tpr)
+        # DeepseekV2MoE (0.33.0 deepseek_v2.py:312, :364-371): shared_experts = DeepseekV2MLP(I * n_shared,
+        # is_sequence_parallel=ParallelConfig.use_sequence_parallel_moe), whose gate_up_proj / down_proj take
+        # disable_tp=is_sequence_parallel (:244-275): whole on every rank, else TP-split like a dense MLP
+        st, sr = (1, 0) if dep.sequence_parallel_moe else (TP, tpr)
         si = Im * d.num_shared_experts // st
         lin.add(m + "shared_experts.gate_up_proj.", [si, si], H, lambda parts: merged(parts, sr))
         lin.add(m + "shared_experts.down_proj.", [H], si, lambda parts: row(sr))

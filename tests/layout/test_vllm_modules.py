@@ -21,6 +21,10 @@ from helpers.parallel_models import (
 from helpers.vllm_modules import Deployment, apply_segments, load_like_vllm, local_experts, vllm_module, vllm_params
 
 D = Deployment
+# vLLM 0.33.0 config/parallel.py:45-60 All2AllBackend
+A2A_033 = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
+           "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
+           "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough")
 MODELS = {
     "llama": lambda: tiny_llama(),  # nh=8, nkv=4, V=1000 (padded 1024)
     "llama-tied": lambda: tiny_llama(tie=True),
@@ -52,6 +56,23 @@ GRID = [
     ("deepseek-grouped", D(tp=2, dp=2, expert_parallel=True, placement="round_robin")),  # all2all: linear
     ("deepseek-fp8", D(tp=1)), ("deepseek-fp8", D(tp=1, dp=2, expert_parallel=True)),
     ("deepseek-fp8", D(tp=1, pp=2, dp=2, expert_parallel=True, redundant=2)),
+    # issue 36: every all2all backend of vLLM 0.33.0 (config/parallel.py:45-60) at EP + in-engine DP + TP > 1, where
+    # use_sequence_parallel_moe decides whether DeepSeek's shared experts are whole or TP-split (moonep: refused
+    # there, test_vllm_versions.py); the releases that differ: deepep_v2 is not sequence-parallel in 0.29.0, naive
+    # and pplx are not replaced in 0.14.1 (naive SP, pplx not)
+    *[("deepseek", D(tp=2, dp=2, expert_parallel=True, all2all=b)) for b in A2A_033 if b != "moonep"],
+    ("deepseek", D(tp=2, dp=2, expert_parallel=True, all2all="deepep_v2", vllm="0.29")),
+    ("deepseek", D(tp=2, dp=2, expert_parallel=True, all2all="pplx", vllm="0.14")),
+    ("deepseek", D(tp=2, dp=2, expert_parallel=True, all2all="naive", vllm="0.14")),
+    ("deepseek", D(tp=2, dp=2, all2all="moonep")),  # no EP: no all2all kernels, MoonEP never runs
+    # DeepseekV2MoE reads use_sequence_parallel_moe alone (deepseek_v2.py:312; the decoder layer's own flag adds
+    # pp == 1, :1300-1303, for its activations only): with pp > 1 the weights are still whole
+    ("deepseek", D(tp=2, pp=2, dp=2, expert_parallel=True)),
+    ("deepseek", D(tp=2, pp=2, dp=2, expert_parallel=True, all2all="flashinfer_nvlink_two_sided")),
+    # round_robin with all2all kernels: kept only with routing tables (deepep_low_latency, nixl_ep)
+    ("deepseek-grouped", D(tp=2, dp=2, expert_parallel=True, placement="round_robin", all2all="deepep_low_latency")),
+    ("deepseek-grouped", D(tp=2, dp=2, expert_parallel=True, placement="round_robin", all2all="nixl_ep")),
+    ("deepseek-grouped", D(tp=2, dp=2, expert_parallel=True, placement="round_robin", all2all="deepep_v2")),
 ]
 _HF: dict[str, dict[str, torch.Tensor]] = {}
 

@@ -121,7 +121,7 @@ def sp_of(spec, version):
     # vLLM 0.33.0 config/parallel.py:768-785 use_sequence_parallel_moe
     ("deepep_v2", True), ("flashinfer_nvlink_one_sided", True), ("passthrough", True), ("nixl_ep", True),
     ("deepep_high_throughput", True), ("mori_low_latency", True),
-    ("flashinfer_nvlink_two_sided", False), ("moonep", False), ("flashinfer_all2allv", False),
+    ("flashinfer_nvlink_two_sided", False), ("flashinfer_all2allv", False),  # (moonep: refused here, below)
     # 0.33.0 config/parallel.py:537-543: naive and pplx "have been removed" -> allgather_reducescatter, which
     # is in the list above: sequence-parallel MoE is ON (the issue's reading, off, ignores this fallback)
     ("naive", True), ("pplx", True),
@@ -152,14 +152,14 @@ def test_033_only_backend_refused_under_014(backend):
     with pytest.raises(LayoutError, match=rf"all2all='{backend}' is not a backend of vLLM 0.14 \(expected one of "
                                           r"allgather_reducescatter, deepep_high_throughput"):
         VllmLayout(load_model("tiny-deepseek"), P(f"tp=2,dp=2,ep=4,all2all={backend},vllm=0.14"))
-    VllmLayout(load_model("tiny-deepseek"), P(f"tp=2,dp=2,ep=4,all2all={backend},vllm=0.33"))
+    VllmLayout(load_model("tiny-deepseek"), P(f"tp=2,dp=2,ep=2,all2all={backend},vllm=0.33"))  # (engines: moonep ok)
 
 
 @pytest.mark.parametrize("backend,version,kept", [
     # 0.33.0 fused_moe/expert_map_manager.py:137-147 + fused_moe/config.py:1070-1071
     # (needs_round_robin_routing_tables = use_deepep_ll_kernels or use_nixl_ep_kernels)
     ("nixl_ep", "0.33", True), ("deepep_low_latency", "0.33", True), ("deepep_v2", "0.33", False),
-    ("moonep", "0.33", False), ("allgather_reducescatter", "0.33", False),
+    ("mori_low_latency", "0.33", False), ("allgather_reducescatter", "0.33", False),  # (moonep: only linear, below)
     # 0.14.1 fused_moe/layer.py:200-210: only use_deepep_ll_kernels
     ("deepep_low_latency", "0.14", True), ("allgather_reducescatter", "0.14", False),
 ])
@@ -176,7 +176,7 @@ def test_round_robin_kept_per_version(backend, version, kept):
 
 
 def test_unknown_version_refused_listing_known_ones():
-    with pytest.raises(LayoutError, match=r"vllm=0.20: no rules for this vLLM version \(known: 0.14, 0.33; "
+    with pytest.raises(LayoutError, match=r"vllm=0.20: no rules for this vLLM version \(known: 0.14, 0.29, 0.33; "
                                           r"default 0.33\)"):
         VllmLayout(load_model("tiny-qwen3-moe"), P("tp=2,vllm=0.20"))
     for v in ("0.33.0", "0.33.1", "v0.33"):
@@ -191,12 +191,62 @@ def test_unknown_version_refused_listing_known_ones():
         SglangLayout(load_model("tiny-qwen3-moe"), P("tp=2,vllm=0.33"))
 
 
+@pytest.mark.parametrize("backend,sp", [
+    # vLLM 0.29.0 (NeMo RL v0.8.0's container) config/parallel.py:704-719: 0.33's list without deepep_v2 and
+    # passthrough; :488-494 the same naive/pplx fallback to allgather_reducescatter
+    ("deepep_v2", False), ("naive", True), ("pplx", True), ("nixl_ep", True), ("flashinfer_nvlink_one_sided", True),
+    ("flashinfer_nvlink_two_sided", False), ("mori_high_throughput", True),
+])
+def test_vllm_029_sequence_parallel_backends(backend, sp):
+    assert sp_of(f"tp=2,dp=2,ep=4,all2all={backend}", "0.29") is sp
+
+
+@pytest.mark.parametrize("backend", ["moonep", "passthrough"])
+def test_033_only_backends_refused_under_029(backend):
+    """vLLM 0.29.0 config/parallel.py:42-55 All2AllBackend has neither."""
+    with pytest.raises(LayoutError, match=rf"all2all='{backend}' is not a backend of vLLM 0.29"):
+        VllmLayout(load_model("tiny-deepseek"), P(f"tp=2,dp=2,ep=4,all2all={backend},vllm=0.29"))
+
+
+def test_moonep_refused_where_its_kernels_replace_the_experts():
+    """vLLM 0.33.0: with EP and in-engine DP > 1 (use_moonep_kernels, fused_moe/config.py:1102-1103) MoonEP's
+    experts are picked (oracle/unquantized.py:300-303) and w13_weight / w2_weight replaced after loading by
+    all-gathered [E+B] tensors (:424-456), a reload raising NotImplementedError (:440-448): refused. Separate
+    engines (no all2all kernels) and no EP keep vLLM's ordinary experts."""
+    m = load_model("tiny-deepseek")
+    with pytest.raises(LayoutError, match=r"all2all=moonep with expert parallel and in-engine DP > 1 .*"
+                                          r"oracle/unquantized.py:300-303.*:440-448 raises NotImplementedError"):
+        VllmLayout(m, P("tp=2,dp=2,ep=4,all2all=moonep"))
+    for ok in ("tp=2,dp=2,ep=2,all2all=moonep", "tp=2,dp=2,all2all=moonep,dp_mode=in_engine"):
+        lay = VllmLayout(m, P(ok))
+        assert not lay.sp_moe  # moonep is not sequence-parallel (config/parallel.py:768-785)
+    # config/vllm.py:2106-2140: unquantized bf16 only, no EPLB, linear placement, whatever the kernels
+    with pytest.raises(LayoutError, match=r"all2all=moonep: vLLM 0.33.0 refuses EPLB .*config/vllm.py:2106-2140"):
+        VllmLayout(m, P("tp=2,dp=2,ep=2,all2all=moonep,redundant=2"))
+    with pytest.raises(LayoutError, match=r"refuses placement=round_robin with this backend"):
+        VllmLayout(tiny_deepseek_grouped(), P("tp=4,dp=2,ep=4,all2all=moonep,placement=round_robin"))
+    with pytest.raises(LayoutError, match=r"refuses a quantized checkpoint"):
+        VllmLayout(load_model("tiny-deepseek", include_scales=True), P("tp=1,dp=2,ep=1,all2all=moonep"))
+
+
+def test_cli_bad_all2all_exits_2_naming_the_key_and_the_values(capsys):
+    from reshardctl.cli import main
+
+    show = ["layout", "show", "--model", "tiny-deepseek", "--side", "infer", "--infer"]
+    rc = main([*show, "tp=2,dp=2,ep=4,all2all=nccl"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "all2all='nccl' is not a backend of vLLM 0.33 (expected one of allgather_reducescatter," in err
+    assert "moonep" in err and "passthrough" in err and "Traceback" not in err
+    rc = main([*show, "tp=2,dp=2,ep=4,all2all=moonep"])
+    assert rc == 2 and "NotImplementedError on a weight reload" in capsys.readouterr().err
+
+
 def test_cli_refuses_unknown_version_with_exit_2(capsys):
     from reshardctl.cli import main
 
     rc = main(["layout", "show", "--model", "tiny-qwen3-moe", "--side", "infer", "--infer", "tp=2,vllm=9.9"])
     err = capsys.readouterr().err
-    assert rc == 2 and "vllm=9.9: no rules for this vLLM version (known: 0.14, 0.33" in err
+    assert rc == 2 and "vllm=9.9: no rules for this vLLM version (known: 0.14, 0.29, 0.33" in err
     assert "Traceback" not in err
 
 
