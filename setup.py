@@ -7,4 +7,4 @@ in pyproject.toml."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("reshardctl.runtime._rowsums", ["reshardctl/runtime/_rowsums.c"],
-                             extra_compile_args=["-O3", "-std=c11"], optional=True)])
+                             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=fast"], optional=True)])

@@ -4,7 +4,8 @@
    (bytes as two's complement, a zero byte padding an odd length), each reduced to [0, p), p = 2**31 - 1.
    |x_t| <= 32896 and 0 <= w < p, so every product is an integer below 7.07e13 < 2**46.01 and a sum of
    at most 64 of them stays below 4.53e15 < 2**53: float64 holds every product and partial sum
-   exactly, whatever the order of the additions or the use of FMA. Each vector lane adds at most 64
+   exactly, whatever the order of the additions or the use of FMA (setup.py compiles with
+   -ffp-contract=fast: ISO C modes would otherwise forbid fused multiply-adds). Each vector lane adds at most 64
    products before it goes to int64 (a row of R <= 2**15 limbs totals < 2**61.01), then one reduction
    mod p per row.
 
