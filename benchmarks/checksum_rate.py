@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import subprocess
+import tempfile
 import time
 from unittest import mock
 
@@ -86,9 +87,9 @@ def main() -> None:
         print(f"{name:24s} {copy / 1e9:10.2f} " + " ".join(f"{rates[p] / 1e9:13.3f}" for p in paths) + "   "
               + " ".join(f"{rates[p] / copy:12.3f}" for p in paths))
         result["cases"][name] = {"copy_bytes_per_s": copy, "bytes_per_s": rates}
-    with mock.patch.dict("os.environ", {"XDG_CACHE_HOME": "/nonexistent-reshardctl-bench"}):
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict("os.environ", {"XDG_CACHE_HOME": cache}):
         checksum_choice.forget()
-        c = checksum_choice.choice()  # measured afresh (no cache written): what a rank here would take
+        c = checksum_choice.choice()  # measured afresh, in a cache of its own: what a rank here would take
     print(c.line())
     result["choice"] = {"path": c.path, "rates": c.rates, "copy_rate": c.copy_rate}
     if args.json:
