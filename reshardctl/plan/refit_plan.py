@@ -114,7 +114,7 @@ class Plan:
         for rnd in self.rounds:
             sends: dict[int, list[Region]] = {}
             recvs: dict[int, list[Region]] = {}
-            for e in rnd.entries:
+            for e in rnd.records():
                 unit = self.units[e.unit]
                 tab = unit.table
                 sl = slice(e.t_lo, e.t_hi)
@@ -149,7 +149,7 @@ class Plan:
         """Every p2p transfer as (tensor index, src, dst, box, nbytes, stage), in round order.
         Streams (one tuple at a time) for ``--export-transfers``."""
         for rnd in self.rounds:
-            for e in rnd.entries:
+            for e in rnd.records():
                 unit = self.units[e.unit]
                 tab = unit.table
                 lo, hi = tab.lo[e.t_lo : e.t_hi].tolist(), tab.hi[e.t_lo : e.t_hi].tolist()
@@ -161,4 +161,9 @@ class Plan:
 
     @property
     def num_transfers(self) -> int:
-        return sum((e.inst_hi - e.inst_lo) * (e.t_hi - e.t_lo) for r in self.rounds for e in r.entries)
+        """p2p transfers per refit: instances x transfer rows, summed over every round entry (counted once)."""
+        got = self.__dict__.get("_num_transfers")
+        if got is None:
+            got = sum(int(((e[:, 2] - e[:, 1]) * (e[:, 4] - e[:, 3])).sum()) for e in (r.entries for r in self.rounds))
+            self.__dict__["_num_transfers"] = got
+        return got

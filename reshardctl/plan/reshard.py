@@ -12,7 +12,7 @@ from reshardctl.plan.refit_plan import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
-from reshardctl.plan.rounds import Entry, Round, RoundPacker, chunk_transfers
+from reshardctl.plan.rounds import Entry, Round, RoundPacker, chunk_transfers, entry_array
 from reshardctl.plan.routing import TransferTable, route_many
 from reshardctl.topology import Topology, infer_global
 
@@ -414,9 +414,9 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
                 live = np.flatnonzero(cuts[p] < cuts[p + 1])
                 if not live.size:  # no pair of ranks meets in this phase
                     continue
-                entries = tuple(map(Entry, uids[live].tolist(), [0] * live.size, counts[live].tolist(),
-                                    cuts[p, live].tolist(), cuts[p + 1, live].tolist()))
-                rounds.append(Round(index, stage, entries))
+                rounds.append(Round(index, stage, entry_array(np.stack(
+                    [uids[live], np.zeros(live.size, dtype=np.int64), counts[live], cuts[p, live], cuts[p + 1, live]],
+                    axis=1))))
                 loads.append(phase_loads[p])
                 index += 1
             continue
@@ -438,7 +438,8 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
                 out_units.append(Unit(u.tensors, table.take(order[a:z] - a), u.stage, u.itemsize))
             base = int(uids[0])
             for ents, load in phase_rounds:
-                rounds.append(Round(index, stage, tuple(Entry(base + e.unit, *e[1:]) for e in ents)))
+                rounds.append(Round(index, stage, entry_array(np.asarray(ents, dtype=np.int64).reshape(-1, 5)
+                                                              + (base, 0, 0, 0, 0))))
                 vec = np.zeros(world, dtype=np.int64)
                 vec[list(load)] = list(load.values())
                 loads.append(vec)

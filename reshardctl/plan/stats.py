@@ -136,7 +136,7 @@ def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.nd
     """The distinct unit slices (unit, t_lo, t_hi) the rounds reference, and per round entry: its
     round, its slice and its number of instances."""
     per_round = [len(rnd.entries) for rnd in plan.rounds]
-    ent = np.asarray([e for rnd in plan.rounds for e in rnd.entries], dtype=np.int64).reshape(-1, 5)
+    ent = np.concatenate([rnd.entries for rnd in plan.rounds]) if plan.rounds else np.zeros((0, 5), dtype=np.int64)
     e_round = np.repeat(np.arange(len(per_round), dtype=np.int64), per_round)
     unit, t_lo, t_hi = ent[:, 0], ent[:, 3], ent[:, 4]
     order = np.lexsort((t_hi, t_lo, unit))
