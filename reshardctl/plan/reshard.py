@@ -124,11 +124,49 @@ def route_requests(requests: list[tuple], topo: Topology, relay: bool) -> list[T
     return tables
 
 
-def staging_vector(table: TransferTable, world: int) -> np.ndarray:
-    return (
-        np.bincount(table.src, weights=table.nbytes, minlength=world)
-        + np.bincount(table.dst, weights=table.nbytes, minlength=world)
-    ).astype(np.int64)
+def staging_vectors(tables: list[TransferTable], world: int) -> list[np.ndarray]:
+    """Per table, the bytes each rank packs + receives for one instance ([world] int64), a batch of
+    tables per ``bincount`` (at most ``DENSE_PAIRS`` counts at a time): rows of one matrix per batch."""
+    out: list[np.ndarray] = []
+    step = max(1, DENSE_PAIRS // max(world, 1))
+    for a in range(0, len(tables), step):
+        batch = tables[a:a + step]
+        lens = [len(t) for t in batch]
+        at = np.repeat(np.arange(len(batch), dtype=np.int64) * world, lens)
+        nb = np.concatenate([t.nbytes for t in batch])
+        m = len(batch) * world
+        vec = (np.bincount(at + np.concatenate([t.src for t in batch]), weights=nb, minlength=m)
+               + np.bincount(at + np.concatenate([t.dst for t in batch]), weights=nb, minlength=m))
+        out.extend(vec.astype(np.int64).reshape(len(batch), world))
+    return out
+
+
+def reordered(tables: list[TransferTable], order: np.ndarray, lens: np.ndarray) -> list[TransferTable]:
+    """Each table's rows permuted: ``order`` is a permutation of the tables' concatenated rows that keeps
+    every table's rows in its own block (``_phase_order``). One gather per field over all the tables
+    (boxes per number of dims), each result cut back into per-table views: the same tables as
+    ``table.take(order[a:z] - a)`` one by one."""
+    if not tables:
+        return []
+    starts = np.cumsum(lens) - lens
+    bounds = np.r_[starts, starts[-1] + lens[-1]].tolist()
+    flat = {f: np.concatenate([getattr(t, f) for t in tables])[order] for f in ("src", "dst", "stage", "nbytes")}
+    cols = {f: [flat[f][a:z] for a, z in zip(bounds[:-1], bounds[1:])] for f in flat}
+    ndims = np.fromiter((t.lo.shape[1] for t in tables), dtype=np.int64, count=len(tables))
+    boxes: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(tables)
+    for d in np.unique(ndims).tolist():
+        which = np.flatnonzero(ndims == d)
+        # rows of this group, in order, as positions in the group's own concatenation
+        w_lens = lens[which]
+        w_start = np.cumsum(w_lens) - w_lens
+        rows = np.concatenate([order[bounds[k]:bounds[k + 1]] for k in which.tolist()])
+        local = rows - np.repeat(starts[which] - w_start, w_lens)
+        lo = np.take(np.concatenate([tables[k].lo for k in which.tolist()]), local, axis=0)
+        hi = np.take(np.concatenate([tables[k].hi for k in which.tolist()]), local, axis=0)
+        for k, a, z in zip(which.tolist(), w_start.tolist(), (w_start + w_lens).tolist()):
+            boxes[k] = (lo[a:z], hi[a:z])
+    return [TransferTable(cols["src"][k], cols["dst"][k], cols["stage"][k], boxes[k][0], boxes[k][1], cols["nbytes"][k])
+            for k in range(len(tables))]
 
 
 def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTable:
@@ -176,13 +214,8 @@ def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world:
     total = np.bincount(src, weights=nbytes, minlength=world) + np.bincount(dst, weights=nbytes, minlength=world)
     need = max(1, -(-int(total.max(initial=0)) // bound))
     if need > 1:
-        # the bytes of each distinct (src, dst) pair: a phase takes a pair whole
-        key = src.astype(np.int64) * world + dst
-        order = np.argsort(key)
-        key = key[order]
-        cut = np.r_[0, np.flatnonzero(key[1:] != key[:-1]) + 1]
-        weight = np.add.reduceat(nbytes[order], cut)
-        psrc, pdst = np.divmod(key[cut], world)
+        # the bytes of each distinct (src, dst) pair, in key order: a phase takes a pair whole
+        psrc, pdst, weight = pair_bytes(src, dst, nbytes, world)
         for phases in phase_candidates(need):
             ph = phase_of(psrc, pdst, phases) * world
             load = (np.bincount(ph + psrc, weights=weight, minlength=phases * world)
@@ -190,6 +223,26 @@ def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world:
             if load.max() <= bound:
                 return phases, load.reshape(phases, world).astype(np.int64)
     return 1, np.zeros((0, world), dtype=np.int64)
+
+
+# a dense [world x world] table of pair bytes up to this many cells (32 MiB of float64), else a sort
+DENSE_PAIRS = 1 << 22
+
+
+def pair_bytes(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (src, dst) pairs of the transfers in ascending ``src * world + dst`` order, and the
+    bytes of each (``nbytes`` summed: integer-valued floats, exact in any order)."""
+    key = src.astype(np.int64) * world + dst
+    if world * world <= DENSE_PAIRS:
+        table = np.bincount(key, weights=nbytes, minlength=world * world)
+        hit = np.flatnonzero(np.bincount(key, minlength=world * world))
+        psrc, pdst = np.divmod(hit, world)
+        return psrc, pdst, table[hit]
+    order = np.argsort(key)
+    key = key[order]
+    cut = np.r_[0, np.flatnonzero(key[1:] != key[:-1]) + 1]
+    psrc, pdst = np.divmod(key[cut], world)
+    return psrc, pdst, np.add.reduceat(nbytes[order], cut)
 
 
 def phase_candidates(need: int) -> list[int]:
@@ -388,15 +441,15 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
     loads: list[np.ndarray] = []
     index = first_index
     for stage in (1, 2):
+        of_stage = [u for u in units if u.stage == stage]
+        if not of_stage:
+            continue
         staged = []  # (unit, its table split to the bound or not, its staging vector, or None if split)
-        for u in (u for u in units if u.stage == stage):
-            vec = staging_vector(u.table, world)
+        for u, vec in zip(of_stage, staging_vectors([u.table for u in of_stage], world)):
             if vec.max() > bound:
                 staged.append((u, _split_table(u.table, u.itemsize, bound), None))
             else:
                 staged.append((u, u.table, vec))
-        if not staged:
-            continue
         src = np.concatenate([t.src for _, t, _ in staged])
         dst = np.concatenate([t.dst for _, t, _ in staged])
         nbytes = np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64)
@@ -407,16 +460,19 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
         if phases > 1:
             # every unit's table ordered by phase (stably), all units at once: one sort of the stage
             order, cuts, starts = _phase_order(lens, src, dst, phases)
-            for (u, table, _), a, z in zip(staged, starts.tolist(), (starts + lens).tolist()):
-                out_units.append(Unit(u.tensors, table.take(order[a:z] - a), u.stage, u.itemsize))
+            for (u, _, _), table in zip(staged, reordered([t for _, t, _ in staged], order, lens)):
+                out_units.append(Unit(u.tensors, table, u.stage, u.itemsize))
             counts = np.fromiter((len(u.tensors) for u, _, _ in staged), dtype=np.int64, count=n)
+            # every (phase, unit) that has transfers, phase-major: phase p's round holds its run of them
+            live_p, live_u = np.nonzero(cuts[:-1] < cuts[1:])
+            ents = np.stack([uids[live_u], np.zeros(live_u.size, dtype=np.int64), counts[live_u],
+                             cuts[live_p, live_u], cuts[live_p + 1, live_u]], axis=1)
+            ents.flags.writeable = False
+            bounds = np.searchsorted(live_p, np.arange(phases + 1)).tolist()
             for p in range(phases):
-                live = np.flatnonzero(cuts[p] < cuts[p + 1])
-                if not live.size:  # no pair of ranks meets in this phase
+                if bounds[p] == bounds[p + 1]:  # no pair of ranks meets in this phase
                     continue
-                rounds.append(Round(index, stage, entry_array(np.stack(
-                    [uids[live], np.zeros(live.size, dtype=np.int64), counts[live], cuts[p, live], cuts[p + 1, live]],
-                    axis=1))))
+                rounds.append(Round(index, stage, ents[bounds[p]:bounds[p + 1]]))
                 loads.append(phase_loads[p])
                 index += 1
             continue

@@ -132,11 +132,11 @@ class PlanStats:
         return self.bytes_by_link["cross_domain"]
 
 
-def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct unit slices (unit, t_lo, t_hi) the rounds reference, and per round entry: its
-    round, its slice and its number of instances."""
+def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct unit slices the rounds reference, sorted by (unit, t_lo, t_hi): their unit, t_lo and
+    t_hi; and per round entry: its round, its slice and its number of instances."""
     per_round = [len(rnd.entries) for rnd in plan.rounds]
-    ent = np.concatenate([rnd.entries for rnd in plan.rounds]) if plan.rounds else np.zeros((0, 5), dtype=np.int64)
+    ent = np.concatenate([rnd.entries for rnd in plan.rounds]) if plan.rounds else np.zeros((0, 5), np.int64)
     e_round = np.repeat(np.arange(len(per_round), dtype=np.int64), per_round)
     unit, t_lo, t_hi = ent[:, 0], ent[:, 3], ent[:, 4]
     order = np.lexsort((t_hi, t_lo, unit))
@@ -145,8 +145,19 @@ def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.nd
     e_seg = np.empty(order.size, dtype=np.int64)
     e_seg[order] = np.cumsum(new) - 1
     first = order[new]
-    segs = list(zip(unit[first].tolist(), t_lo[first].tolist(), t_hi[first].tolist()))
-    return segs, e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
+    return unit[first], t_lo[first], t_hi[first], e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
+
+
+def _first_of_each(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct values of ``key``: the sort order, a mask of the first of each run in it, and each
+    element's distinct number (in sorted order). A stable sort: the keys here come in runs sorted by
+    slice, which it merges instead of sorting from scratch."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    new = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, dtype=bool)
+    number = np.empty(order.size, dtype=np.int64)
+    number[order] = np.cumsum(new) - 1
+    return order, new, number
 
 
 def p2p_stats(plan: Plan) -> PlanStats:
@@ -158,32 +169,31 @@ def p2p_stats(plan: Plan) -> PlanStats:
     world = plan.world
     topo = plan.topology
     T = plan.train_world
-    segs, e_round, e_seg, e_n = _segments(plan)
-    R, S = len(plan.rounds), len(segs)
+    seg_unit, seg_lo, seg_hi, e_round, e_seg, e_n = _segments(plan)
+    R, S = len(plan.rounds), seg_unit.size
     rounds = np.zeros((R, K, world), dtype=np.float64)
     by_link = np.zeros(3, dtype=np.float64)
     if S:
         units = plan.units
-        ndim = max(max(units[u].table.lo.shape[1] for u, _, _ in segs), 1)
-        boxes = _HoldingBoxes(ndim)
         # per unit (a unit's slices share its placements): its first row in the concatenated tables
-        # and its two placements' numbers
-        seg_arr = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
-        used, seg_unit = np.unique(seg_arr[:, 0], return_inverse=True)
-        tables, u_offset, u_tbase, u_ibase = [], [], [], []
+        # and its two placements' numbers (slices are sorted by unit)
+        new_unit = np.r_[True, seg_unit[1:] != seg_unit[:-1]]
+        used, seg_u = seg_unit[new_unit], np.cumsum(new_unit) - 1
+        tables = [units[u].table for u in used.tolist()]
+        ndim = max(max(t.lo.shape[1] for t in tables), 1)
+        boxes = _HoldingBoxes(ndim)
+        u_offset, u_tbase, u_ibase = [], [], []
         nrows = 0
-        for u in used.tolist():
-            tables.append(units[u].table)
+        for u, table in zip(used.tolist(), tables):
             u_offset.append(nrows)
-            nrows += len(units[u].table)
+            nrows += len(table)
             t0 = int(units[u].tensors[0])
             shape = plan.model.tensors[t0].shape
             u_tbase.append(boxes.add(plan.train.placement(t0), T, shape))
             u_ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
-        seg_unit = seg_unit.reshape(-1)
-        starts = np.asarray(u_offset, np.int64)[seg_unit] + seg_arr[:, 1]
-        tbase, ibase = np.asarray(u_tbase, np.int64)[seg_unit], np.asarray(u_ibase, np.int64)[seg_unit]
-        length = seg_arr[:, 2] - seg_arr[:, 1]
+        starts = np.asarray(u_offset, np.int64)[seg_u] + seg_lo
+        tbase, ibase = np.asarray(u_tbase, np.int64)[seg_u], np.asarray(u_ibase, np.int64)[seg_u]
+        length = seg_hi - seg_lo
         seg = np.repeat(np.arange(S), length)
         row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(length) - length), length)
         src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
@@ -213,13 +223,14 @@ def p2p_stats(plan: Plan) -> PlanStats:
         net = cls == 2
 
         # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
-        # (entry, rank) pairs where the entry's slice touches the rank
-        # (sorted keys, not a dense [slices x world] table: a plan has tens of thousands of slices)
-        src_key, dst_key = seg * world + src, seg * world + dst
-        touched = np.sort(np.concatenate([src_key, dst_key]))
-        touched = touched[np.r_[True, touched[1:] != touched[:-1]]]
+        # (slice, rank) pairs a slice touches (not a dense [slices x world] table: a plan has tens of
+        # thousands of slices); each transfer's two touched pairs, sender's and receiver's, side by side
+        keys = np.empty(2 * seg.size, dtype=np.int64)
+        keys[0::2], keys[1::2] = seg * world + src, seg * world + dst
+        order, new, number = _first_of_each(keys)
+        touched = keys[order[new]]
+        src_pos, dst_pos = number[0::2], number[1::2]
         t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
-        src_pos, dst_pos = np.searchsorted(touched, src_key), np.searchsorted(touched, dst_key)  # each transfer's two touched pairs
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
 
@@ -236,15 +247,14 @@ def p2p_stats(plan: Plan) -> PlanStats:
         }
         # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
         # largest count of any of its entries (a pair's messages merge per class within a step)
-        pairs = np.sort(((seg * world + src) * world + dst) * 4 + klass)  # sorted: numpy 2.4's unique hashes, 100x slower
-        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // 4
-        pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
-        msgs = (np.bincount(np.searchsorted(touched, pseg * world + psrc), minlength=t_seg.size)
-                + np.bincount(np.searchsorted(touched, pseg * world + pdst), minlength=t_seg.size))
+        order, new, _ = _first_of_each(((seg * world + src) * world + dst) * 4 + klass)
+        first = order[new]  # one transfer of each distinct (slice, src, dst, class)
+        msgs = (np.bincount(src_pos[first], minlength=t_seg.size)
+                + np.bincount(dst_pos[first], minlength=t_seg.size))
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
-        by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
+        by_link = (np.bincount(e_seg, weights=e_n, minlength=S)[:, None] * seg_links).sum(axis=0)
         del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
-        del cls, net, touched, src_key, dst_key, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
+        del cls, net, touched, keys, order, new, number, src_pos, dst_pos, first  # (memory, before the expansion)
         # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
         span = t_len[e_seg]
         ends = np.cumsum(span)
