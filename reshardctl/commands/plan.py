@@ -17,7 +17,6 @@ from rich.markup import escape
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.gc_pause import few_collections
-from reshardctl.plan_files.export import write_outputs
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runbook.transport_source import LedgerTransport
@@ -158,6 +157,8 @@ def plan_cmd(
 
         extra = session_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()), launcher="slurm")
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
+        from reshardctl.plan_files.export import write_outputs
+
         paths, n = write_outputs(plans, result, out=out, export=export,
                                  export_plan=plans[result["primary_transport"]] if export is not None else None,
                                  extra=extra)

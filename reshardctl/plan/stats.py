@@ -24,16 +24,21 @@ _EXPAND = 1 << 20  # (entry, rank) pairs expanded at once by p2p_stats (memory b
 def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np.ndarray) -> np.ndarray:
     """Is each box [lo, hi) one contiguous byte range of its holding box (row-major)? True when, for some
     dim d, the dims before d have extent 1 and the dims after d span the holding box. (Leading dims of
-    extent 1 in both boxes change no answer: that is how tables of fewer dims are padded.)"""
+    extent 1 in both boxes change no answer: that is how tables of fewer dims are padded.) The arrays
+    are [ndim, n], a row per dim: every step is a pass over one contiguous row."""
+    ndim, n = lo.shape
+    if not ndim:
+        return np.ones(n, dtype=bool)
     ext, hext = hi - lo, hold_hi - hold_lo
-    n, ndim = ext.shape
-    ones_before = np.ones((n, ndim), dtype=bool)
-    full_after = np.ones((n, ndim), dtype=bool)
-    for d in range(1, ndim):
-        ones_before[:, d] = ones_before[:, d - 1] & (ext[:, d - 1] == 1)
+    full_after = [np.ones(n, dtype=bool)] * ndim  # [d]: the dims after d span the holding box
     for d in range(ndim - 2, -1, -1):
-        full_after[:, d] = full_after[:, d + 1] & (ext[:, d + 1] == hext[:, d + 1])
-    return (ones_before & full_after).any(axis=1) if ndim else np.ones(n, dtype=bool)
+        full_after[d] = full_after[d + 1] & (ext[d + 1] == hext[d + 1])
+    out = full_after[0].copy()
+    ones_before = ext[0] == 1  # the dims before d + 1 have extent 1
+    for d in range(1, ndim):
+        out |= ones_before & full_after[d]
+        ones_before &= ext[d] == 1
+    return out
 
 
 def _pad_front(a: np.ndarray, ndim: int, fill: int) -> np.ndarray:
@@ -117,6 +122,22 @@ class _HoldingBoxes:
         return first, np.concatenate(los or [empty]), np.concatenate(his or [empty])
 
 
+def _class_boxes(layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every side-local rank's box of every placement class of ``layout`` (``_HoldingBoxes``, as many
+    dims as its largest tensor): per class its first row, and the [ndim, rows] lo / hi. Kept with the
+    (immutable) layout: the plans of one command (reshard, hybrid, the candidates of --compare-infer)
+    share it."""
+    got = layout.__dict__.get("_class_boxes")
+    if got is None:
+        reps = layout.placement_classes()[1]
+        boxes = _HoldingBoxes(max([len(p.template.shape) for p in reps] + [1]))
+        for p in reps:
+            boxes.add(p, layout.world_size, p.template.shape)
+        first, lo, hi = boxes.arrays()
+        got = layout.__dict__["_class_boxes"] = (first, np.ascontiguousarray(lo.T), np.ascontiguousarray(hi.T))
+    return got
+
+
 @dataclass(frozen=True)
 class PlanStats:
     bytes_total: int  # p2p bytes moved (relayed bytes count on every hop)
@@ -180,19 +201,17 @@ def p2p_stats(plan: Plan) -> PlanStats:
         new_unit = np.r_[True, seg_unit[1:] != seg_unit[:-1]]
         used, seg_u = seg_unit[new_unit], np.cumsum(new_unit) - 1
         tables = [units[u].table for u in used.tolist()]
-        ndim = max(max(t.lo.shape[1] for t in tables), 1)
-        boxes = _HoldingBoxes(ndim)
-        u_offset, u_tbase, u_ibase = [], [], []
-        nrows = 0
-        for u, table in zip(used.tolist(), tables):
-            u_offset.append(nrows)
-            nrows += len(table)
-            t0 = int(units[u].tensors[0])
-            shape = plan.model.tensors[t0].shape
-            u_tbase.append(boxes.add(plan.train.placement(t0), T, shape))
-            u_ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
-        starts = np.asarray(u_offset, np.int64)[seg_u] + seg_lo
-        tbase, ibase = np.asarray(u_tbase, np.int64)[seg_u], np.asarray(u_ibase, np.int64)[seg_u]
+        u_offset = np.cumsum([0] + [len(t) for t in tables[:-1]])
+        u_first = np.fromiter((int(units[u].tensors[0]) for u in used.tolist()), dtype=np.int64, count=used.size)
+        starts = u_offset[seg_u] + seg_lo
+        # every rank's box of every placement class, both sides in one [ndim, rows] pair (trainer rows first)
+        t_row, t_lo, t_hi = _class_boxes(plan.train)
+        i_row, i_lo, i_hi = _class_boxes(plan.infer)
+        ndim = max(max(t.lo.shape[1] for t in tables), t_lo.shape[0], i_lo.shape[0])
+        hold_lo = np.concatenate([_pad_front(t_lo.T, ndim, 0).T, _pad_front(i_lo.T, ndim, 0).T], axis=1)
+        hold_hi = np.concatenate([_pad_front(t_hi.T, ndim, 1).T, _pad_front(i_hi.T, ndim, 1).T], axis=1)
+        tbase = t_row[plan.train.placement_classes()[0][u_first]][seg_u]
+        ibase = (i_row[plan.infer.placement_classes()[0][u_first]] + t_lo.shape[1])[seg_u]
         length = seg_hi - seg_lo
         seg = np.repeat(np.arange(S), length)
         row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(length) - length), length)
@@ -203,18 +222,17 @@ def p2p_stats(plan: Plan) -> PlanStats:
         # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
         # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
         # (np.take: several times faster than fancy indexing for rows of a 2-D array)
-        lo = np.take(np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables]), row, axis=0)
-        hi = np.take(np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables]), row, axis=0)
-        first_row, hold_lo, hold_hi = boxes.arrays()
-        tb = first_row[tbase][seg]
-        ib = first_row[ibase][seg]
+        # (boxes as [ndim, n], a row per dim: numpy's reductions over a short last axis are slow)
+        lo = np.take(np.concatenate([_pad_front(t.lo, ndim, 0).T for t in tables], axis=1), row, axis=1)
+        hi = np.take(np.concatenate([_pad_front(t.hi, ndim, 1).T for t in tables], axis=1), row, axis=1)
+        tb, ib = tbase[seg], ibase[seg]
         contig, whole = [], []
         for ranks in (src, dst):
             trainer = is_trainer(ranks, T)
             at = np.where(trainer, tb + ranks, ib + infer_rank_of(ranks, T))
-            hl, hh = np.take(hold_lo, at, axis=0), np.take(hold_hi, at, axis=0)
+            hl, hh = np.take(hold_lo, at, axis=1), np.take(hold_hi, at, axis=1)
             contig.append(_contiguous(lo, hi, hl, hh))
-            whole.append(((lo == hl) & (hi == hh)).all(axis=1))
+            whole.append(((lo == hl) & (hi == hh)).all(axis=0))
         del lo, hi, tb, ib, at, hold_lo, hold_hi, hl, hh
         src_direct, dst_direct = contig[0] & whole[0], contig[1] & whole[1]  # in place on that side
         klass = np.where(contig[0], np.where(contig[1], 0, 1), np.where(contig[1], 2, 3))
@@ -234,17 +252,21 @@ def p2p_stats(plan: Plan) -> PlanStats:
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
 
-        def on(at: np.ndarray, w: np.ndarray) -> np.ndarray:  # per touched pair
-            return np.bincount(at, weights=w, minlength=t_seg.size)
+        def on(at: np.ndarray, direct: np.ndarray) -> np.ndarray:
+            """Per touched pair, its bytes by (in place, over the network): [4, pairs], row 2 * direct + net."""
+            nt = t_seg.size
+            return np.bincount((direct * 2 + net) * nt + at, weights=nb, minlength=4 * nt).reshape(4, nt)
 
+        sent, received = on(src_pos, src_direct), on(dst_pos, dst_direct)
         values = {  # per touched pair: the slice's row of every summed traffic row
-            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),
-            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
-            NIC_SEND: on(src_pos, np.where(net, nb, 0.0)),
-            NIC_RECV: on(dst_pos, np.where(net, nb, 0.0)),
-            NVL_SEND: on(src_pos, np.where(net, 0.0, nb)),
-            NVL_RECV: on(dst_pos, np.where(net, 0.0, nb)),
+            PACK_SEND: sent[0] + sent[1],  # staged: not in place
+            PACK_RECV: received[0] + received[1],
+            NIC_SEND: sent[1] + sent[3],
+            NIC_RECV: received[1] + received[3],
+            NVL_SEND: sent[0] + sent[2],
+            NVL_RECV: received[0] + received[2],
         }
+        del sent, received
         # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
         # largest count of any of its entries (a pair's messages merge per class within a step)
         order, new, _ = _first_of_each(((seg * world + src) * world + dst) * 4 + klass)
@@ -255,8 +277,13 @@ def p2p_stats(plan: Plan) -> PlanStats:
         by_link = (np.bincount(e_seg, weights=e_n, minlength=S)[:, None] * seg_links).sum(axis=0)
         del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
         del cls, net, touched, keys, order, new, number, src_pos, dst_pos, first  # (memory, before the expansion)
-        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
-        span = t_len[e_seg]
+        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time, the
+        # entries in slice order (sums and maxima do not depend on it): where a run of entries covers
+        # consecutive slices once each (a phased plan: every entry its own slice), their pairs are one
+        # range of the per-pair arrays, read in place
+        by_seg = np.argsort(e_seg, kind="stable")
+        seg_sorted = e_seg[by_seg]
+        span = t_len[seg_sorted]
         ends = np.cumsum(span)
         sums = {k: np.zeros(R * world) for k in values}
         most = np.zeros(R * world, dtype=np.int64)
@@ -264,10 +291,14 @@ def p2p_stats(plan: Plan) -> PlanStats:
         while lo_e < e_seg.size:
             hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
             sp = span[lo_e:hi_e]
-            pick = np.arange(sp.sum()) + np.repeat(t_first[e_seg[lo_e:hi_e]] - (np.cumsum(sp) - sp), sp)
-            entry = np.repeat(np.arange(lo_e, hi_e), sp)
-            bins = e_round[entry] * world + t_rank[pick]
-            scale = e_n[entry]
+            segs = seg_sorted[lo_e:hi_e]
+            if segs.size == 1 or (np.diff(segs) == 1).all():
+                pick = slice(int(t_first[segs[0]]), int(t_first[segs[-1]] + t_len[segs[-1]]))
+            else:
+                pick = np.arange(sp.sum()) + np.repeat(t_first[segs] - (np.cumsum(sp) - sp), sp)
+            which = by_seg[lo_e:hi_e]
+            bins = np.repeat(e_round[which] * world, sp) + t_rank[pick]
+            scale = np.repeat(e_n[which], sp)
             for k, value in values.items():
                 sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R * world)
             np.maximum.at(most, bins, msgs[pick])
