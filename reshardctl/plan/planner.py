@@ -111,10 +111,10 @@ def fingerprint(plan: Plan) -> str:
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
         h.update(_placements_bytes(layout))
-    for u in plan.units:
-        h.update(u.tensors.tobytes())
+    for u in plan.units:  # (an array's buffer: its bytes, not a copy of them)
+        h.update(np.ascontiguousarray(u.tensors))
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
-            h.update(np.ascontiguousarray(arr).tobytes())
+            h.update(np.ascontiguousarray(arr))
     # per entry (round index, stage, unit, inst_lo, inst_hi, t_lo, t_hi), row-major
     h.update(_rounds_bytes(plan.rounds))
     h.update(_buckets_bytes(plan.buckets))

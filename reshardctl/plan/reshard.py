@@ -31,7 +31,12 @@ def group_tensors(
     if not index.size:
         return []
     key = (tcls[index] * len(ireps) + icls[index]) * 16 + model.itemsizes[index]  # itemsize <= 8
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # the distinct keys (a sort: np.unique would import numpy.ma), each one's first member, each tensor's key
+    by_key = np.argsort(key, kind="stable")
+    new = np.r_[True, key[by_key][1:] != key[by_key][:-1]]
+    first = by_key[new]
+    inverse = np.empty(key.size, dtype=np.int64)
+    inverse[by_key] = np.cumsum(new) - 1
     rank = np.empty(first.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # groups in order of first member
     group = rank[inverse.reshape(-1)]
@@ -154,7 +159,7 @@ def reordered(tables: list[TransferTable], order: np.ndarray, lens: np.ndarray) 
     cols = {f: [flat[f][a:z] for a, z in zip(bounds[:-1], bounds[1:])] for f in flat}
     ndims = np.fromiter((t.lo.shape[1] for t in tables), dtype=np.int64, count=len(tables))
     boxes: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(tables)
-    for d in np.unique(ndims).tolist():
+    for d in sorted(set(ndims.tolist())):
         which = np.flatnonzero(ndims == d)
         # rows of this group, in order, as positions in the group's own concatenation
         w_lens = lens[which]

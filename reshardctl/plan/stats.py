@@ -350,7 +350,7 @@ def landing_counts(plan: Plan) -> LandingCounts:
         ranks = np.asarray(p.ranks, dtype=np.int64)
         np.add.at(views, ranks, count * n)
         # one loader call per tensor per rank holding any of it (a rank may hold several slots)
-        holders = np.unique(ranks[count > 0])
+        holders = np.flatnonzero(np.bincount(ranks[count > 0], minlength=I))
         tensors[holders] += n
         # bytes: the class's tensors may differ in dtype; their itemsizes summed (isz_of) x elements per slot
         np.add.at(nbytes, ranks, (numel * int(round(isz_of[c]))))
