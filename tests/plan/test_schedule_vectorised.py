@@ -1,4 +1,4 @@
-"""The batched steps of ``schedule_rounds`` equal their one-table-at-a-time references on random tables:
+"""The batched steps of ``schedule_rounds`` (plan/table_batch.py) equal their one-table-at-a-time references on random tables:
 ``reordered`` (every table's rows permuted within its block, boxes of mixed dims) against
 ``TransferTable.take`` per table, ``staging_vectors`` against one ``bincount`` pair per table, and
 ``pair_bytes``'s dense table against its sort."""
@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.planner_scenarios import SCALE, SETTINGS
-from reshardctl.plan import reshard
-from reshardctl.plan.reshard import _phase_order, pair_bytes, reordered, staging_vectors
+from reshardctl.plan import table_batch
+from reshardctl.plan.reshard import _phase_order
+from reshardctl.plan.table_batch import pair_bytes, reordered, staging_vectors
 from reshardctl.plan.routing import TransferTable
 
 
@@ -50,13 +51,13 @@ def test_reordered_equals_take_per_table(data, world, phases):
 @given(data=st.data(), world=st.integers(1, 9), batch=st.sampled_from([None, 1, 2]))
 def test_staging_vectors_equal_one_table_at_a_time(data, world, batch):
     ts = data.draw(tables(world))
-    old = reshard.DENSE_PAIRS
+    old = table_batch.DENSE_PAIRS
     if batch is not None:  # batches of one or two tables
-        reshard.DENSE_PAIRS = batch * world
+        table_batch.DENSE_PAIRS = batch * world
     try:
         got = staging_vectors(ts, world)
     finally:
-        reshard.DENSE_PAIRS = old
+        table_batch.DENSE_PAIRS = old
     want = [(np.bincount(t.src, weights=t.nbytes, minlength=world)
              + np.bincount(t.dst, weights=t.nbytes, minlength=world)).astype(np.int64) for t in ts]
     assert len(got) == len(want) and all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want))
@@ -70,10 +71,10 @@ def test_pair_bytes_dense_equals_sorted(world, rows):
     dst = np.asarray([d % world for _, d, _ in rows], dtype=np.int32)
     nb = np.asarray([b for _, _, b in rows], dtype=np.float64)
     dense = pair_bytes(src, dst, nb, world)
-    old = reshard.DENSE_PAIRS
-    reshard.DENSE_PAIRS = 0
+    old = table_batch.DENSE_PAIRS
+    table_batch.DENSE_PAIRS = 0
     try:
         by_sort = pair_bytes(src, dst, nb, world)
     finally:
-        reshard.DENSE_PAIRS = old
+        table_batch.DENSE_PAIRS = old
     assert all(np.array_equal(a, b) for a, b in zip(dense, by_sort))
