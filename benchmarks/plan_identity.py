@@ -28,6 +28,20 @@ CASES = [
     "",
     "--model qwen3-235b-a22b --layers 4 --site local --train tp=2,ep=2,etp=1 --infer tp=2,dp=2 --relay off"
     " --compare-infer tp=4",
+    # heavy-pair phases (several rounds per phase); small buckets (first fit, split instances)
+    "--model deepseek-v3 --site dgx-h100 --train pp=16,ep=16,first=3,last=2 --infer tp=16,dp=16 --transport reshard",
+    "--model deepseek-v3 --site dgx-h100 --train pp=16,ep=16,first=3,last=2 --infer tp=32,dp=8 --bucket-mb 16"
+    " --transport reshard",
+    "--model llama-3.1-70b --site dgx-h100 --train tp=8,pp=4,dp=8 --infer tp=8,dp=32",
+    "--model qwen3-30b-a3b --site dgx-h100 --train tp=2,ep=8 --infer tp=4,dp=4",
+    "--model qwen3-30b-a3b --site dgx-h100 --train dp=8 --train-style dtensor --infer tp=4,dp=2 --infer-style sglang",
+    "--model qwen2-57b-a14b --site dgx-h100 --train tp=4,ep=4 --infer tp=4,dp=4",
+    "--model tiny-llama --site local --train tp=2 --infer tp=2,dp=2",
+    "--model tiny-qwen3-moe --site local --train tp=2,ep=2,etp=1 --infer tp=2,dp=2",
+    "--model tiny-deepseek --site local --train tp=2,ep=2,etp=1 --infer tp=2,dp=2 --bucket-mb 1",
+    "--model tiny-mixtral --site local --train ep=2 --infer tp=2",
+    "--model tiny-glm-4.5 --site local --train tp=2,ep=2,etp=1 --infer tp=4",
+    "--model tiny-gpt-oss --site local --train dp=2 --train-style dtensor --infer tp=2",
 ]
 
 

@@ -8,8 +8,11 @@ how planning time grows with tensors x ranks, measured side by side in this one 
     .venv/bin/python benchmarks/plan_scale.py --command  # also the whole `reshardctl plan --transport all`
                                                          # command per case: wall time and peak memory
     .venv/bin/python benchmarks/plan_scale.py --goal --base /tmp/base --repeat 5
-        # only the goal case (and --compare-infer x 3), alternating with the source tree /tmp/base
-        # (`git archive <commit> | tar -x -C /tmp/base`), 5 times each: medians side by side
+        # only the goal case, alternating with the source tree /tmp/base (`git archive <commit> | tar -x
+        # -C /tmp/base`), 5 times each, best and median side by side: the import of reshardctl.cli alone,
+        # the whole command (wall, CPU, peak RSS, its own planning_s), with --compare-infer x 3, and the
+        # busiest trainer's and inference rank's program (compiled from the pickled plan in a fresh
+        # process); the CPU model and the load average before and after
 """
 
 from __future__ import annotations
@@ -72,58 +75,158 @@ print(json.dumps({
 """
 
 
-# runs the CLI of another source tree (--base) with this interpreter: the editable install's finder
-# (which would import this checkout) is dropped first
-OTHER_TREE = r"""
+# the first lines of a child that imports another source tree (sys.argv[1]; "" for this checkout): the
+# editable install's finder (which would import this checkout) is dropped first
+TREE = r"""
 import sys
-src = sys.argv[1]
-sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path.insert(0, src)
-sys.argv = ["reshardctl", *sys.argv[2:]]
-import reshardctl
-assert reshardctl.__file__.startswith(src), reshardctl.__file__
+src = sys.argv.pop(1)
+if src:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, src)
+    import reshardctl
+    assert reshardctl.__file__.startswith(src), reshardctl.__file__
+"""
+# runs the CLI of another source tree (--base) with this interpreter
+OTHER_TREE = TREE + r"""
+sys.argv = ["reshardctl", *sys.argv[1:]]
 from reshardctl.cli import main
 main()
 """
+# only what `reshardctl` imports before it parses the command line
+IMPORT_ONLY = TREE + "import reshardctl.cli\n"
+# the busiest trainer and inference rank (most regions) of the goal case's reshard plan, each rank's program
+# compiled in a fresh process from the pickled plan, as a rank does from its session file (rank_setup.py)
+PROGRAM = TREE + r"""
+import json, os, pickle, subprocess, tempfile, time
+import numpy as np
+from reshardctl.layout.build import build_layout
+from reshardctl.models import load_model
+from reshardctl.plan.planner import build_plan
+from reshardctl.site import load_profile
+from reshardctl.topology import Topology
+model_name, train_spec, infer_spec, child = sys.argv[1:5]
+site = load_profile("dgx-h100")
+model = load_model(model_name)
+train, infer = build_layout(model, "train", train_spec), build_layout(model, "infer", infer_spec)
+topo = Topology(train.world_size, infer.world_size, site.gpus_per_node, site.nvlink_domain_nodes)
+plan = build_plan(model, train, infer, topo, transport="reshard", bucket_bytes=site.refit.bucket_bytes, relay=True)
+n = np.zeros(plan.world, dtype=np.int64)  # regions per rank (entries as tuples or as an array: either tree)
+for rnd in plan.rounds:
+    for unit, lo, hi, t_lo, t_hi in np.asarray(rnd.entries, dtype=np.int64).reshape(-1, 5).tolist():
+        tab = plan.units[unit].table
+        n += (hi - lo) * (np.bincount(tab.src[t_lo:t_hi], minlength=plan.world)
+                          + np.bincount(tab.dst[t_lo:t_hi], minlength=plan.world))[:plan.world]
+T = plan.train_world
+out = {}
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "plan.pkl")
+    with open(path, "wb") as f:
+        pickle.dump(plan, f, protocol=pickle.HIGHEST_PROTOCOL)
+    for side, rank in (("train", int(np.argmax(n[:T]))), ("infer", T + int(np.argmax(n[T:])))):
+        got = subprocess.run([sys.executable, "-c", child, src, path, str(rank)], capture_output=True, text=True,
+                             check=True)
+        out[side] = {"rank": rank, **json.loads(got.stdout)}
+print(json.dumps(out))
+"""
+RANK_PROGRAM = TREE + r"""
+import json, pickle, time
+path, rank = sys.argv[1], int(sys.argv[2])
+t0 = time.perf_counter()
+with open(path, "rb") as f:
+    plan = pickle.load(f)
+load_s = time.perf_counter() - t0
+from reshardctl.runtime.program import compile_program
+t1 = time.perf_counter()
+compile_program(plan, rank)
+print(json.dumps({"program_s": time.perf_counter() - t1, "load_s": load_s}))
+"""
+
+
+# this checkout, imported from its directory like a base tree (not through the editable install's finder,
+# which costs an installed copy nothing and this one ~30 ms of import): the two trees start alike
+THIS = str(Path(__file__).resolve().parent.parent)
+
+
+def _tree_argv(script: str, tree: str | None, *args: str) -> list[str]:
+    return [sys.executable, "-c", script, str(Path(tree).absolute()) if tree else THIS, *args]
+
+
+def _timed(argv: list[str]) -> tuple[float, float, float, str]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (MiB) and stdout of one process, start to exit."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv[:3])} ... failed: {p.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.decode()
 
 
 def whole_command(model: str, train: str, infer: str, extra: tuple[str, ...] = (),
                   tree: str | None = None) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system) and peak RSS (MiB) of one `reshardctl plan --transport
     all` process, start to exit; ``tree``: run that source tree's CLI instead of this checkout's."""
+    return goal_run(model, train, infer, extra, tree)[:3]
+
+
+def goal_run(model: str, train: str, infer: str, extra: tuple[str, ...] = (),
+             tree: str | None = None) -> tuple[float, float, float, float]:
+    """``whole_command``'s figures and the command's own ``planning_s`` (its ``--json``)."""
     args = ["plan", "--site", "dgx-h100", "--model", model, "--train", train, "--infer", infer,
             "--transport", "all", "--json", *extra]
-    argv = ([sys.executable, "-c", OTHER_TREE, str(Path(tree).absolute()), *args] if tree
-            else [str(Path(sys.executable).parent / "reshardctl"), *args])
-    t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {p.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    wall, cpu, rss, out = _timed(_tree_argv(OTHER_TREE, tree, *args))
+    return wall, cpu, rss, json.loads(out)["planning_s"]
 
 
-def goal_side_by_side(base: str | None, repeat: int) -> None:
-    """The goal case, plain and with --compare-infer x 3, this checkout alternating with ``base``:
-    medians of ``repeat`` runs each (wall, CPU, peak RSS), every run listed."""
+def machine() -> str:
+    """The CPU model, torch's CPU capability and the load average: what a figure was measured on."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    # in a child: torch here would raise this process's peak RSS, which its children's ru_maxrss inherit
+    got = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                         capture_output=True, text=True)
+    cap = got.stdout.strip() if got.returncode == 0 else "no torch"
+    return f"{model}, {os.cpu_count()} cores, torch CPU capability {cap}, load average " + \
+        " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def goal_side_by_side(base: str | None, repeat: int, program: bool = True) -> None:
+    """The goal case, this checkout alternating with ``base``, ``repeat`` runs each: the import of
+    ``reshardctl.cli`` alone, the whole ``plan --transport all`` command (wall, CPU, peak RSS, and its own
+    ``planning_s``), the same with --compare-infer x 3, and (``program``) the busiest rank's program.
+    Best of the runs (the machine is shared: the least disturbed run) and median, every run listed."""
     model, tr, inf = CASES[6]
     cands = ("tp=32,dp=8", "tp=16,dp=16", "tp=64,dp=4")
-    variants = (("plan --transport all", ()),
-                ("+ --compare-infer x 3", tuple(x for c in cands for x in ("--compare-infer", c))))
+    compare = tuple(x for c in cands for x in ("--compare-infer", c))
     trees = (("base", base), ("this", None)) if base else (("this", None),)
+    print(f"machine: {machine()}")
     print(f"whole command: reshardctl plan --site dgx-h100 --model {model} --train {tr} --infer {inf} "
-          f"--transport all --json; {repeat} runs each, alternating; goals: < 2 s (1 s), < 1 GiB; compare < 5 s")
-    for label, extra in variants:
-        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in trees}
-        for _ in range(repeat):
-            for name, tree in trees:
-                runs[name].append(whole_command(model, tr, inf, extra, tree))
-        for name, _ in trees:
-            walls, cpus, rss = zip(*runs[name])
-            print(f"  {label:<24} {name:<5} wall median {statistics.median(walls):6.2f} s  CPU median "
-                  f"{statistics.median(cpus):6.2f} s  peak {max(rss):5.0f} MiB   walls "
-                  + " ".join(f"{w:.2f}" for w in walls) + "   CPUs " + " ".join(f"{c:.2f}" for c in cpus))
+          f"--transport all --json; {repeat} runs each, alternating; goals: < 1 s, rank program < 0.5 s")
+    runs: dict[tuple[str, str], list[tuple]] = {}
+    for _ in range(repeat):
+        for name, tree in trees:
+            runs.setdefault(("import reshardctl.cli", name), []).append(_timed(_tree_argv(IMPORT_ONLY, tree))[:3])
+            runs.setdefault(("plan --transport all", name), []).append(goal_run(model, tr, inf, (), tree))
+            runs.setdefault(("+ --compare-infer x 3", name), []).append(goal_run(model, tr, inf, compare, tree))
+    for (label, name), rs in runs.items():
+        cols = list(zip(*rs))
+        line = (f"  {label:<22} {name:<5} wall best {min(cols[0]):5.2f} median {statistics.median(cols[0]):5.2f} s  "
+                f"CPU best {min(cols[1]):5.2f} median {statistics.median(cols[1]):5.2f} s  peak {max(cols[2]):4.0f} MiB")
+        if len(cols) > 3:
+            line += f"  planning_s best {min(cols[3]):5.2f}"
+        print(line + "   walls " + " ".join(f"{w:.2f}" for w in cols[0]))
+    if program:
+        for name, tree in trees:
+            got = []
+            for _ in range(max(1, min(repeat, 3))):
+                got.append(json.loads(_timed(_tree_argv(PROGRAM, tree, model, tr, inf, RANK_PROGRAM))[3]))
+            for side in ("train", "infer"):
+                secs = [g[side]["program_s"] for g in got]
+                print(f"  busiest {side} rank's program ({name}, rank {got[0][side]['rank']}): best {min(secs):.2f} s, "
+                      f"median {statistics.median(secs):.2f} s (plan load {min(g[side]['load_s'] for g in got):.2f} s)"
+                      "   runs " + " ".join(f"{x:.2f}" for x in secs))
+    print(f"machine at the end: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def main() -> None:
@@ -133,9 +236,10 @@ def main() -> None:
     ap.add_argument("--goal", action="store_true", help="only the goal case's whole command (see --base, --repeat)")
     ap.add_argument("--base", metavar="DIR", help="with --goal: a source tree to run alternately with this one")
     ap.add_argument("--repeat", type=int, default=3, help="with --goal: runs of each command (default 3)")
+    ap.add_argument("--no-program", action="store_true", help="with --goal: leave out the busiest rank's program")
     args = ap.parse_args()
     if args.goal:
-        goal_side_by_side(args.base, args.repeat)
+        goal_side_by_side(args.base, args.repeat, program=not args.no_program)
         return
     rows = []
     print(f"{'model':<16} {'trainer':<32} {'inference':<30} {'tensors':>7} {'ranks':>9} {'plan s':>7} "

@@ -86,7 +86,7 @@ def busiest(plan, side: str) -> int:
     world = plan.train_world + plan.infer_world
     n = np.zeros(world, dtype=np.int64)
     for rnd in plan.rounds:
-        for e in rnd.entries:
+        for e in rnd.records():
             tab = plan.units[e.unit].table
             inst = e.inst_hi - e.inst_lo
             n += inst * np.bincount(tab.src[e.t_lo : e.t_hi], minlength=world)[:world]

@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Abort):
         output.err_console().print("interrupted")
         code = 130
-    if argv is None:
+    if argv is None:  # the process ends here
+        from reshardctl.gc_pause import frozen_for_exit
+
+        frozen_for_exit()
         sys.exit(code)
     return code
 

@@ -26,7 +26,6 @@ from typing import Any, Callable, Optional
 import typer
 
 from reshardctl.commands import output
-from reshardctl.request.from_config import apply_from
 from reshardctl.request.request import RefitRequest
 from reshardctl.site.default_site import choose_site
 
@@ -118,6 +117,8 @@ def refit_options(fields: tuple[str, ...] = PLAN_FIELDS, *, options: dict[str, t
             ctx = kwargs.pop("refit_context", None)
             source = values.pop("from_config", None)
             if source is not None:
+                from reshardctl.request.from_config import apply_from  # the config readers: only for --from
+
                 values, lines = apply_from(values, source, _given(ctx, values))
                 for line in lines:
                     output.err_console().print(line, markup=False, highlight=False, soft_wrap=True)

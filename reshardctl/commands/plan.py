@@ -7,18 +7,16 @@ Reference: docs/plan-format.md.
 
 from __future__ import annotations
 
-import gc
 import re
 import shlex
-from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
-from reshardctl.plan_files.export import write_outputs
+from reshardctl.gc_pause import few_collections
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runbook.transport_source import LedgerTransport
@@ -119,19 +117,6 @@ def render(result: dict, con=None) -> None:
         output.print_table(ct, ("lower bound", "efficiency", "ranks"), con)
 
 
-@contextmanager
-def _few_collections() -> Iterator[None]:
-    """Planning allocates some 10^5 small objects (tensor specs, placements, bucket regions) that live
-    until the report is printed; at the default gen-0 threshold (700) the cyclic collector walks them
-    again and again, about a tenth of the command. Raised for the command, restored after."""
-    old = gc.get_threshold()
-    gc.set_threshold(100_000, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
 # ---------------------------------------------------------------- command --------------------------------
 def _warn(text: str) -> None:
     """A site ledger that cannot be used: said on stderr; the plan goes on (with the profile's transport)."""
@@ -162,7 +147,7 @@ def plan_cmd(
                              enabled=not as_json and not output.quiet(), show_after_s=live.LONG_WORK_S)
     result = None
     try:
-        with _few_collections():  # the plans allocate many small objects
+        with few_collections():  # the plans allocate many small objects (gc_pause.py)
             inp = prepare(request.replace(transport=transport), out=out, export=export,
                           compare=list(compare_infer or []))
             if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
@@ -178,6 +163,8 @@ def plan_cmd(
 
         extra = session_files(inp, plans, Path(out).absolute(), command=shlex.join(output.argv()), launcher="slurm")
     if out is not None or export is not None:  # both outputs or neither (temp names, renamed together)
+        from reshardctl.plan_files.export import write_outputs
+
         paths, n = write_outputs(plans, result, out=out, export=export,
                                  export_plan=plans[result["primary_transport"]] if export is not None else None,
                                  extra=extra)

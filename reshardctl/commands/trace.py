@@ -12,14 +12,14 @@ from reshardctl.atomic_write import output_problem, write_json_atomic
 from reshardctl.bounded_load import LoadError
 from reshardctl.commands import output
 from reshardctl.errors import InputError, OutputError
-from reshardctl.report.trace import build_trace
-from reshardctl.runs.records import event_logs, events_dir, read_events_tolerant
 
 
 def find_event_logs(run_dir: Path) -> list[Path]:
     """The ``rank-N.jsonl`` logs under ``events/`` of a run directory or of an API refit's ``events_dir``
     (the same layout, without ``summary.json``), or in the ``events/`` directory itself; ``InputError``
     naming the directory when it has none."""
+    from reshardctl.runs.records import event_logs, events_dir  # when it runs: cli.py imports every command
+
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory (give a run directory or an API refit's events_dir)")
     logs = event_logs(events_dir(run_dir)) or event_logs(run_dir)
@@ -46,6 +46,9 @@ def trace_cmd(
                                       help="The trace file (default: RUN_DIR/trace.json)."),
 ) -> None:
     """The run's events as a Chrome trace (JSON): open it at ui.perfetto.dev or chrome://tracing."""
+    from reshardctl.report.trace import build_trace
+    from reshardctl.runs.records import read_events_tolerant
+
     d = Path(run_dir)
     logs = find_event_logs(d)
     target = Path(out) if out is not None else d / "trace.json"

@@ -17,6 +17,13 @@ from reshardctl.models.spec import ModelSpec
 Side = Literal["train", "infer"]
 
 
+# What the planner keeps with a layout for the plans of one command, left out of a pickled layout (a
+# session file): the template pairs' pieces (``plan/reshard.py``, keyed by the templates' ids, which a
+# copy does not keep) and every rank's box per placement class (``plan/stats.py``, megabytes a rank never
+# reads). Rebuilt where they are needed.
+PLANNING_CACHES = ("_pair_pieces", "_class_boxes")
+
+
 class SideLayout(ABC):
     """One side's layout of a whole model. Immutable after construction; validated on construction
     (raise ``LayoutError`` with every violation listed)."""
@@ -24,6 +31,9 @@ class SideLayout(ABC):
     side: Side
     model: ModelSpec
     world_size: int
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in PLANNING_CACHES}
 
     @abstractmethod
     def describe(self) -> str:

@@ -34,7 +34,7 @@ def _classes_overlap(tpl) -> bool:
 def _union_numel(boxes) -> int:
     """Elements covered by (possibly overlapping) boxes: a coordinate-compressed coverage grid."""
     ndim = len(boxes[0])
-    cuts = [np.unique([x for b in boxes for x in b[d]]) for d in range(ndim)]
+    cuts = [np.asarray(sorted({x for b in boxes for x in b[d]}), dtype=np.int64) for d in range(ndim)]
     grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
     for b in boxes:
         grid[tuple(slice(int(np.searchsorted(cuts[d], b[d][0])), int(np.searchsorted(cuts[d], b[d][1]))) for d in range(ndim))] = True
@@ -42,6 +42,12 @@ def _union_numel(boxes) -> int:
     for d in range(ndim):
         cell = cell * np.diff(cuts[d]).reshape([-1 if j == d else 1 for j in range(ndim)])
     return int(cell[grid].sum())
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """The distinct values of non-negative integer ids (domains, nodes), ascending (without np.unique,
+    which imports numpy.ma)."""
+    return np.flatnonzero(np.bincount(ids)) if ids.size else np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ def needed_bytes(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     model = plan.model
     need = np.zeros(I)
     infer_dom = topo.domain_of[T:]
-    domains = np.unique(infer_dom)
+    domains = _distinct(infer_dom)
     dom_index = {int(d): k for k, d in enumerate(domains)}
     dom_bytes = np.zeros(len(domains))
     classes, reps = plan.infer.placement_classes()
@@ -75,7 +81,7 @@ def needed_bytes(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
             n = tpl.slot_numel(cls[0])
             ranks = np.asarray([p.ranks[s] for s in cls])
             np.add.at(per_rank, ranks, n)
-            for d in np.unique(infer_dom[ranks]):
+            for d in _distinct(infer_dom[ranks]):
                 per_dom[dom_index[int(d)]] += n
                 dom_classes.setdefault(dom_index[int(d)], []).append(k)
         if _classes_overlap(tpl):  # count each element once per domain, not once per class
@@ -93,17 +99,17 @@ def lower_bound(plan: Plan, links) -> LowerBound:
     T, I = topo.train_world, topo.infer_world
     model = plan.model
     infer_dom = topo.domain_of[T:]
-    domains = np.unique(infer_dom)
+    domains = _distinct(infer_dom)
     need, dom_bytes = needed_bytes(plan)
     cands: list[tuple[float, str]] = []
-    shares_domain = np.intersect1d(topo.domain_of[:T], infer_dom).size > 0
+    shares_domain = bool(set(topo.domain_of[:T].tolist()) & set(infer_dom.tolist()))
     has_nvlink_peer = topo.gpus_per_node > 1 or topo.nodes_per_domain > 1
     ingress = links.peak_nic + (links.peak_nvlink if has_nvlink_peer else 0.0)
     g = int(np.argmax(need)) if I else 0
     cands.append((need[g] / ingress, f"inference rank {g} must receive {int(need[g])} bytes over NVLink+NIC"))
     if not shares_domain:
         for k, d in enumerate(domains):
-            nodes = np.unique(topo.node_of[T:][infer_dom == d]).size
+            nodes = _distinct(topo.node_of[T:][infer_dom == d]).size
             cands.append((dom_bytes[k] / (nodes * links.peak_node_nic), f"NVLink domain {int(d)} must take in {int(dom_bytes[k])} distinct bytes over the NICs of {nodes} node(s)"))
         cands.append((model.num_bytes / (topo.train_nodes * links.peak_node_nic), f"{model.num_bytes} model bytes must leave {topo.train_nodes} trainer node(s) over their NICs"))
     if links.host:

@@ -111,14 +111,24 @@ def fingerprint(plan: Plan) -> str:
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
         h.update(_placements_bytes(layout))
-    for u in plan.units:
-        h.update(u.tensors.tobytes())
+    for u in plan.units:  # (an array's buffer: its bytes, not a copy of them)
+        h.update(np.ascontiguousarray(u.tensors))
         for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
-            h.update(np.ascontiguousarray(arr).tobytes())
-    entries = [(r.index, r.stage, *e) for r in plan.rounds for e in r.entries]  # Entry: (unit, inst_lo, inst_hi, t_lo, t_hi)
-    h.update(np.asarray(entries, dtype=np.int64).tobytes())
+            h.update(np.ascontiguousarray(arr))
+    # per entry (round index, stage, unit, inst_lo, inst_hi, t_lo, t_hi), row-major
+    h.update(_rounds_bytes(plan.rounds))
     h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]
+
+
+def _rounds_bytes(rounds) -> bytes:
+    """Every round entry as int64 (round index, stage, *entry), one row per entry, rounds in order."""
+    if not rounds:
+        return b""
+    n = np.fromiter((len(r.entries) for r in rounds), dtype=np.int64, count=len(rounds))
+    head = np.stack([np.fromiter((r.index for r in rounds), dtype=np.int64, count=len(rounds)),
+                     np.fromiter((r.stage for r in rounds), dtype=np.int64, count=len(rounds))], axis=1)
+    return np.concatenate([np.repeat(head, n, axis=0), np.concatenate([r.entries for r in rounds])], axis=1).tobytes()
 
 
 def _placements_bytes(layout: SideLayout) -> bytes:

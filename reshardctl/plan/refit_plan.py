@@ -16,9 +16,10 @@ import numpy as np
 from reshardctl.layout.placement import Box
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.rank_steps import p2p_steps
 from reshardctl.plan.rounds import Round
 from reshardctl.plan.routing import TransferTable
-from reshardctl.plan.schedule import BroadcastBucket, P2PRound, PeerRegions, Region, Step
+from reshardctl.plan.schedule import BroadcastBucket, Step
 from reshardctl.topology import Topology, infer_rank_of, is_trainer
 
 TRANSPORTS = ("reshard", "gather_broadcast", "hybrid")
@@ -110,36 +111,7 @@ class Plan:
 
     def steps_for(self, rank: int) -> list[Step]:
         """Ordered steps of one global rank; every step index appears on every rank that takes part."""
-        steps: list[Step] = []
-        for rnd in self.rounds:
-            sends: dict[int, list[Region]] = {}
-            recvs: dict[int, list[Region]] = {}
-            for e in rnd.entries:
-                unit = self.units[e.unit]
-                tab = unit.table
-                sl = slice(e.t_lo, e.t_hi)
-                src, dst = tab.src[sl], tab.dst[sl]
-                mine = np.nonzero((src == rank) | (dst == rank))[0]
-                if mine.size == 0:
-                    continue
-                for inst in unit.tensors[e.inst_lo : e.inst_hi].tolist():
-                    for t in mine.tolist():
-                        j = e.t_lo + t
-                        box = tuple(zip(tab.lo[j].tolist(), tab.hi[j].tolist()))
-                        reg = Region(inst, box, int(tab.nbytes[j]))
-                        if tab.src[j] == rank:
-                            sends.setdefault(int(tab.dst[j]), []).append(reg)
-                        else:
-                            recvs.setdefault(int(tab.src[j]), []).append(reg)
-            if sends or recvs:
-                steps.append(
-                    P2PRound(
-                        rnd.index,
-                        rnd.stage,
-                        tuple(PeerRegions(p, tuple(r)) for p, r in sorted(sends.items())),
-                        tuple(PeerRegions(p, tuple(r)) for p, r in sorted(recvs.items())),
-                    )
-                )
+        steps: list[Step] = list(p2p_steps(self.units, self.rounds, rank))
         for b in self.buckets:
             if rank in b.group or any(g.peer == rank for g in b.gather):
                 steps.append(b)
@@ -149,7 +121,7 @@ class Plan:
         """Every p2p transfer as (tensor index, src, dst, box, nbytes, stage), in round order.
         Streams (one tuple at a time) for ``--export-transfers``."""
         for rnd in self.rounds:
-            for e in rnd.entries:
+            for e in rnd.records():
                 unit = self.units[e.unit]
                 tab = unit.table
                 lo, hi = tab.lo[e.t_lo : e.t_hi].tolist(), tab.hi[e.t_lo : e.t_hi].tolist()
@@ -161,4 +133,9 @@ class Plan:
 
     @property
     def num_transfers(self) -> int:
-        return sum((e.inst_hi - e.inst_lo) * (e.t_hi - e.t_lo) for r in self.rounds for e in r.entries)
+        """p2p transfers per refit: instances x transfer rows, summed over every round entry (counted once)."""
+        got = self.__dict__.get("_num_transfers")
+        if got is None:
+            got = sum(int(((e[:, 2] - e[:, 1]) * (e[:, 4] - e[:, 3])).sum()) for e in (r.entries for r in self.rounds))
+            self.__dict__["_num_transfers"] = got
+        return got

@@ -12,8 +12,9 @@ from reshardctl.plan.refit_plan import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
 from reshardctl.plan.pairs import PairPieces, intersect_templates
-from reshardctl.plan.rounds import Entry, Round, RoundPacker, chunk_transfers
+from reshardctl.plan.rounds import Entry, Round, RoundPacker, chunk_transfers, entry_array
 from reshardctl.plan.routing import TransferTable, route_many
+from reshardctl.plan.table_batch import pair_bytes, reordered, staging_vectors
 from reshardctl.topology import Topology, infer_global
 
 
@@ -31,7 +32,12 @@ def group_tensors(
     if not index.size:
         return []
     key = (tcls[index] * len(ireps) + icls[index]) * 16 + model.itemsizes[index]  # itemsize <= 8
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # the distinct keys (a sort: np.unique would import numpy.ma), each one's first member, each tensor's key
+    by_key = np.argsort(key, kind="stable")
+    new = np.r_[True, key[by_key][1:] != key[by_key][:-1]]
+    first = by_key[new]
+    inverse = np.empty(key.size, dtype=np.int64)
+    inverse[by_key] = np.cumsum(new) - 1
     rank = np.empty(first.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # groups in order of first member
     group = rank[inverse.reshape(-1)]
@@ -124,13 +130,6 @@ def route_requests(requests: list[tuple], topo: Topology, relay: bool) -> list[T
     return tables
 
 
-def staging_vector(table: TransferTable, world: int) -> np.ndarray:
-    return (
-        np.bincount(table.src, weights=table.nbytes, minlength=world)
-        + np.bincount(table.dst, weights=table.nbytes, minlength=world)
-    ).astype(np.int64)
-
-
 def _split_table(table: TransferTable, itemsize: int, bound: int) -> TransferTable:
     """Cut every transfer into row-major pieces of at most ``bound`` bytes.
 
@@ -176,13 +175,8 @@ def phases_of_stage(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, world:
     total = np.bincount(src, weights=nbytes, minlength=world) + np.bincount(dst, weights=nbytes, minlength=world)
     need = max(1, -(-int(total.max(initial=0)) // bound))
     if need > 1:
-        # the bytes of each distinct (src, dst) pair: a phase takes a pair whole
-        key = src.astype(np.int64) * world + dst
-        order = np.argsort(key)
-        key = key[order]
-        cut = np.r_[0, np.flatnonzero(key[1:] != key[:-1]) + 1]
-        weight = np.add.reduceat(nbytes[order], cut)
-        psrc, pdst = np.divmod(key[cut], world)
+        # the bytes of each distinct (src, dst) pair, in key order: a phase takes a pair whole
+        psrc, pdst, weight = pair_bytes(src, dst, nbytes, world)
         for phases in phase_candidates(need):
             ph = phase_of(psrc, pdst, phases) * world
             load = (np.bincount(ph + psrc, weights=weight, minlength=phases * world)
@@ -388,15 +382,15 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
     loads: list[np.ndarray] = []
     index = first_index
     for stage in (1, 2):
+        of_stage = [u for u in units if u.stage == stage]
+        if not of_stage:
+            continue
         staged = []  # (unit, its table split to the bound or not, its staging vector, or None if split)
-        for u in (u for u in units if u.stage == stage):
-            vec = staging_vector(u.table, world)
+        for u, vec in zip(of_stage, staging_vectors([u.table for u in of_stage], world)):
             if vec.max() > bound:
                 staged.append((u, _split_table(u.table, u.itemsize, bound), None))
             else:
                 staged.append((u, u.table, vec))
-        if not staged:
-            continue
         src = np.concatenate([t.src for _, t, _ in staged])
         dst = np.concatenate([t.dst for _, t, _ in staged])
         nbytes = np.concatenate([t.nbytes * len(u.tensors) for u, t, _ in staged]).astype(np.float64)
@@ -407,16 +401,19 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
         if phases > 1:
             # every unit's table ordered by phase (stably), all units at once: one sort of the stage
             order, cuts, starts = _phase_order(lens, src, dst, phases)
-            for (u, table, _), a, z in zip(staged, starts.tolist(), (starts + lens).tolist()):
-                out_units.append(Unit(u.tensors, table.take(order[a:z] - a), u.stage, u.itemsize))
+            for (u, _, _), table in zip(staged, reordered([t for _, t, _ in staged], order, lens)):
+                out_units.append(Unit(u.tensors, table, u.stage, u.itemsize))
             counts = np.fromiter((len(u.tensors) for u, _, _ in staged), dtype=np.int64, count=n)
+            # every (phase, unit) that has transfers, phase-major: phase p's round holds its run of them
+            live_p, live_u = np.nonzero(cuts[:-1] < cuts[1:])
+            ents = np.stack([uids[live_u], np.zeros(live_u.size, dtype=np.int64), counts[live_u],
+                             cuts[live_p, live_u], cuts[live_p + 1, live_u]], axis=1)
+            ents.flags.writeable = False
+            bounds = np.searchsorted(live_p, np.arange(phases + 1)).tolist()
             for p in range(phases):
-                live = np.flatnonzero(cuts[p] < cuts[p + 1])
-                if not live.size:  # no pair of ranks meets in this phase
+                if bounds[p] == bounds[p + 1]:  # no pair of ranks meets in this phase
                     continue
-                entries = tuple(map(Entry, uids[live].tolist(), [0] * live.size, counts[live].tolist(),
-                                    cuts[p, live].tolist(), cuts[p + 1, live].tolist()))
-                rounds.append(Round(index, stage, entries))
+                rounds.append(Round(index, stage, ents[bounds[p]:bounds[p + 1]]))
                 loads.append(phase_loads[p])
                 index += 1
             continue
@@ -438,7 +435,8 @@ def schedule_rounds(units: list[Unit], world: int, bound: int, first_index: int 
                 out_units.append(Unit(u.tensors, table.take(order[a:z] - a), u.stage, u.itemsize))
             base = int(uids[0])
             for ents, load in phase_rounds:
-                rounds.append(Round(index, stage, tuple(Entry(base + e.unit, *e[1:]) for e in ents)))
+                rounds.append(Round(index, stage, entry_array(np.asarray(ents, dtype=np.int64).reshape(-1, 5)
+                                                              + (base, 0, 0, 0, 0))))
                 vec = np.zeros(world, dtype=np.int64)
                 vec[list(load)] = list(load.values())
                 loads.append(vec)

@@ -20,7 +20,7 @@ import numpy as np
 
 class Entry(NamedTuple):
     """A slice of a unit inside a round: instances ``[inst_lo, inst_hi)``, transfers ``[t_lo, t_hi)``.
-    (A named tuple: a phased plan makes tens of thousands, and a frozen dataclass costs 5x to build.)"""
+    One row of ``Round.entries``; the packers build them one by one, ``Round.records`` reads them back."""
 
     unit: int
     inst_lo: int
@@ -29,11 +29,27 @@ class Entry(NamedTuple):
     t_hi: int
 
 
-@dataclass(frozen=True)
+def entry_array(entries) -> np.ndarray:
+    """Entries (``Entry`` tuples, or rows of five ints) as a read-only ``[n, 5]`` int64 array."""
+    a = np.array(entries, dtype=np.int64).reshape(-1, 5)
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True, eq=False)
 class Round:
+    """One p2p round: ``entries`` is an ``[n, 5]`` int64 array, one ``Entry`` (unit, inst_lo, inst_hi,
+    t_lo, t_hi) per row. An array, not a tuple of ``Entry`` objects: a phased plan of DeepSeek-V3 at
+    256 + 256 has some 290k entries, which the planner, the fingerprint, the traffic accounting and
+    every rank's program read column-wise. (Compared by identity: an array has no single truth value.)"""
+
     index: int
     stage: int
-    entries: tuple[Entry, ...]
+    entries: np.ndarray
+
+    def records(self) -> list[Entry]:
+        """The entries as ``Entry`` tuples, for readers that walk them one by one."""
+        return list(map(Entry._make, self.entries.tolist()))
 
 
 class RoundPacker:
@@ -113,7 +129,7 @@ class RoundPacker:
             self.entries[r].append(Entry(unit, inst, inst + 1, a, z))
 
     def finish(self) -> tuple[list[Round], list[np.ndarray]]:
-        rounds = [Round(self.first_index + i, self.stage, tuple(e)) for i, e in enumerate(self.entries)]
+        rounds = [Round(self.first_index + i, self.stage, entry_array(e)) for i, e in enumerate(self.entries)]
         return rounds, [self.load[i].copy() for i in range(len(self.load))]
 
 

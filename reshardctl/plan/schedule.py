@@ -12,12 +12,16 @@ row-major inside each box, as raw bytes (uint8) whatever the tensor dtypes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from reshardctl.layout.placement import Box
 
 
-@dataclass(frozen=True, slots=True)
-class Region:
+class Region(NamedTuple):
+    """A box of one tensor, moved as ``nbytes`` bytes. (A named tuple: the gather-and-broadcast plan of
+    DeepSeek-V3 has 45k of them and a rank's steps tens of thousands, and a frozen dataclass costs
+    several times as much to build.)"""
+
     tensor: int  # index into ModelSpec.tensors
     box: Box  # global coordinates
     nbytes: int

@@ -24,16 +24,21 @@ _EXPAND = 1 << 20  # (entry, rank) pairs expanded at once by p2p_stats (memory b
 def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np.ndarray) -> np.ndarray:
     """Is each box [lo, hi) one contiguous byte range of its holding box (row-major)? True when, for some
     dim d, the dims before d have extent 1 and the dims after d span the holding box. (Leading dims of
-    extent 1 in both boxes change no answer: that is how tables of fewer dims are padded.)"""
+    extent 1 in both boxes change no answer: that is how tables of fewer dims are padded.) The arrays
+    are [ndim, n], a row per dim: every step is a pass over one contiguous row."""
+    ndim, n = lo.shape
+    if not ndim:
+        return np.ones(n, dtype=bool)
     ext, hext = hi - lo, hold_hi - hold_lo
-    n, ndim = ext.shape
-    ones_before = np.ones((n, ndim), dtype=bool)
-    full_after = np.ones((n, ndim), dtype=bool)
-    for d in range(1, ndim):
-        ones_before[:, d] = ones_before[:, d - 1] & (ext[:, d - 1] == 1)
+    full_after = [np.ones(n, dtype=bool)] * ndim  # [d]: the dims after d span the holding box
     for d in range(ndim - 2, -1, -1):
-        full_after[:, d] = full_after[:, d + 1] & (ext[:, d + 1] == hext[:, d + 1])
-    return (ones_before & full_after).any(axis=1) if ndim else np.ones(n, dtype=bool)
+        full_after[d] = full_after[d + 1] & (ext[d + 1] == hext[d + 1])
+    out = full_after[0].copy()
+    ones_before = ext[0] == 1  # the dims before d + 1 have extent 1
+    for d in range(1, ndim):
+        out |= ones_before & full_after[d]
+        ones_before &= ext[d] == 1
+    return out
 
 
 def _pad_front(a: np.ndarray, ndim: int, fill: int) -> np.ndarray:
@@ -117,6 +122,22 @@ class _HoldingBoxes:
         return first, np.concatenate(los or [empty]), np.concatenate(his or [empty])
 
 
+def _class_boxes(layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every side-local rank's box of every placement class of ``layout`` (``_HoldingBoxes``, as many
+    dims as its largest tensor): per class its first row, and the [ndim, rows] lo / hi. Kept with the
+    (immutable) layout: the plans of one command (reshard, hybrid, the candidates of --compare-infer)
+    share it."""
+    got = layout.__dict__.get("_class_boxes")
+    if got is None:
+        reps = layout.placement_classes()[1]
+        boxes = _HoldingBoxes(max([len(p.template.shape) for p in reps] + [1]))
+        for p in reps:
+            boxes.add(p, layout.world_size, p.template.shape)
+        first, lo, hi = boxes.arrays()
+        got = layout.__dict__["_class_boxes"] = (first, np.ascontiguousarray(lo.T), np.ascontiguousarray(hi.T))
+    return got
+
+
 @dataclass(frozen=True)
 class PlanStats:
     bytes_total: int  # p2p bytes moved (relayed bytes count on every hop)
@@ -132,11 +153,11 @@ class PlanStats:
         return self.bytes_by_link["cross_domain"]
 
 
-def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct unit slices (unit, t_lo, t_hi) the rounds reference, and per round entry: its
-    round, its slice and its number of instances."""
+def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct unit slices the rounds reference, sorted by (unit, t_lo, t_hi): their unit, t_lo and
+    t_hi; and per round entry: its round, its slice and its number of instances."""
     per_round = [len(rnd.entries) for rnd in plan.rounds]
-    ent = np.asarray([e for rnd in plan.rounds for e in rnd.entries], dtype=np.int64).reshape(-1, 5)
+    ent = np.concatenate([rnd.entries for rnd in plan.rounds]) if plan.rounds else np.zeros((0, 5), np.int64)
     e_round = np.repeat(np.arange(len(per_round), dtype=np.int64), per_round)
     unit, t_lo, t_hi = ent[:, 0], ent[:, 3], ent[:, 4]
     order = np.lexsort((t_hi, t_lo, unit))
@@ -145,8 +166,19 @@ def _segments(plan: Plan) -> tuple[list[tuple[int, int, int]], np.ndarray, np.nd
     e_seg = np.empty(order.size, dtype=np.int64)
     e_seg[order] = np.cumsum(new) - 1
     first = order[new]
-    segs = list(zip(unit[first].tolist(), t_lo[first].tolist(), t_hi[first].tolist()))
-    return segs, e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
+    return unit[first], t_lo[first], t_hi[first], e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
+
+
+def _first_of_each(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct values of ``key``: the sort order, a mask of the first of each run in it, and each
+    element's distinct number (in sorted order). A stable sort: the keys here come in runs sorted by
+    slice, which it merges instead of sorting from scratch."""
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    new = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, dtype=bool)
+    number = np.empty(order.size, dtype=np.int64)
+    number[order] = np.cumsum(new) - 1
+    return order, new, number
 
 
 def p2p_stats(plan: Plan) -> PlanStats:
@@ -158,32 +190,29 @@ def p2p_stats(plan: Plan) -> PlanStats:
     world = plan.world
     topo = plan.topology
     T = plan.train_world
-    segs, e_round, e_seg, e_n = _segments(plan)
-    R, S = len(plan.rounds), len(segs)
+    seg_unit, seg_lo, seg_hi, e_round, e_seg, e_n = _segments(plan)
+    R, S = len(plan.rounds), seg_unit.size
     rounds = np.zeros((R, K, world), dtype=np.float64)
     by_link = np.zeros(3, dtype=np.float64)
     if S:
         units = plan.units
-        ndim = max(max(units[u].table.lo.shape[1] for u, _, _ in segs), 1)
-        boxes = _HoldingBoxes(ndim)
         # per unit (a unit's slices share its placements): its first row in the concatenated tables
-        # and its two placements' numbers
-        seg_arr = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
-        used, seg_unit = np.unique(seg_arr[:, 0], return_inverse=True)
-        tables, u_offset, u_tbase, u_ibase = [], [], [], []
-        nrows = 0
-        for u in used.tolist():
-            tables.append(units[u].table)
-            u_offset.append(nrows)
-            nrows += len(units[u].table)
-            t0 = int(units[u].tensors[0])
-            shape = plan.model.tensors[t0].shape
-            u_tbase.append(boxes.add(plan.train.placement(t0), T, shape))
-            u_ibase.append(boxes.add(plan.infer.placement(t0), plan.infer_world, shape))
-        seg_unit = seg_unit.reshape(-1)
-        starts = np.asarray(u_offset, np.int64)[seg_unit] + seg_arr[:, 1]
-        tbase, ibase = np.asarray(u_tbase, np.int64)[seg_unit], np.asarray(u_ibase, np.int64)[seg_unit]
-        length = seg_arr[:, 2] - seg_arr[:, 1]
+        # and its two placements' numbers (slices are sorted by unit)
+        new_unit = np.r_[True, seg_unit[1:] != seg_unit[:-1]]
+        used, seg_u = seg_unit[new_unit], np.cumsum(new_unit) - 1
+        tables = [units[u].table for u in used.tolist()]
+        u_offset = np.cumsum([0] + [len(t) for t in tables[:-1]])
+        u_first = np.fromiter((int(units[u].tensors[0]) for u in used.tolist()), dtype=np.int64, count=used.size)
+        starts = u_offset[seg_u] + seg_lo
+        # every rank's box of every placement class, both sides in one [ndim, rows] pair (trainer rows first)
+        t_row, t_lo, t_hi = _class_boxes(plan.train)
+        i_row, i_lo, i_hi = _class_boxes(plan.infer)
+        ndim = max(max(t.lo.shape[1] for t in tables), t_lo.shape[0], i_lo.shape[0])
+        hold_lo = np.concatenate([_pad_front(t_lo.T, ndim, 0).T, _pad_front(i_lo.T, ndim, 0).T], axis=1)
+        hold_hi = np.concatenate([_pad_front(t_hi.T, ndim, 1).T, _pad_front(i_hi.T, ndim, 1).T], axis=1)
+        tbase = t_row[plan.train.placement_classes()[0][u_first]][seg_u]
+        ibase = (i_row[plan.infer.placement_classes()[0][u_first]] + t_lo.shape[1])[seg_u]
+        length = seg_hi - seg_lo
         seg = np.repeat(np.arange(S), length)
         row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(length) - length), length)
         src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
@@ -193,18 +222,17 @@ def p2p_stats(plan: Plan) -> PlanStats:
         # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
         # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
         # (np.take: several times faster than fancy indexing for rows of a 2-D array)
-        lo = np.take(np.concatenate([_pad_front(t.lo, ndim, 0) for t in tables]), row, axis=0)
-        hi = np.take(np.concatenate([_pad_front(t.hi, ndim, 1) for t in tables]), row, axis=0)
-        first_row, hold_lo, hold_hi = boxes.arrays()
-        tb = first_row[tbase][seg]
-        ib = first_row[ibase][seg]
+        # (boxes as [ndim, n], a row per dim: numpy's reductions over a short last axis are slow)
+        lo = np.take(np.concatenate([_pad_front(t.lo, ndim, 0).T for t in tables], axis=1), row, axis=1)
+        hi = np.take(np.concatenate([_pad_front(t.hi, ndim, 1).T for t in tables], axis=1), row, axis=1)
+        tb, ib = tbase[seg], ibase[seg]
         contig, whole = [], []
         for ranks in (src, dst):
             trainer = is_trainer(ranks, T)
             at = np.where(trainer, tb + ranks, ib + infer_rank_of(ranks, T))
-            hl, hh = np.take(hold_lo, at, axis=0), np.take(hold_hi, at, axis=0)
+            hl, hh = np.take(hold_lo, at, axis=1), np.take(hold_hi, at, axis=1)
             contig.append(_contiguous(lo, hi, hl, hh))
-            whole.append(((lo == hl) & (hi == hh)).all(axis=1))
+            whole.append(((lo == hl) & (hi == hh)).all(axis=0))
         del lo, hi, tb, ib, at, hold_lo, hold_hi, hl, hh
         src_direct, dst_direct = contig[0] & whole[0], contig[1] & whole[1]  # in place on that side
         klass = np.where(contig[0], np.where(contig[1], 0, 1), np.where(contig[1], 2, 3))
@@ -213,40 +241,49 @@ def p2p_stats(plan: Plan) -> PlanStats:
         net = cls == 2
 
         # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
-        # (entry, rank) pairs where the entry's slice touches the rank
-        # (sorted keys, not a dense [slices x world] table: a plan has tens of thousands of slices)
-        src_key, dst_key = seg * world + src, seg * world + dst
-        touched = np.sort(np.concatenate([src_key, dst_key]))
-        touched = touched[np.r_[True, touched[1:] != touched[:-1]]]
+        # (slice, rank) pairs a slice touches (not a dense [slices x world] table: a plan has tens of
+        # thousands of slices); each transfer's two touched pairs, sender's and receiver's, side by side
+        keys = np.empty(2 * seg.size, dtype=np.int64)
+        keys[0::2], keys[1::2] = seg * world + src, seg * world + dst
+        order, new, number = _first_of_each(keys)
+        touched = keys[order[new]]
+        src_pos, dst_pos = number[0::2], number[1::2]
         t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
-        src_pos, dst_pos = np.searchsorted(touched, src_key), np.searchsorted(touched, dst_key)  # each transfer's two touched pairs
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
 
-        def on(at: np.ndarray, w: np.ndarray) -> np.ndarray:  # per touched pair
-            return np.bincount(at, weights=w, minlength=t_seg.size)
+        def on(at: np.ndarray, direct: np.ndarray) -> np.ndarray:
+            """Per touched pair, its bytes by (in place, over the network): [4, pairs], row 2 * direct + net."""
+            nt = t_seg.size
+            return np.bincount((direct * 2 + net) * nt + at, weights=nb, minlength=4 * nt).reshape(4, nt)
 
+        sent, received = on(src_pos, src_direct), on(dst_pos, dst_direct)
         values = {  # per touched pair: the slice's row of every summed traffic row
-            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),
-            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
-            NIC_SEND: on(src_pos, np.where(net, nb, 0.0)),
-            NIC_RECV: on(dst_pos, np.where(net, nb, 0.0)),
-            NVL_SEND: on(src_pos, np.where(net, 0.0, nb)),
-            NVL_RECV: on(dst_pos, np.where(net, 0.0, nb)),
+            PACK_SEND: sent[0] + sent[1],  # staged: not in place
+            PACK_RECV: received[0] + received[1],
+            NIC_SEND: sent[1] + sent[3],
+            NIC_RECV: received[1] + received[3],
+            NVL_SEND: sent[0] + sent[2],
+            NVL_RECV: received[0] + received[2],
         }
+        del sent, received
         # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
         # largest count of any of its entries (a pair's messages merge per class within a step)
-        pairs = np.sort(((seg * world + src) * world + dst) * 4 + klass)  # sorted: numpy 2.4's unique hashes, 100x slower
-        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // 4
-        pseg, psrc, pdst = pairs // (world * world), pairs // world % world, pairs % world
-        msgs = (np.bincount(np.searchsorted(touched, pseg * world + psrc), minlength=t_seg.size)
-                + np.bincount(np.searchsorted(touched, pseg * world + pdst), minlength=t_seg.size))
+        order, new, _ = _first_of_each(((seg * world + src) * world + dst) * 4 + klass)
+        first = order[new]  # one transfer of each distinct (slice, src, dst, class)
+        msgs = (np.bincount(src_pos[first], minlength=t_seg.size)
+                + np.bincount(dst_pos[first], minlength=t_seg.size))
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
-        by_link = (e_n[:, None] * seg_links[e_seg]).sum(axis=0)
+        by_link = (np.bincount(e_seg, weights=e_n, minlength=S)[:, None] * seg_links).sum(axis=0)
         del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
-        del cls, net, touched, src_key, dst_key, src_pos, dst_pos, pairs, pseg, psrc, pdst  # (memory, before the expansion)
-        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time
-        span = t_len[e_seg]
+        del cls, net, touched, keys, order, new, number, src_pos, dst_pos, first  # (memory, before the expansion)
+        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time, the
+        # entries in slice order (sums and maxima do not depend on it): where a run of entries covers
+        # consecutive slices once each (a phased plan: every entry its own slice), their pairs are one
+        # range of the per-pair arrays, read in place
+        by_seg = np.argsort(e_seg, kind="stable")
+        seg_sorted = e_seg[by_seg]
+        span = t_len[seg_sorted]
         ends = np.cumsum(span)
         sums = {k: np.zeros(R * world) for k in values}
         most = np.zeros(R * world, dtype=np.int64)
@@ -254,10 +291,14 @@ def p2p_stats(plan: Plan) -> PlanStats:
         while lo_e < e_seg.size:
             hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
             sp = span[lo_e:hi_e]
-            pick = np.arange(sp.sum()) + np.repeat(t_first[e_seg[lo_e:hi_e]] - (np.cumsum(sp) - sp), sp)
-            entry = np.repeat(np.arange(lo_e, hi_e), sp)
-            bins = e_round[entry] * world + t_rank[pick]
-            scale = e_n[entry]
+            segs = seg_sorted[lo_e:hi_e]
+            if segs.size == 1 or (np.diff(segs) == 1).all():
+                pick = slice(int(t_first[segs[0]]), int(t_first[segs[-1]] + t_len[segs[-1]]))
+            else:
+                pick = np.arange(sp.sum()) + np.repeat(t_first[segs] - (np.cumsum(sp) - sp), sp)
+            which = by_seg[lo_e:hi_e]
+            bins = np.repeat(e_round[which] * world, sp) + t_rank[pick]
+            scale = np.repeat(e_n[which], sp)
             for k, value in values.items():
                 sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R * world)
             np.maximum.at(most, bins, msgs[pick])
@@ -309,7 +350,7 @@ def landing_counts(plan: Plan) -> LandingCounts:
         ranks = np.asarray(p.ranks, dtype=np.int64)
         np.add.at(views, ranks, count * n)
         # one loader call per tensor per rank holding any of it (a rank may hold several slots)
-        holders = np.unique(ranks[count > 0])
+        holders = np.flatnonzero(np.bincount(ranks[count > 0], minlength=I))
         tensors[holders] += n
         # bytes: the class's tensors may differ in dtype; their itemsizes summed (isz_of) x elements per slot
         np.add.at(nbytes, ranks, (numel * int(round(isz_of[c]))))

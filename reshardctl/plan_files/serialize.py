@@ -37,7 +37,7 @@ from reshardctl.errors import PlanError
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
 from reshardctl.plan.refit_plan import Plan, Unit
-from reshardctl.plan.rounds import Entry, Round
+from reshardctl.plan.rounds import Round, entry_array
 from reshardctl.plan.routing import TransferTable
 from reshardctl.plan.schedule import BroadcastBucket, PeerRegions, Region
 from reshardctl.topology import Topology
@@ -111,9 +111,7 @@ def plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
     R = plan.rounds
     a["round_index"] = np.asarray([r.index for r in R], dtype=np.int64)
     a["round_stage"] = np.asarray([r.stage for r in R], dtype=np.int64)
-    ent = [np.asarray([(e.unit, e.inst_lo, e.inst_hi, e.t_lo, e.t_hi) for e in r.entries], dtype=np.int64).reshape(-1, 5)
-           for r in R]
-    flat, off = _ragged(ent, np.int64)
+    flat, off = _ragged([r.entries for r in R], np.int64)
     a["round_entries"] = flat.reshape(-1, 5)
     a["round_off"] = off // 5
 
@@ -238,10 +236,10 @@ def _rebuild(meta, a, model, train, infer, topology) -> Plan:
         tensors = a["unit_tensors"][toff[k] : toff[k + 1]].astype(dts["tensors"])
         units.append(Unit(tensors, table, int(a["unit_stage"][k]), int(a["unit_itemsize"][k])))
     rounds = []
-    ent = a["round_entries"].reshape(-1, 5).tolist()
+    ent = a["round_entries"].reshape(-1, 5).astype(np.int64)
     roff = a["round_off"].tolist()
     for r, (idx, st) in enumerate(zip(a["round_index"].tolist(), a["round_stage"].tolist())):
-        rounds.append(Round(idx, st, tuple(Entry(*row) for row in ent[roff[r] : roff[r + 1]])))
+        rounds.append(Round(idx, st, entry_array(ent[roff[r] : roff[r + 1]])))
     buckets = []
     hdr = a["bucket_hdr"].reshape(-1, 3).tolist()
     grp, goff = a["bucket_group"].tolist(), a["bucket_group_off"].tolist()

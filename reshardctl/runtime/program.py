@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from reshardctl.errors import TransferError
+from reshardctl.gc_pause import few_collections
 from reshardctl.layout.indexset import intersect_boxes
 from reshardctl.layout.placement import Box, box_numel, full_box
 from reshardctl.plan.schedule import BroadcastBucket, P2PRound, Region
@@ -91,6 +92,11 @@ class RankProgram:
 
 
 def compile_program(plan, rank: int) -> RankProgram:
+    with few_collections():  # its regions, links and messages live on (gc_pause.py)
+        return _compile(plan, rank)
+
+
+def _compile(plan, rank: int) -> RankProgram:
     t0 = time.perf_counter()
     model = plan.model
     T = plan.train_world

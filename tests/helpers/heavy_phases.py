@@ -24,7 +24,7 @@ def plan_and_heavy(*args, **kwargs):
         plan = build_plan(*args, **kwargs)
     heavy = got[0] if got else None
     stage1 = [r for r in plan.rounds if r.stage == 1]
-    used = heavy is not None and [list(r.entries) for r in stage1] == [ents for ents, _ in heavy[3]]
+    used = heavy is not None and [r.records() for r in stage1] == [ents for ents, _ in heavy[3]]
     return plan, heavy, used
 
 
@@ -36,7 +36,7 @@ def assert_phase_runs(plan, stage: int, phases: int) -> None:
         if rnd.stage != stage:
             continue
         ph = set()
-        for e in rnd.entries:
+        for e in rnd.records():
             t = plan.units[e.unit].table
             ph |= set(phase_of(t.src[e.t_lo:e.t_hi], t.dst[e.t_lo:e.t_hi], phases).tolist())
         assert len(ph) == 1, f"round {rnd.index} mixes phases {sorted(ph)}"

@@ -121,7 +121,7 @@ def stage_transfers(plan, stage: int):
     for rnd in plan.rounds:
         if rnd.stage != stage:
             continue
-        for e in rnd.entries:
+        for e in rnd.records():
             t = plan.units[e.unit].table
             for s, d in zip(t.src[e.t_lo:e.t_hi].tolist(), t.dst[e.t_lo:e.t_hi].tolist()):
                 yield rnd.index, s, d

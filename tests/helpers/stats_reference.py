@@ -122,7 +122,7 @@ def reference_p2p_stats(plan: Plan) -> PlanStats:
     max_staging = 0
     for r, rnd in enumerate(plan.rounds):
         staging = np.zeros(world, dtype=np.float64)
-        for e in rnd.entries:
+        for e in rnd.records():
             unit = plan.units[e.unit]
             n = e.inst_hi - e.inst_lo
             full = e.t_lo == 0 and e.t_hi == len(unit.table)

@@ -22,7 +22,7 @@ from helpers.heavy_phases import assert_phase_runs, plan_and_heavy
 def round_loads(plan, rnd) -> np.ndarray:
     """Bytes each rank packs + receives in one round, from the plan's own tables."""
     load = np.zeros(plan.world, dtype=np.int64)
-    for e in rnd.entries:
+    for e in rnd.records():
         t = plan.units[e.unit].table
         b = t.nbytes[e.t_lo:e.t_hi] * (e.inst_hi - e.inst_lo)
         load += np.bincount(t.src[e.t_lo:e.t_hi], weights=b, minlength=plan.world).astype(np.int64)
@@ -33,7 +33,7 @@ def round_loads(plan, rnd) -> np.ndarray:
 def assert_every_row_of_every_instance_once(plan) -> None:
     seen = [np.zeros((len(u.tensors), len(u.table)), dtype=np.int64) for u in plan.units]
     for rnd in plan.rounds:
-        for e in rnd.entries:
+        for e in rnd.records():
             seen[e.unit][e.inst_lo:e.inst_hi, e.t_lo:e.t_hi] += 1
     assert all((s == 1).all() for s in seen), "a transfer byte scheduled twice or never"
 
@@ -69,7 +69,7 @@ def test_heavy_pairs_go_by_multi_round_phases(train_shards, infer_shards, replic
     if used:
         assert stage_phases(plan, 1) == 1  # no phase count fits one round per phase
         assert_phase_runs(plan, 1, heavy[0])
-        assert heavy[0] > 1 and all(rnd.entries for rnd in plan.rounds)
+        assert heavy[0] > 1 and all(len(rnd.entries) for rnd in plan.rounds)
 
 
 def _heavy_case(layers=24, bucket=1024):

@@ -87,9 +87,9 @@ def test_phased_stages_meet_every_pair_once_within_the_bound(train_shards, infer
             assert all(len(v) == 1 for v in pairs.values()), "a pair of ranks meets in several rounds"
             assert len(stage_rounds) <= phases
             # no round is empty, and every instance of a phased entry travels in it
-            assert all(r.entries for r in stage_rounds)
+            assert all(len(r.entries) for r in stage_rounds)
             assert all(e.inst_lo == 0 and e.inst_hi == len(plan.units[e.unit].tensors)
-                       for r in stage_rounds for e in r.entries)
+                       for r in stage_rounds for e in r.records())
 
 
 def test_a_phased_plan_cuts_messages_per_rank():

@@ -60,4 +60,4 @@ def test_contiguity_rule_equals_the_flat_offset_definition(data, ndim):
             x = data.draw(st.integers(a, b - 1))
             y = data.draw(st.integers(x + 1, b))
             hlo[i, d], hhi[i, d], lo[i, d], hi[i, d] = a, b, x, y
-    assert np.array_equal(_contiguous(lo, hi, hlo, hhi), by_definition(lo, hi, hlo, hhi))
+    assert np.array_equal(_contiguous(lo.T, hi.T, hlo.T, hhi.T), by_definition(lo, hi, hlo, hhi))  # rows per dim
