@@ -20,8 +20,9 @@ Side = Literal["train", "infer"]
 # What the planner keeps with a layout for the plans of one command, left out of a pickled layout (a
 # session file): the template pairs' pieces (``plan/reshard.py``, keyed by the templates' ids, which a
 # copy does not keep) and every rank's box per placement class (``plan/stats.py``, megabytes a rank never
-# reads). Rebuilt where they are needed.
-PLANNING_CACHES = ("_pair_pieces", "_class_boxes")
+# reads), and a vLLM rank's parameter list (``layout/vllm.py`` ``local_params``: the cost model's count
+# and the bindings read it). Rebuilt where they are needed.
+PLANNING_CACHES = ("_pair_pieces", "_class_boxes", "_local_params")
 
 
 class SideLayout(ABC):

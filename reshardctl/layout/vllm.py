@@ -463,5 +463,10 @@ class VllmLayout(StagedPlacements, SideLayout):
         return split_template(shape, dim, self.moe_tp, self._mtp_of)
 
     def local_params(self, rank: int) -> list[LocalParam]:
-        """vLLM's parameters on ``rank`` with the HF segments inside them (layout/vllm_params.py)."""
-        return vllm_local_params(self, rank)
+        """vLLM's parameters on ``rank`` with the HF segments inside them (layout/vllm_params.py), built
+        once per rank and layout (a fresh list each call: callers may change it)."""
+        cache = self.__dict__.setdefault("_local_params", {})
+        got = cache.get(rank)
+        if got is None:
+            got = cache[rank] = tuple(vllm_local_params(self, rank))
+        return list(got)

@@ -179,14 +179,14 @@ def site_links(prof):
     from reshardctl.site.measured import find_measured
 
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) if prof.cpu_only else None
-    from reshardctl.errors import InputError
-    from reshardctl.runtime import checksum_choice
-
-    why = checksum_choice.env_problem()  # the ranks would refuse it: say so before anything starts
-    if why:
-        raise InputError(why)
     probe = None
-    if prof.cpu_only:
+    if prof.cpu_only:  # CPU ranks (GPU sites' checksums take the float64 path on CUDA; no torch import here)
+        from reshardctl.errors import InputError
+        from reshardctl.runtime import checksum_choice
+
+        why = checksum_choice.env_problem()  # the ranks would refuse it: say so before anything starts
+        if why:
+            raise InputError(why)
         try:
             c = checksum_choice.choice(threads=1)
         except ValueError as exc:  # a forced path that fails its exactness probe here

@@ -21,6 +21,7 @@ def test_a_pickled_layout_drops_the_planning_caches_and_plans_the_same():
     topo = Topology(train.world_size, infer.world_size, 8, 1)
     plan = build_plan(model, train, infer, topo, transport="reshard", relay=True)
     p2p_stats(plan)  # fills _class_boxes
+    infer.local_params(0)  # fills _local_params
     assert set(PLANNING_CACHES) <= set(train.__dict__) | set(infer.__dict__)
     copy = pickle.loads(pickle.dumps(plan))
     for before, after in ((plan.train, copy.train), (plan.infer, copy.infer)):
@@ -28,3 +29,4 @@ def test_a_pickled_layout_drops_the_planning_caches_and_plans_the_same():
         assert set(after.__dict__) == set(before.__dict__) - set(PLANNING_CACHES)
     again = build_plan(model, copy.train, copy.infer, copy.topology, transport="reshard", relay=True)
     assert again.fingerprint == plan.fingerprint
+    assert copy.infer.local_params(0) == infer.local_params(0)  # rebuilt from the copy, the same
