@@ -14,13 +14,15 @@ from reshardctl.topology import side_of_global
 LINK_CLASSES = ("intra_node", "intra_domain", "cross_domain")
 
 
-def transport_report(plan: Plan, links, lb) -> dict:
-    """One transport's row (the ``transports.<name>`` object of ``--json``)."""
+def transport_report(plan: Plan, links, lb, stats=None) -> dict:
+    """One transport's row (the ``transports.<name>`` object of ``--json``); ``stats``: the plan's
+    ``p2p_stats`` where the caller has them."""
     from reshardctl.plan.bucket_stats import bucket_stats
     from reshardctl.plan.cost import predict
     from reshardctl.plan.stats import p2p_stats
 
-    stats = p2p_stats(plan) if plan.rounds else None
+    if stats is None and plan.rounds:
+        stats = p2p_stats(plan)
     bstats = bucket_stats(plan) if plan.buckets else None
     pred = predict(plan, links, stats, bstats)
     by_link = np.zeros(3, dtype=np.int64)
@@ -75,6 +77,7 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
+    from reshardctl.plan.stats import p2p_stats
 
     t0 = time.perf_counter()
     order = (inp.primary,) + tuple(t for t in inp.transports if t != inp.primary) if inp.primary in inp.transports else inp.transports
@@ -95,10 +98,11 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     first = plans[order[0]]
     stage("lower bound")
     lb = lower_bound(first, inp.links)
-    reports = {}
+    reports, stats = {}, {}
     for t, p in plans.items():
         stage(f"traffic and predicted time of {t}")
-        reports[t] = transport_report(p, inp.links, lb)
+        stats[t] = p2p_stats(p) if p.rounds else None
+        reports[t] = transport_report(p, inp.links, lb, stats[t])
     reshard_units = plans["reshard"].units if "reshard" in plans and not inp.relay else None
     compat = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=reshard_units)
     result = {
@@ -116,7 +120,8 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
         # nccl_reshard where the hybrid plan (its bulk / misc split) was planned
         "framework_refit": {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
                                                           buffer_bytes=inp.bucket_bytes)}
-        | ({"nccl_reshard": nccl_reshard_refit(plans["hybrid"], inp.links, buffer_bytes=inp.bucket_bytes)}
+        | ({"nccl_reshard": nccl_reshard_refit(plans["hybrid"], inp.links, buffer_bytes=inp.bucket_bytes,
+                                                stats=stats["hybrid"])}
            if "hybrid" in plans else {}),
         "planning_s": 0.0,
         "inputs": inputs_json(inp),

@@ -21,8 +21,8 @@ Side = Literal["train", "infer"]
 # session file): the template pairs' pieces (``plan/reshard.py``, keyed by the templates' ids, which a
 # copy does not keep) and every rank's box per placement class (``plan/stats.py``, megabytes a rank never
 # reads), and a vLLM rank's parameter list (``layout/vllm.py`` ``local_params``: the cost model's count
-# and the bindings read it). Rebuilt where they are needed.
-PLANNING_CACHES = ("_pair_pieces", "_class_boxes", "_local_params")
+# and the bindings read it) and its parameter names (the cost model's count). Rebuilt where they are needed.
+PLANNING_CACHES = ("_pair_pieces", "_class_boxes", "_local_params", "_param_names")
 
 
 class SideLayout(ABC):

@@ -54,7 +54,7 @@ from reshardctl.layout.shard_rules import (
     Interner, StagedPlacements, ceil_div, frac, need_divides, replicated_template, split_template,
 )
 from reshardctl.layout.side import SideLayout
-from reshardctl.layout.vllm_params import vllm_local_params
+from reshardctl.layout.vllm_params import vllm_local_params, vllm_param_names
 from reshardctl.layout.vllm_versions import DEFAULT_VLLM, backend_problems, vllm_rules
 from reshardctl.models.architectures import EXPERT_KINDS, QKV_BIAS_KINDS
 from reshardctl.models.spec import ModelSpec, TensorSpec
@@ -461,6 +461,15 @@ class VllmLayout(StagedPlacements, SideLayout):
         dim = {"stacked_gate_up": 2, "stacked_gate_up_bias": 1, "stacked_down": 1}[kind]
         assert M == len(self._mtp_of)
         return split_template(shape, dim, self.moe_tp, self._mtp_of)
+
+    def param_names(self, rank: int) -> list[str]:
+        """The names of vLLM's parameters on ``rank`` (``vllm_param_names``: those of ``local_params``, without
+        their segments), built once per rank and layout."""
+        cache = self.__dict__.setdefault("_param_names", {})
+        got = cache.get(rank)
+        if got is None:
+            got = cache[rank] = tuple(vllm_param_names(self, rank))
+        return list(got)
 
     def local_params(self, rank: int) -> list[LocalParam]:
         """vLLM's parameters on ``rank`` with the HF segments inside them (layout/vllm_params.py), built

@@ -64,6 +64,20 @@ def _local_expert_slots(lay: VllmLayout, t: TensorSpec, ep_rank: int) -> tuple[l
 
 def vllm_local_params(lay: VllmLayout, rank: int) -> list[LocalParam]:
     """vLLM's parameters on ``rank`` (names, local shapes, dtypes) with the HF segments inside them."""
+    return _params(lay, rank, every_expert=True)
+
+
+def vllm_param_names(lay: VllmLayout, rank: int) -> list[str]:
+    """The names of vLLM's parameters on ``rank`` (what its ``named_parameters()`` lists), in the order of
+    ``vllm_local_params``, without building their segments: a fused expert parameter (``w13_weight``,
+    ``w2_weight`` and their scales) is the same for every expert of its layer, so the walk looks at one
+    expert per layer and kind (DeepSeek-V3's rank: 100 tensors where it holds 90,000)."""
+    return [p.name for p in _params(lay, rank, every_expert=False)]
+
+
+def _params(lay: VllmLayout, rank: int, every_expert: bool) -> list[LocalParam]:
+    """``vllm_local_params``; ``every_expert`` False: each fused expert parameter with the segment of the
+    first expert it holds only (the names, shapes and dtypes are those of ``vllm_local_params``)."""
     d = lay.model.dims
     if d.arch == "gpt_oss":  # archs2
         raise LayoutError(
@@ -131,12 +145,18 @@ def vllm_local_params(lay: VllmLayout, rank: int) -> list[LocalParam]:
             return pl.holding(rank)
         return ()
 
+    seen: set[tuple] = set()  # (layer, kind, weight's kind) of the expert tensors looked at
     for i, t in enumerate(lay.model.tensors):
         boxes = boxes_of(lay.placement(i))
         if not boxes:
             continue
         box = boxes[0]
         w = lay.model.tensor(t.scale_of) if t.kind == "scale_inv" else None
+        if not every_expert and t.expert is not None:
+            key = (t.layer, t.kind, w.kind if w is not None else None)
+            if key in seen:
+                continue
+            seen.add(key)
         if w is None:
             name, shape, offsets = where(t, box)
         else:  # a block-fp8 scale: placed like its weight (same ranks, same slots)

@@ -145,6 +145,36 @@ class ModelSpec:
         return np.fromiter((t.itemsize for t in self.tensors), dtype=np.int64, count=len(self.tensors))
 
     @cached_property
+    def nbytes_array(self) -> "np.ndarray":
+        """Bytes of every tensor, as an int64 array."""
+        import numpy as np
+
+        return np.fromiter((t.nbytes for t in self.tensors), dtype=np.int64, count=len(self.tensors))
+
+    @cached_property
+    def kind_array(self) -> "np.ndarray":
+        """The ``kind`` of every tensor, as a numpy string array (for masks: ``kind_array == "expert_up"``)."""
+        import numpy as np
+
+        return np.asarray([t.kind for t in self.tensors], dtype=str)
+
+    @cached_property
+    def layer_array(self) -> "np.ndarray":
+        """The ``layer`` of every tensor, -1 where it has none, as an int64 array."""
+        import numpy as np
+
+        return np.fromiter((-1 if t.layer is None else t.layer for t in self.tensors), dtype=np.int64,
+                           count=len(self.tensors))
+
+    @cached_property
+    def expert_array(self) -> "np.ndarray":
+        """The routed ``expert`` of every tensor, -1 where it has none, as an int64 array."""
+        import numpy as np
+
+        return np.fromiter((-1 if t.expert is None else t.expert for t in self.tensors), dtype=np.int64,
+                           count=len(self.tensors))
+
+    @cached_property
     def inventory_text(self) -> str:
         """``name|shape|dtype`` of every tensor, one a line (what plan fingerprints hash)."""
         shapes: dict[tuple[int, ...], str] = {}  # a few distinct shapes: each formatted once

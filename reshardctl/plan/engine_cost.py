@@ -23,6 +23,7 @@ import numpy as np
 
 from reshardctl.models.architectures import EXPERT_KINDS
 
+
 PRODUCER = ("export_pp_broadcast", "export_tp_gather", "export_ep_gather", "pack")
 CONSUMER = ("load_setup", "name_mapping", "loader_calls")
 ENGINE_TERMS = PRODUCER + ("broadcast",) + CONSUMER + ("param_copy",)
@@ -52,7 +53,8 @@ SOURCES = {
     "param_copy": "the held bytes copied into the parameters (device copies, beside the host work)",
 }
 STACKED_ENTRIES = {"deepseek_v3": 6}  # deepseek_v2.py:1595-1623: gate/up 2 + indexer 2 + MLA 2 (MHA: 3)
-DEFAULT_STACKED = 5  # llama.py / qwen3_moe.py stacked_params_mapping: q, k, v, gate, up
+DEFAULT_STACKED = 5
+SHARD_POS = {"expert_gate": 1, "expert_down": 2, "expert_up": 3}  # (w1 gate, w2 down, w3 up) per expert  # llama.py / qwen3_moe.py stacked_params_mapping: q, k, v, gate, up
 
 
 def _group_bw(links, size: int, stride: int, gpus_per_node: int) -> tuple[float, float, int]:
@@ -76,75 +78,77 @@ def _buckets(nbytes: np.ndarray, target: int) -> list[tuple[int, int]]:
     return out
 
 
+def _tensor_columns(model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per tensor: bytes (float64), whether it is a routed expert's, and its position in vLLM's expert
+    mapping's per-expert triple (``SHARD_POS``; 0 elsewhere) plus 3 x its expert."""
+    nbytes = model.nbytes_array.astype(np.float64)
+    kinds = model.kind_array
+    expert = np.isin(kinds, sorted(EXPERT_KINDS))
+    pos = np.zeros(len(kinds), dtype=np.int64)
+    for kind, k in SHARD_POS.items():
+        pos[kinds == kind] = k
+    pos[expert] += 3 * model.expert_array[expert]
+    return nbytes, expert, pos
+
+
 def _export_seconds(model, train, topology, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, trainer rank 0's (the broadcast source's) export: PP broadcast, TP and EP all-gathers."""
-    T = len(model.tensors)
-    pp_s, tp_s, ep_s = np.zeros(T), np.zeros(T), np.zeros(T)
+    nbytes, expert, _ = _tensor_columns(model)
     g = topology.gpus_per_node
     stage = len(train.stage_ranks(0))
     pp_bw, pp_lat = (links.nic, max(links.nic_latency, links.nvlink_latency)) if stage >= g else \
         (links.nvlink, links.nvlink_latency)
     ep = max(1, train.ep)
-    counts = {"pp_broadcasts": 0.0, "tp_gathers": 0.0, "ep_gathers": 0.0}
-    shards: dict[int, int] = {}
-    for i, t in enumerate(model.tensors):
-        if not keep[i]:
-            continue
-        tpl = train.placement(i).template
-        k = shards.get(id(tpl))
-        if k is None:  # distinct non-empty boxes over the slots: the TP (ETP) split of the tensor
-            k = shards[id(tpl)] = max(1, len({h for h in tpl.holdings if h}))
-        local = t.nbytes / k  # the TP (ETP) shard a rank exports
-        # rank 0 exports its own EP rank's local experts (one conversion task each): 1 / ep of the expert tensors
-        # go through its PP broadcast and TP gather, the EP gather then yields the other ep - 1
-        share = 1 / ep if t.kind in EXPERT_KINDS else 1.0
-        if train.pp > 1:
-            pp_s[i] = share * (links.launch + (train.pp - 1) * pp_lat + local / pp_bw)
-            counts["pp_broadcasts"] += share
-        if k > 1:
-            bw, lat, _ = _group_bw(links, k, 1, g)
-            tp_s[i] = share * (links.launch + (k - 1) * lat + (k - 1) * local / bw)
-            counts["tp_gathers"] += share
-        if t.kind in EXPERT_KINDS and ep > 1:  # one collective per ep HF tensors
-            stride = train.etp if train.etp else train.tp * train.cp
-            bw, lat, nodes = _group_bw(links, ep, stride, g)
-            wire = (ep - 1) / ep * local / links.nvlink
-            if nodes > 1:  # the bytes entering each node, over the NICs its group members use
-                rails = min(max(1, ep // nodes), links.nics_per_node) * links.nic
-                wire = max(wire, (nodes - 1) / nodes * local / min(rails, links.node_nic))
-            ep_s[i] = (links.launch + (ep - 1) * lat) / ep + wire
-            counts["ep_gathers"] += 1 / ep
-    counts = {k: int(round(v)) for k, v in counts.items()}
+    # per placement class, the distinct non-empty boxes over the slots: the TP (ETP) split of its tensors
+    classes, reps = train.placement_classes()
+    k = np.asarray([max(1, len({h for h in p.template.holdings if h})) for p in reps], dtype=np.int64)[classes]
+    local = nbytes / k  # the TP (ETP) shard a rank exports
+    # rank 0 exports its own EP rank's local experts (one conversion task each): 1 / ep of the expert tensors
+    # go through its PP broadcast and TP gather, the EP gather then yields the other ep - 1
+    share = np.where(expert, 1 / ep, 1.0) * keep
+    pp_s = np.zeros(len(nbytes))
+    if train.pp > 1:
+        pp_s = share * (links.launch + (train.pp - 1) * pp_lat + local / pp_bw)
+    tp_s = np.zeros(len(nbytes))
+    for size in np.unique(k[k > 1]).tolist():
+        at = k == size
+        bw, lat, _ = _group_bw(links, size, 1, g)
+        tp_s[at] = share[at] * (links.launch + (size - 1) * lat + (size - 1) * local[at] / bw)
+    ep_s = np.zeros(len(nbytes))
+    gathered = expert & keep
+    if ep > 1 and gathered.any():  # one collective per ep HF tensors
+        stride = train.etp if train.etp else train.tp * train.cp
+        bw, lat, nodes = _group_bw(links, ep, stride, g)
+        wire = (ep - 1) / ep * local[gathered] / links.nvlink
+        if nodes > 1:  # the bytes entering each node, over the NICs its group members use
+            rails = min(max(1, ep // nodes), links.nics_per_node) * links.nic
+            wire = np.maximum(wire, (nodes - 1) / nodes * local[gathered] / min(rails, links.node_nic))
+        ep_s[gathered] = (links.launch + (ep - 1) * lat) / ep + wire
+    counts = {"pp_broadcasts": float(share.sum()) if train.pp > 1 else 0.0,
+              "tp_gathers": float(share[k > 1].sum()),
+              "ep_gathers": float(gathered.sum()) / ep if ep > 1 else 0.0}
+    counts = {name: int(round(v)) for name, v in counts.items()}
     return pp_s, tp_s, ep_s, counts
 
 
 def _load_seconds(model, infer, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, vLLM rank 0's load_weights: name mapping and loader call host seconds, copied bytes."""
     d = model.dims
-    arch = d.arch
-    T = len(model.tensors)
-    held = np.zeros(T, dtype=bool)
-    held_bytes = np.zeros(T)
-    scan = np.full(T, float(STACKED_ENTRIES.get(arch, DEFAULT_STACKED)))
+    _, expert, pos = _tensor_columns(model)
     R = int(getattr(infer.spec, "redundant", 0) or 0)
     entries = 3 * (d.num_experts + R) if d.num_experts else 0
-    linear_scan = arch == "deepseek_v3"  # the hand-rolled loop; others index the mapping by expert
-    shard_pos = {"expert_gate": 1, "expert_down": 2, "expert_up": 3}  # (w1 gate, w2 down, w3 up) per expert
-    held_cache: dict[int, tuple] = {}
-    for i, t in enumerate(model.tensors):
-        if not keep[i]:
-            scan[i] = 0.0
-            continue
-        pl = infer.placement(i)
-        box = held_cache.get(id(pl))
-        if box is None:  # placements are interned: one look-up per distinct placement
-            box = held_cache[id(pl)] = pl.holding(0)
-        if box:
-            held[i] = True
-            held_bytes[i] = sum(math.prod(b - a for a, b in bx) for bx in box) * t.itemsize
-        if linear_scan and t.kind in EXPERT_KINDS:
-            scan[i] += (3 * t.expert + shard_pos[t.kind]) if box else entries
-    params = len(infer.local_params(0))
+    # per placement class (placements are interned), the elements rank 0 holds
+    classes, reps = infer.placement_classes()
+    numel = np.asarray([sum(math.prod(b - a for a, b in bx) for bx in p.holding(0)) for p in reps],
+                       dtype=np.float64)
+    has = np.asarray([bool(p.holding(0)) for p in reps], dtype=bool)
+    held = has[classes] & keep
+    held_bytes = numel[classes] * model.itemsizes * held
+    scan = np.full(len(keep), float(STACKED_ENTRIES.get(d.arch, DEFAULT_STACKED)))
+    if d.arch == "deepseek_v3":  # the hand-rolled loop; others index the mapping by expert
+        scan[expert] += np.where(held[expert], pos[expert], entries)
+    scan *= keep
+    params = len(infer.param_names(0))
     counts = {"held_tensors": int(held.sum()), "params_on_rank": params, "expert_mapping_entries": entries,
               "mapping_entries_scanned": int(scan.sum())}
     return scan * links.mapping_entry, held * links.loader_call, held_bytes, counts
@@ -165,7 +169,7 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
         return {"skipped": "modelled for a Megatron-Core trainer and a vLLM engine (NeMo RL's Megatron path)"}
     keep = np.ones(len(model.tensors), dtype=bool) if tensors is None else \
         np.isin(np.arange(len(model.tensors)), np.asarray(list(tensors), dtype=np.int64))
-    nbytes = np.asarray([t.nbytes for t in model.tensors], dtype=np.float64) * keep
+    nbytes = model.nbytes_array.astype(np.float64) * keep
     pp_s, tp_s, ep_s, counts = _export_seconds(model, train, topology, links, keep)
     map_s, call_s, held_b, lcounts = _load_seconds(model, infer, links, keep)
     counts.update(lcounts)
@@ -177,22 +181,31 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
     hops_s = links.launch + (world - nodes) * links.nvlink_latency + (nodes if nodes > 1 else 0) * links.nic_latency
     d = model.dims
     passes = 2 if d.arch == "deepseek_v3" else 1
-    moe_layer = np.asarray([t.layer if t.kind in EXPERT_KINDS else -1 for t in model.tensors])
-    buckets = [(a, b) for a, b in buckets if keep[a:b].any()]
+    moe_layer = np.where(_tensor_columns(model)[1], model.layer_array, -1)
+    kept = [k for k, (a, b) in enumerate(buckets) if keep[a:b].any()]
+    starts = np.asarray([a for a, _ in buckets], dtype=np.int64)  # the buckets partition the tensors in order
+
+    def per_bucket(x: np.ndarray) -> np.ndarray:
+        """Sums of ``x`` over each kept bucket's tensors."""
+        return np.add.reduceat(x, starts)[kept] if kept else np.zeros(0)
+
+    buckets = [buckets[k] for k in kept]
     B = len(buckets)
-    per = {t: np.zeros(B) for t in ENGINE_TERMS}
-    for k, (a, b) in enumerate(buckets):
-        per["export_pp_broadcast"][k] = pp_s[a:b].sum()
-        per["export_tp_gather"][k] = tp_s[a:b].sum()
-        per["export_ep_gather"][k] = ep_s[a:b].sum()
-        per["pack"][k] = nbytes[a:b].sum() / links.copy
-        per["broadcast"][k] = nbytes[a:b].sum() / ring + hops_s
-        maps = 1 if d.arch == "deepseek_v3" else len(set(moe_layer[a:b][(moe_layer[a:b] >= 0) & keep[a:b]].tolist()))
-        per["load_setup"][k] = (passes * counts["params_on_rank"] * links.named_param
-                                + maps * counts["expert_mapping_entries"] * links.mapping_entry)
-        per["name_mapping"][k] = map_s[a:b].sum()
-        per["loader_calls"][k] = call_s[a:b].sum()
-        per["param_copy"][k] = held_b[a:b].sum() / links.copy
+    bucket_bytes = per_bucket(nbytes)
+    if d.arch == "deepseek_v3":
+        maps = np.ones(B)
+    else:  # one expert mapping per MoE layer a buffer carries (routed_experts.py:1004-1008)
+        maps = np.asarray([len(set(moe_layer[a:b][(moe_layer[a:b] >= 0) & keep[a:b]].tolist())) for a, b in buckets],
+                          dtype=np.float64)
+    per = {
+        "export_pp_broadcast": per_bucket(pp_s), "export_tp_gather": per_bucket(tp_s),
+        "export_ep_gather": per_bucket(ep_s), "pack": bucket_bytes / links.copy,
+        "broadcast": bucket_bytes / ring + hops_s,
+        "load_setup": passes * counts["params_on_rank"] * links.named_param
+        + maps * counts["expert_mapping_entries"] * links.mapping_entry,
+        "name_mapping": per_bucket(map_s), "loader_calls": per_bucket(call_s),
+        "param_copy": per_bucket(held_b) / links.copy,
+    }
     prod = sum(per[t] for t in PRODUCER)
     host = sum(per[t] for t in CONSUMER)
     cons = np.maximum(host, per["param_copy"])
@@ -223,13 +236,14 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
             "per_unit": per_unit, "sources": SOURCES}
 
 
-def nccl_reshard_refit(plan, links, *, buffer_bytes: int) -> dict:
+def nccl_reshard_refit(plan, links, *, buffer_bytes: int, stats=None) -> dict:
     """NeMo RL's ``refit_transport: nccl_reshard`` for a ``hybrid`` plan of the same model and layouts: the bulk
     path first (NCCL M2N reshard of the FFN / expert tensors, ``docs/design-docs/nccl-reshard-refit.md``
     "Execution Flow": xferdtensor per parameter), predicted as the plan's rounds (their wire, latency and pack
     terms: no checksum, no vote), then the misc path ("After the bulk reshard completes, the misc parameters are
     transferred": the conventional packed broadcast and ``load_weights``) for the tensors the plan broadcasts,
-    predicted by :func:`framework_refit`. ``{"skipped": reason}`` where that does not apply."""
+    predicted by :func:`framework_refit`. ``{"skipped": reason}`` where that does not apply. ``stats``: the
+    plan's ``p2p_stats`` where the caller has them (they depend on its rounds only)."""
     from dataclasses import replace
 
     from reshardctl.plan.cost import predict
@@ -241,7 +255,7 @@ def nccl_reshard_refit(plan, links, *, buffer_bytes: int) -> dict:
                             tensors=misc)
     if "skipped" in miscr:
         return miscr
-    rounds = predict(replace(plan, buckets=()), links, land=False).breakdown if plan.rounds else {}
+    rounds = predict(replace(plan, buckets=()), links, stats, land=False).breakdown if plan.rounds else {}
     bulk = {t: float(rounds.get(t, 0.0)) for t in ("wire", "latency", "pack")}
     return {"path": "nemo_rl_nccl_reshard", "predicted_s": sum(bulk.values()) + miscr["predicted_s"],
             "bulk_s": bulk, "misc": miscr, "misc_tensors": len(misc),

@@ -233,7 +233,7 @@ def check(model: ModelSpec, train: SideLayout, infer: SideLayout, topology: Topo
 def summarize(model: ModelSpec, group: np.ndarray, judged: list[tuple[tuple[str, ...], dict]]) -> dict:
     """JSON-ready summary of ``verdicts``: totals, and incompatible tensors grouped by reason (reasons in
     order of their first tensor, then by tensor count; examples: the first tensors in model order)."""
-    nbytes = np.fromiter((t.nbytes for t in model.tensors), dtype=np.int64, count=len(model.tensors))
+    nbytes = model.nbytes_array
     count = np.bincount(group, minlength=len(judged))
     size = np.bincount(group, weights=nbytes, minlength=len(judged))  # exact: integers far below 2**53
     bad = np.asarray([bool(r) for r, _ in judged], dtype=bool)

@@ -22,6 +22,7 @@ def test_a_pickled_layout_drops_the_planning_caches_and_plans_the_same():
     plan = build_plan(model, train, infer, topo, transport="reshard", relay=True)
     p2p_stats(plan)  # fills _class_boxes
     infer.local_params(0)  # fills _local_params
+    infer.param_names(0)  # fills _param_names
     assert set(PLANNING_CACHES) <= set(train.__dict__) | set(infer.__dict__)
     copy = pickle.loads(pickle.dumps(plan))
     for before, after in ((plan.train, copy.train), (plan.infer, copy.infer)):
@@ -30,3 +31,4 @@ def test_a_pickled_layout_drops_the_planning_caches_and_plans_the_same():
     again = build_plan(model, copy.train, copy.infer, copy.topology, transport="reshard", relay=True)
     assert again.fingerprint == plan.fingerprint
     assert copy.infer.local_params(0) == infer.local_params(0)  # rebuilt from the copy, the same
+    assert copy.infer.param_names(0) == infer.param_names(0)

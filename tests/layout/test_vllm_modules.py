@@ -112,6 +112,8 @@ def check_rank(model, dep: Deployment, lay: VllmLayout, rank: int, hf) -> None:
     assert not missing and not extra, f"rank {rank}: missing {missing[:6]}, extra {extra[:6]}"
     bad = {n: (got[n], want[n]) for n in want if got[n] != want[n]}
     assert not bad, f"rank {rank}: (layout, vLLM) {dict(list(bad.items())[:6])}"
+    # the names alone (the cost model's count: one expert per fused parameter looked at) are the same, in order
+    assert lay.param_names(rank) == [p.name for p in lps] and set(lay.param_names(rank)) == set(want)
     vals, counts = apply_segments(lps, hf)
     loaded = {n: torch.full(s, -1.0, dtype=torch.float64) for n, (s, _) in want.items()}
     load_like_vllm(model, dep, rank, loaded, hf)
@@ -218,5 +220,6 @@ def test_catalog_models_at_real_shapes(case):
     for rank in (0, dep.world - 1):
         got = {p.name: (tuple(p.shape), p.dtype) for p in lay.local_params(rank)}
         want = vllm_params(model, dep, rank)
+        assert sorted(lay.param_names(rank)) == sorted(want), rank
         assert got == want, (rank, sorted(set(got) ^ set(want))[:6],
                              [(n, got[n], want[n]) for n in set(got) & set(want) if got[n] != want[n]][:6])

@@ -332,3 +332,15 @@ def test_every_preset_passes_the_consistency_checks():
             bad, key = dict(cfg, num_key_value_heads=cfg["num_attention_heads"] - 1), "num_key_value_heads"
         with pytest.raises(ModelError, match=key):
             spec_from_config(bad, name, source=f"{name}/config.json")
+
+
+@pytest.mark.parametrize("preset", ["tiny-deepseek", "qwen3-30b-a3b", "llama-3.1-8b"])
+def test_column_arrays_are_the_tensors_fields(preset):
+    """``ModelSpec``'s per-tensor arrays (what the cost model vectorises over) hold each tensor's own field,
+    -1 where a layer or expert is absent."""
+    m = load_model(preset)
+    assert m.nbytes_array.tolist() == [t.nbytes for t in m.tensors]
+    assert m.kind_array.tolist() == [t.kind for t in m.tensors]
+    assert m.layer_array.tolist() == [-1 if t.layer is None else t.layer for t in m.tensors]
+    assert m.expert_array.tolist() == [-1 if t.expert is None else t.expert for t in m.tensors]
+    assert (m.expert_array >= 0).any() == any(t.expert is not None for t in m.tensors)
