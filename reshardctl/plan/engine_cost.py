@@ -23,7 +23,6 @@ import numpy as np
 
 from reshardctl.models.architectures import EXPERT_KINDS
 
-
 PRODUCER = ("export_pp_broadcast", "export_tp_gather", "export_ep_gather", "pack")
 CONSUMER = ("load_setup", "name_mapping", "loader_calls")
 ENGINE_TERMS = PRODUCER + ("broadcast",) + CONSUMER + ("param_copy",)
@@ -53,8 +52,8 @@ SOURCES = {
     "param_copy": "the held bytes copied into the parameters (device copies, beside the host work)",
 }
 STACKED_ENTRIES = {"deepseek_v3": 6}  # deepseek_v2.py:1595-1623: gate/up 2 + indexer 2 + MLA 2 (MHA: 3)
-DEFAULT_STACKED = 5
-SHARD_POS = {"expert_gate": 1, "expert_down": 2, "expert_up": 3}  # (w1 gate, w2 down, w3 up) per expert  # llama.py / qwen3_moe.py stacked_params_mapping: q, k, v, gate, up
+DEFAULT_STACKED = 5  # llama.py / qwen3_moe.py stacked_params_mapping: q, k, v, gate, up
+SHARD_POS = {"expert_gate": 1, "expert_down": 2, "expert_up": 3}  # (w1 gate, w2 down, w3 up) per expert
 
 
 def _group_bw(links, size: int, stride: int, gpus_per_node: int) -> tuple[float, float, int]:
@@ -91,9 +90,9 @@ def _tensor_columns(model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return nbytes, expert, pos
 
 
-def _export_seconds(model, train, topology, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def _export_seconds(train, topology, links, keep, columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, trainer rank 0's (the broadcast source's) export: PP broadcast, TP and EP all-gathers."""
-    nbytes, expert, _ = _tensor_columns(model)
+    nbytes, expert, _ = columns
     g = topology.gpus_per_node
     stage = len(train.stage_ranks(0))
     pp_bw, pp_lat = (links.nic, max(links.nic_latency, links.nvlink_latency)) if stage >= g else \
@@ -131,10 +130,10 @@ def _export_seconds(model, train, topology, links, keep) -> tuple[np.ndarray, np
     return pp_s, tp_s, ep_s, counts
 
 
-def _load_seconds(model, infer, links, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def _load_seconds(model, infer, links, keep, columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Per tensor, vLLM rank 0's load_weights: name mapping and loader call host seconds, copied bytes."""
     d = model.dims
-    _, expert, pos = _tensor_columns(model)
+    _, expert, pos = columns
     R = int(getattr(infer.spec, "redundant", 0) or 0)
     entries = 3 * (d.num_experts + R) if d.num_experts else 0
     # per placement class (placements are interned), the elements rank 0 holds
@@ -169,9 +168,10 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
         return {"skipped": "modelled for a Megatron-Core trainer and a vLLM engine (NeMo RL's Megatron path)"}
     keep = np.ones(len(model.tensors), dtype=bool) if tensors is None else \
         np.isin(np.arange(len(model.tensors)), np.asarray(list(tensors), dtype=np.int64))
-    nbytes = model.nbytes_array.astype(np.float64) * keep
-    pp_s, tp_s, ep_s, counts = _export_seconds(model, train, topology, links, keep)
-    map_s, call_s, held_b, lcounts = _load_seconds(model, infer, links, keep)
+    columns = _tensor_columns(model)
+    nbytes = columns[0] * keep
+    pp_s, tp_s, ep_s, counts = _export_seconds(train, topology, links, keep, columns)
+    map_s, call_s, held_b, lcounts = _load_seconds(model, infer, links, keep, columns)
     counts.update(lcounts)
     buckets = _buckets(nbytes, buffer_bytes)
     world = train.world_size + infer.world_size
@@ -181,7 +181,7 @@ def framework_refit(model, train, infer, topology, links, *, buffer_bytes: int, 
     hops_s = links.launch + (world - nodes) * links.nvlink_latency + (nodes if nodes > 1 else 0) * links.nic_latency
     d = model.dims
     passes = 2 if d.arch == "deepseek_v3" else 1
-    moe_layer = np.where(_tensor_columns(model)[1], model.layer_array, -1)
+    moe_layer = np.where(columns[1], model.layer_array, -1)
     kept = [k for k, (a, b) in enumerate(buckets) if keep[a:b].any()]
     starts = np.asarray([a for a, _ in buckets], dtype=np.int64)  # the buckets partition the tensors in order
 
