@@ -3,6 +3,9 @@ source tree (``--base``, e.g. ``git archive <commit> | tar -x -C /tmp/base``) mu
 case apart from the ``planning_s`` timings (fingerprints, predictions, the m2n report, compare rows).
 
     .venv/bin/python benchmarks/plan_identity.py --base /tmp/base
+    .venv/bin/python benchmarks/plan_identity.py --base /tmp/base --fingerprints-changed
+        # a change of the fingerprint's encoding on purpose: every fingerprint must differ (the plans
+        # are not compared by them), everything else must be identical
 """
 
 from __future__ import annotations
@@ -45,31 +48,48 @@ CASES = [
 ]
 
 
-def _without_timings(obj):
+def _without_timings(obj, fingerprints: list[str] | None = None):
+    """``obj`` without its ``planning_s``; with ``fingerprints``: without its fingerprints, collected there."""
     if isinstance(obj, dict):
-        return {k: _without_timings(v) for k, v in obj.items() if k != "planning_s"}
+        out = {}
+        for k, v in obj.items():
+            if k == "planning_s":
+                continue
+            if k == "fingerprint" and fingerprints is not None:
+                fingerprints.append(v)
+                continue
+            out[k] = _without_timings(v, fingerprints)
+        return out
     if isinstance(obj, list):
-        return [_without_timings(v) for v in obj]
+        return [_without_timings(v, fingerprints) for v in obj]
     return obj
 
 
-def plan_json(args: list[str], tree: str | None) -> str:
+def plan_json(args: list[str], tree: str | None, fingerprints: list[str] | None = None) -> str:
     argv = ([sys.executable, "-c", OTHER_TREE, str(Path(tree).absolute())] if tree
             else [str(Path(sys.executable).parent / "reshardctl")])
     argv += ["plan", *args, "--json"] + ([] if "--transport" in args else ["--transport", "all"])
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return json.dumps(_without_timings(json.loads(out)), indent=1, sort_keys=True)
+    return json.dumps(_without_timings(json.loads(out), fingerprints), indent=1, sort_keys=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, metavar="DIR", help="the source tree to compare with")
+    ap.add_argument("--fingerprints-changed", action="store_true",
+                    help="the fingerprint encoding changed on purpose: require every fingerprint to differ, "
+                         "compare the rest")
     args = ap.parse_args()
     failed = 0
     for case in CASES:
         words = case.split()
-        base, this = plan_json(words, args.base), plan_json(words, None)
+        fb, ft = ([], []) if args.fingerprints_changed else (None, None)
+        base, this = plan_json(words, args.base, fb), plan_json(words, None, ft)
         same = base == this
+        if args.fingerprints_changed:
+            # the same plans under the new encoding: as many fingerprints, equal exactly where the base's were
+            same = (same and len(fb) == len(ft) and all(a != b for a, b in zip(fb, ft))
+                    and all((fb[i] == fb[j]) == (ft[i] == ft[j]) for i in range(len(fb)) for j in range(len(fb))))
         failed += not same
         print(f"{'identical' if same else 'DIFFERS  '}  plan {case or '(defaults)'}")
         if not same:

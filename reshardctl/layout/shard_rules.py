@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
 from reshardctl.layout.placement import Box, Placement, ShardTemplate, full_box
 
 SCALE_BLOCK = 128  # DeepSeek fp8 weight_block_size
@@ -122,6 +124,22 @@ class StagedPlacements:
         if t.layer is not None:
             return self._layer_stage[t.layer]
         return 0 if t.kind == "embed" else self.pp - 1
+
+    def stage_array(self) -> np.ndarray:
+        """``stage_of`` of every tensor as an int64 array, from the model's layer and kind columns (one
+        numpy pass, not a call per tensor); computed once."""
+        cached = self.__dict__.get("_stage_array")
+        if cached is None:
+            layer = self.model.layer_array
+            size = max([int(layer.max()) + 1 if layer.size else 0, *(g + 1 for g in self._layer_stage)])
+            lut = np.full(max(size, 1), -1, dtype=np.int64)
+            lut[list(self._layer_stage)] = list(self._layer_stage.values())
+            unplaced = (layer >= 0) & (lut[np.maximum(layer, 0)] < 0)
+            if unplaced.any():  # a layer the layout does not place: stage_of's lookup would raise the same
+                raise KeyError(int(layer[np.argmax(unplaced)]))
+            no_layer = np.where(self.model.kind_array == "embed", 0, self.pp - 1)
+            cached = self.__dict__["_stage_array"] = np.where(layer >= 0, lut[np.maximum(layer, 0)], no_layer)
+        return cached
 
     def placement(self, index: int) -> Placement:
         p = self._by_index[index]

@@ -62,37 +62,25 @@ def _ring(plan: Plan, group: tuple[int, ...]) -> Ring:
     return Ring(len(group) - 1, int(same_dom.sum()), int(net.sum()), rails or 1, by_link)
 
 
-def _holder_matrices(plan: Plan, tensors: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Per distinct inference placement of ``tensors``: which ranks hold part of it, and the fraction
-    of the tensor each holds (a rank's fractions added in slot order); and each tensor's placement
-    (its row), in the order of ``tensors``."""
-    col: dict[int, int] = {}
-    keep, held, frac = [], [], []
+def _holder_matrices(plan: Plan, tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per inference placement class (``placement_classes``: a few dozen even for DeepSeek-V3's 45k
+    tensors): which ranks hold part of it, and the fraction of the tensor each holds (a rank's fractions
+    added in slot order); and each of ``tensors``' class (its row), in their order."""
+    classes, reps = plan.infer.placement_classes()
     I = plan.infer_world
-    slot_numel: dict[int, tuple] = {}  # id(template) -> (template, numel per slot)
-    placements = [plan.infer.placement(i) for i in tensors]
-    for p in placements:
-        if id(p) in col:
-            continue
-        keep.append(p)
-        col[id(p)] = len(held)
+    held, frac = np.zeros((len(reps), I)), np.zeros((len(reps), I))
+    slot_numel: dict[int, np.ndarray] = {}  # id(template) -> numel per slot (the reps keep them alive)
+    for c, p in enumerate(reps):
         tpl = p.template
-        got = slot_numel.get(id(tpl))
-        if got is None:
-            got = slot_numel[id(tpl)] = (tpl, np.fromiter((tpl.slot_numel(s) for s in range(tpl.num_slots)),
-                                                           dtype=np.int64, count=tpl.num_slots))
-        n = got[1]
+        n = slot_numel.get(id(tpl))
+        if n is None:
+            n = slot_numel[id(tpl)] = np.fromiter((tpl.slot_numel(s) for s in range(tpl.num_slots)),
+                                                  dtype=np.int64, count=tpl.num_slots)
         some = n > 0
         ranks = np.asarray(p.ranks, dtype=np.int64)[some]
-        h = np.zeros(I)
-        f = np.zeros(I)
-        total = max(1, int(np.prod(tpl.shape)))
-        h[ranks] = 1.0
-        np.add.at(f, ranks, n[some] / total)
-        held.append(h)
-        frac.append(f)
-    rows = [col[id(p)] for p in placements]
-    return rows, np.asarray(held).reshape(len(held), I), np.asarray(frac).reshape(len(frac), I)
+        held[c, ranks] = 1.0
+        np.add.at(frac[c], ranks, n[some] / max(1, int(np.prod(tpl.shape))))
+    return classes[tensors], held, frac
 
 
 def _contiguous_in_tensor(box, shape) -> bool:
@@ -118,7 +106,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     ring_of = np.zeros(B, dtype=np.int64)
     link_bytes = np.zeros(3)
     gather_sent = np.zeros(plan.world)
-    all_tensors = [i for b in plan.buckets for i in b.tensors]
+    all_tensors = np.fromiter((i for b in plan.buckets for i in b.tensors), dtype=np.int64)
     pl_of, held, frac = _holder_matrices(plan, all_tensors)
     per_pl = np.zeros((B, held.shape[0]))
     contig: dict[tuple, tuple[bool, bool]] = {}
@@ -170,8 +158,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     f = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
     # bytes of every bucket per inference placement (integers: exact whatever the order)
     bucket_of = np.repeat(np.arange(B), [len(b.tensors) for b in plan.buckets])
-    np.add.at(per_pl, (bucket_of, np.asarray(pl_of, dtype=np.int64)),
-              np.asarray([model.tensors[i].nbytes for i in all_tensors], dtype=np.float64))
+    np.add.at(per_pl, (bucket_of, pl_of), model.nbytes_array[all_tensors].astype(np.float64))
     ring_list = [None] * len(rings)
     for g, ri in rings.items():
         ring_list[ri] = _ring(plan, g)

@@ -97,7 +97,8 @@ def plan_for(plan: Plan, transport: str) -> Plan:
 
 
 def fingerprint(plan: Plan) -> str:
-    """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan."""
+    """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan.
+    Every part is length-prefixed, so the encoding is unambiguous."""
     h = hashlib.sha256()
 
     def put(x) -> None:
@@ -105,40 +106,62 @@ def fingerprint(plan: Plan) -> str:
         h.update(b"\0")
 
     put((plan.transport, plan.bucket_bytes, plan.relay, plan.model.name))
-    h.update(plan.model.inventory_text.encode())
+    h.update(_inventory_digest(plan.model))
     put((plan.train.describe(), plan.infer.describe(), sorted(plan.topology.describe().items())))
     # the placements themselves: describe() need not determine them (a layout file edited in place
     # keeps its describe(), and load_plan would accept a stale plan for it)
     for layout in (plan.train, plan.infer):
-        h.update(_placements_bytes(layout))
-    for u in plan.units:  # (an array's buffer: its bytes, not a copy of them)
-        h.update(np.ascontiguousarray(u.tensors))
-        for arr in (u.table.src, u.table.dst, u.table.stage, u.table.lo, u.table.hi):
-            h.update(np.ascontiguousarray(arr))
-    # per entry (round index, stage, unit, inst_lo, inst_hi, t_lo, t_hi), row-major
-    h.update(_rounds_bytes(plan.rounds))
+        h.update(_placements_digest(layout))
+    for part in _units_arrays(plan.units):  # (an array's buffer: its bytes, not a copy of them)
+        h.update(part)
+    for part in _rounds_arrays(plan.rounds):
+        h.update(part)
     h.update(_buckets_bytes(plan.buckets))
     return h.hexdigest()[:16]
 
 
-def _rounds_bytes(rounds) -> bytes:
-    """Every round entry as int64 (round index, stage, *entry), one row per entry, rounds in order."""
+def _inventory_digest(model: ModelSpec) -> bytes:
+    """sha256 of the model's inventory (``name|shape|dtype`` per tensor), computed once per model: the
+    plans of one command hash 32 bytes for it, not the 3 MB text (DeepSeek-V3) each."""
+    got = model.__dict__.get("_inventory_digest")
+    if got is None:
+        got = hashlib.sha256(model.inventory_text.encode()).digest()
+        object.__setattr__(model, "_inventory_digest", got)  # a frozen dataclass: its caches go this way
+    return got
+
+
+def _units_arrays(units) -> list[np.ndarray]:
+    """Every unit's instances and transfer table as a few arrays: per unit (instances, rows, box dims),
+    then each field of every unit back to back (boxes flattened row-major), in unit order."""
+    if not units:
+        return []
+    head = np.asarray([(len(u.tensors), len(u.table), u.table.lo.shape[1] if u.table.lo.ndim == 2 else 0)
+                       for u in units], dtype=np.int64)
+    parts = [head, np.concatenate([u.tensors for u in units]).astype(np.int64, copy=False)]
+    for f in ("src", "dst", "stage"):
+        parts.append(np.concatenate([getattr(u.table, f) for u in units]).astype(np.int64, copy=False))
+    for f in ("lo", "hi"):
+        parts.append(np.concatenate([getattr(u.table, f).reshape(-1) for u in units]).astype(np.int64, copy=False))
+    return parts
+
+
+def _rounds_arrays(rounds) -> list[np.ndarray]:
+    """Per round (index, stage, entries), then every round's entries (unit, inst_lo, inst_hi, t_lo, t_hi)
+    back to back, rounds in order, as int64."""
     if not rounds:
-        return b""
-    n = np.fromiter((len(r.entries) for r in rounds), dtype=np.int64, count=len(rounds))
-    head = np.stack([np.fromiter((r.index for r in rounds), dtype=np.int64, count=len(rounds)),
-                     np.fromiter((r.stage for r in rounds), dtype=np.int64, count=len(rounds))], axis=1)
-    return np.concatenate([np.repeat(head, n, axis=0), np.concatenate([r.entries for r in rounds])], axis=1).tobytes()
+        return []
+    head = np.asarray([(r.index, r.stage, len(r.entries)) for r in rounds], dtype=np.int64)
+    return [head, np.concatenate([r.entries for r in rounds]).astype(np.int64, copy=False)]
 
 
-def _placements_bytes(layout: SideLayout) -> bytes:
-    """What the fingerprint hashes of a layout's placements: every distinct (shape, holdings, ranks), in
-    first-seen order, then each tensor's content ordinal and stage. Computed once per layout (it is
-    immutable; the transports of one command share it)."""
-    cached = layout.__dict__.get("_placements_bytes")
+def _placements_digest(layout: SideLayout) -> bytes:
+    """sha256 of a layout's placements: every distinct (shape, holdings, ranks), in first-seen order, then
+    each tensor's content ordinal and stage. Computed once per layout (it is immutable; the transports
+    of one command share it)."""
+    cached = layout.__dict__.get("_placements_digest")
     if cached is None:
         classes, reps = layout.placement_classes()
-        parts: list[bytes] = []
+        h = hashlib.sha256()
         by_content: dict[tuple, int] = {}
         ordinal = np.empty(len(reps), dtype=np.int64)  # class -> content ordinal, in first-seen order
         for c, p in enumerate(reps):
@@ -146,28 +169,31 @@ def _placements_bytes(layout: SideLayout) -> bytes:
             k = by_content.get(content)
             if k is None:
                 k = by_content[content] = len(by_content)
-                parts.append(repr(content).encode() + b"\0")
+                h.update(repr(content).encode() + b"\0")
             ordinal[c] = k
-        parts.append(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
-        cached = layout.__dict__["_placements_bytes"] = b"".join(parts)
+        h.update(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
+        cached = layout.__dict__["_placements_digest"] = h.digest()
     return cached
 
 
 def _buckets_bytes(buckets) -> bytes:
-    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous).
-    A bucket's group (the root, its stage and every inference rank) is shared by many buckets: encoded
-    once per group object and spliced in, not converted from Python ints per bucket; a region's box
-    likewise once per box object (whole-tensor boxes and gathered pieces are shared)."""
-    groups: dict[int, bytes] = {}  # id(group) -> its bytes; the buckets keep the groups alive
+    """Every field of every bucket as one int64 array (lengths first, so the encoding is unambiguous),
+    then the distinct groups. A bucket's group (the root, its stage and every inference rank: hundreds of
+    ranks) is shared by many buckets: a bucket gives its group's number, each distinct group is encoded
+    once at the end, in first-use order (looked up once per group object); a region's box likewise once per box object (whole-tensor boxes and
+    gathered pieces are shared), converted from Python ints once."""
+    groups: dict[int, int] = {}  # id(group) -> its number; the buckets keep the groups alive
+    numbers: dict[tuple[int, ...], int] = {}  # group -> its number (equal groups, other objects: one number)
+    distinct: list[tuple[int, ...]] = []
     boxes: dict[int, tuple[int, ...]] = {}  # id(box) -> (ndim, lo0, hi0, ...); the regions keep them alive
-    cuts: list[tuple[int, bytes]] = []  # (position in flat, the group's bytes that go there)
     flat = [len(buckets)]
     for b in buckets:
-        group = groups.get(id(b.group))
-        if group is None:
-            group = groups[id(b.group)] = np.asarray(b.group, dtype=np.int64).tobytes()
-        flat += (b.index, b.root, b.nbytes, len(b.group))
-        cuts.append((len(flat), group))
+        g = groups.get(id(b.group))
+        if g is None:
+            g = groups[id(b.group)] = numbers.setdefault(tuple(b.group), len(distinct))
+            if g == len(distinct):
+                distinct.append(b.group)
+        flat += (b.index, b.root, b.nbytes, g)
         flat.append(len(b.tensors))
         flat += b.tensors
         flat.append(len(b.gather))
@@ -179,11 +205,8 @@ def _buckets_bytes(buckets) -> bytes:
                     box = boxes[id(r.box)] = (len(r.box), *(x for lo_hi in r.box for x in lo_hi))
                 flat += (r.tensor, r.nbytes)
                 flat += box
-    data = np.asarray(flat, dtype=np.int64).tobytes()
-    parts: list[bytes] = []
-    prev = 0
-    for pos, group in cuts:
-        parts += (data[prev * 8:pos * 8], group)
-        prev = pos
-    parts.append(data[prev * 8:])
-    return b"".join(parts)
+    flat.append(len(distinct))
+    for group in distinct:
+        flat.append(len(group))
+        flat += group
+    return np.asarray(flat, dtype=np.int64).tobytes()
