@@ -136,26 +136,26 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
 def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | None = None) -> list[dict]:
     """Rank the candidate inference layouts. ``current``: the plan of ``transport`` for the current layout,
     its report row and its lower bound, already computed (the current candidate reuses them); a candidate
-    repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row."""
-    from reshardctl.plan.cost import predict
-    from reshardctl.plan.lower_bound import lower_bound
-    from reshardctl.plan.planner import build_plan
+    repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row.
+    The other candidates are planned side by side in forked workers (``fork_map``: one per CPU this
+    process may use, ``$RESHARDCTL_PLAN_WORKERS`` to set); the rows are the same either way."""
+    from reshardctl.fork_map import fork_map
 
-    rows = []
-    seen: dict[str, dict] = {}
+    figures_of: dict[str, dict] = {}
+    if current is not None:
+        plan, report, lb = current
+        for c in inp.compare:
+            if c.layout is inp.infer and c.topology is inp.topology:
+                figures_of.setdefault(c.spec, {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
+                                               "bytes_moved": report["bytes_moved"], "fingerprint": plan.fingerprint})
+    todo: dict[str, object] = {}  # spec -> its first candidate, in candidate order
     for c in inp.compare:
-        figures = seen.get(c.spec)
-        if figures is None and current is not None and c.layout is inp.infer and c.topology is inp.topology:
-            plan, report, lb = current
-            figures = {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
-                       "bytes_moved": report["bytes_moved"], "fingerprint": plan.fingerprint}
-        if figures is None:
-            p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
-                           bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
-            pred = predict(p, inp.links)
-            figures = {"predicted_s": pred.predicted_s, "lower_bound_s": lower_bound(p, inp.links).seconds,
-                       "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint}
-        seen.setdefault(c.spec, figures)
+        if c.spec not in figures_of:
+            todo.setdefault(c.spec, c)
+    figures_of.update(zip(todo, fork_map(lambda c: _candidate_figures(inp, transport, c), list(todo.values()))))
+    rows = []
+    for c in inp.compare:
+        figures = figures_of[c.spec]
         pred_s, lb_s = figures["predicted_s"], figures["lower_bound_s"]
         rows.append({
             "infer": c.spec, "layout": c.layout.describe(), "current": c.current,
@@ -168,6 +168,19 @@ def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | No
     for k, r in enumerate(rows, 1):
         r["rank"] = k
     return rows
+
+
+def _candidate_figures(inp: Inputs, transport: str, c) -> dict:
+    """One candidate inference layout's plan of ``transport``, reduced to its row's figures."""
+    from reshardctl.plan.cost import predict
+    from reshardctl.plan.lower_bound import lower_bound
+    from reshardctl.plan.planner import build_plan
+
+    p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
+                   bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
+    pred = predict(p, inp.links)
+    return {"predicted_s": pred.predicted_s, "lower_bound_s": lower_bound(p, inp.links).seconds,
+            "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint}
 
 
 def inputs_json(inp: Inputs) -> dict:

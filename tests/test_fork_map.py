@@ -1,0 +1,122 @@
+"""``fork_map``: the same results as a list comprehension, from real forked processes; failures in a child
+raised here as they were (type, message, hint, exit code); a child that dies is said, and none is left
+behind; ``--compare-infer`` rows the same with one worker or several."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reshardctl.errors import LayoutError, PlanError
+from reshardctl.fork_map import WORKERS_ENV, fork_map, workers_available
+
+
+def _pid_and_square(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+@settings(max_examples=15, deadline=None)
+@given(items=st.lists(st.integers(-1000, 1000), max_size=9), workers=st.integers(1, 4))
+def test_results_in_item_order_and_work_really_forked(items, workers):
+    got = fork_map(_pid_and_square, items, workers)
+    assert [sq for _, sq in got] == [x * x for x in items]
+    pids = {pid for pid, _ in got}
+    # items dealt round-robin: this process takes items 0, n, 2n, ...; children (other pids) the rest
+    n = min(workers, len(items))
+    assert len(pids) == n
+    assert all(got[i][0] == os.getpid() for i in range(0, len(items), max(n, 1)))
+
+
+def _fail_on(bad: int, how: str):
+    def fn(x: int) -> int:
+        if x == bad:
+            if how == "layout":
+                raise LayoutError(["tp=3 does not divide 64 heads", "pp=5 > 4 layers"], hint="try tp=4")
+            if how == "plan":
+                raise PlanError(f"item {x} cannot be planned", hint="a hint")
+            if how == "other":
+                raise ZeroDivisionError(f"item {x} divided by zero")
+            if how == "exit":
+                os._exit(3)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+        return x
+    return fn
+
+
+@pytest.mark.parametrize("how", ["layout", "plan"])
+def test_a_reshard_error_in_a_child_is_raised_here_as_itself(how):
+    serial = parallel = None
+    try:
+        fork_map(_fail_on(5, how), range(8), 1)
+    except (LayoutError, PlanError) as e:
+        serial = e
+    try:
+        fork_map(_fail_on(5, how), range(8), 4)  # item 5 is a child's (5 % 4 != 0)
+    except (LayoutError, PlanError) as e:
+        parallel = e
+    assert type(parallel) is type(serial) and str(parallel) == str(serial)
+    assert parallel.exit_code == serial.exit_code == 2 and parallel.hint == serial.hint
+
+
+def test_another_exception_in_a_child_carries_its_traceback():
+    with pytest.raises(RuntimeError, match=r"ZeroDivisionError: item 3 divided by zero \(in a worker process\)") as e:
+        fork_map(_fail_on(3, "other"), range(6), 2)
+    assert "Traceback (most recent call last)" in str(e.value) and "in fn" in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_child_that_dies_is_said_and_reaped(how):
+    with pytest.raises(RuntimeError, match="worker process .* ended with status") as e:
+        fork_map(_fail_on(1, how), range(4), 2)
+    assert ("3" if how == "exit" else str(-signal.SIGKILL)) in str(e.value)
+    import re
+
+    pid = int(re.search(r"pid (\d+)", str(e.value)).group(1))
+    with pytest.raises(ChildProcessError):  # reaped: no longer this process's child (not a zombie)
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_the_first_failing_item_in_item_order_wins():
+    def fn(x):
+        if x in (2, 5):
+            raise PlanError(f"item {x}")
+        return x
+    with pytest.raises(PlanError, match="item 2"):
+        fork_map(fn, range(8), 3)  # 5 is this process's, 2 a child's: item order, not arrival
+
+
+@pytest.mark.parametrize("raw, ok", [("1", 1), (" 3 ", 3), ("0", None), ("two", None), ("-1", None)])
+def test_workers_from_the_environment(monkeypatch, raw, ok):
+    monkeypatch.setenv(WORKERS_ENV, raw)
+    if ok is None:
+        from reshardctl.errors import InputError
+        with pytest.raises(InputError, match=WORKERS_ENV):
+            workers_available()
+    else:
+        assert workers_available() == ok
+
+
+def test_compare_rows_the_same_with_one_worker_or_several(tmp_path):
+    """``plan --compare-infer``: the candidates planned in this process or in forked workers give the same
+    rows (every figure, every fingerprint, the ranking)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "reshardctl")
+    argv = [exe, "plan", "--site", "dgx-h100", "--model", "qwen3-30b-a3b", "--train", "tp=2,ep=8",
+            "--infer", "tp=4,dp=4", "--json", "--compare-infer", "tp=4,dp=4", "--compare-infer", "tp=2,dp=8",
+            "--compare-infer", "tp=8,dp=2", "--compare-infer", "tp=1,dp=16"]
+    rows = {}
+    for w in ("1", "3"):
+        out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, WORKERS_ENV: w})
+        assert out.returncode == 0, out.stderr
+        rows[w] = json.loads(out.stdout)["compare"]
+    assert rows["1"] == rows["3"] and len(rows["1"]) == 5  # the current layout too (and again, named)
+    assert len({r["fingerprint"] for r in rows["1"]}) == 4  # four layouts, four plans
