@@ -160,11 +160,7 @@ def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     ent = np.concatenate([rnd.entries for rnd in plan.rounds]) if plan.rounds else np.zeros((0, 5), np.int64)
     e_round = np.repeat(np.arange(len(per_round), dtype=np.int64), per_round)
     unit, t_lo, t_hi = ent[:, 0], ent[:, 3], ent[:, 4]
-    span = int(t_hi.max()) + 1 if t_hi.size else 1
-    if unit.size and (int(unit.max()) + 1) * span * span < 2**62:  # one int64 key: one sort, not three
-        order = np.argsort((unit * span + t_lo) * span + t_hi, kind="stable")
-    else:
-        order = np.lexsort((t_hi, t_lo, unit))
+    order = np.lexsort((t_hi, t_lo, unit))
     new = np.ones(order.size, dtype=bool)
     new[1:] = (np.diff(unit[order]) != 0) | (np.diff(t_lo[order]) != 0) | (np.diff(t_hi[order]) != 0)
     e_seg = np.empty(order.size, dtype=np.int64)

@@ -78,3 +78,17 @@ def test_pair_bytes_dense_equals_sorted(world, rows):
     finally:
         table_batch.DENSE_PAIRS = old
     assert all(np.array_equal(a, b) for a, b in zip(dense, by_sort))
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.integers(0, 2**62), max_size=40) | st.lists(st.integers(0, 4), max_size=40))
+def test_distinct_is_np_unique(keys):
+    """``reshard._distinct`` (the sort that replaced ``np.unique`` in the phased packer): the same distinct
+    values, ascending, and the same inverse, on keys with many repeats and on keys with none."""
+    from reshardctl.plan.reshard import _distinct
+
+    x = np.asarray(keys, dtype=np.int64)
+    want, want_inv = np.unique(x, return_inverse=True)
+    assert _distinct(x).tolist() == want.tolist()
+    got, inv = _distinct(x, inverse=True)
+    assert got.tolist() == want.tolist() and inv.tolist() == want_inv.reshape(-1).tolist()
