@@ -120,3 +120,30 @@ def test_compare_rows_the_same_with_one_worker_or_several(tmp_path):
         rows[w] = json.loads(out.stdout)["compare"]
     assert rows["1"] == rows["3"] and len(rows["1"]) == 5  # the current layout too (and again, named)
     assert len({r["fingerprint"] for r in rows["1"]}) == 4  # four layouts, four plans
+
+
+def test_an_interrupt_here_kills_and_reaps_the_children(tmp_path):
+    """This process's own share raises KeyboardInterrupt while a child is still working: the child is
+    killed and reaped before the interrupt leaves ``fork_map`` (no orphan planning on, no zombie)."""
+    import time
+
+    pid_file = tmp_path / "child.pid"
+
+    def fn(x):
+        if x == 1:  # the child's item: say who it is, then work far longer than the test
+            pid_file.write_text(str(os.getpid()))
+            time.sleep(120)
+            return x
+        for _ in range(400):  # this process's item: wait until the child is at work, then be interrupted
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fork_map(fn, [0, 1], 2)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(pid, os.WNOHANG)
+    with pytest.raises(ProcessLookupError):  # and gone
+        os.kill(pid, 0)
