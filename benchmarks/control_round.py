@@ -10,7 +10,6 @@ after a barrier, slowest rank per round; world sizes as given.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import time
 
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reshardctl.calibrate.microbench import in_helper_thread
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.bounded_wait import wait_all
 from reshardctl.runtime.control_tree import tree_all_reduce
 
@@ -50,9 +50,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     print(f"{'ranks':>5s} {'gloo ring ms':>13s} {'tree ms':>8s} {'ring / tree':>12s}")
     for world in args.worlds:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         q = ctx.Queue()
         procs = [ctx.Process(target=rank_main, args=(r, world, port, args.reps, q)) for r in range(world)]
         for p in procs:

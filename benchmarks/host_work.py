@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reshardctl import api
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 from reshardctl.models.catalog import preset_config
 from reshardctl.runtime.synthetic_weights import synthetic_region
 

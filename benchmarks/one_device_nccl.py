@@ -121,7 +121,7 @@ def child(backend: str, timeout_s: float, window_s: float, save) -> dict:
     import torch
     import torch.distributed as dist
 
-    from reshardctl.launch.local import free_port
+    from reshardctl.launch.ports import free_port
     from reshardctl.runtime import bounded_wait
     from reshardctl.runtime.env import make_rank_env
     from reshardctl.runtime.groups import init_groups, rebuild, rendezvous, shutdown

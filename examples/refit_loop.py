@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import socket
 import sys
 import time
 
@@ -32,15 +31,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reshardctl import api
+from reshardctl.launch.ports import free_port  # a port below the ephemeral range (your launcher has its own)
 from stand_in_models import MegatronGPT, VllmLlama, reference_weights
 
 TP = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer(rank: int, args, token: str, ports: dict, out) -> None:
@@ -104,7 +98,7 @@ def main() -> int:
                     help="keep every rank's refit events here (events/rank-N.jsonl: `reshardctl report` and "
                          "`reshardctl trace` read it)")
     args = ap.parse_args()
-    ports = {"train": _free_port(), "infer": _free_port(), "update": _free_port()}
+    ports = {"train": free_port(), "infer": free_port(), "update": free_port()}
     token = secrets.token_hex(16)  # GLUE: the job's secret; a process without it cannot join the update group
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

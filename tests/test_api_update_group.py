@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from reshardctl import api
 from reshardctl.errors import ReshardError, TransferError
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 
 from helpers.small_llama import SMALL_LLAMA as SMALL
 from helpers.spawned_ranks import run_ranks

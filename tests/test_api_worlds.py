@@ -20,7 +20,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from reshardctl import api
 from reshardctl.errors import ReshardError, TransferError
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.synthetic_weights import synthetic_region
 
 from helpers.executor_taps import corrupt_once

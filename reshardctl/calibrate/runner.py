@@ -52,7 +52,8 @@ def _child(rank: int, world: int, per_node: int, port: int, backend: str, reps: 
 
 def measure(site, reps: int = 5, deadline_s: float = 600.0) -> dict:
     """Run the microbenchmarks on ``2 x per_node`` ranks; rank 0's raw results plus every rank's host."""
-    from reshardctl.launch.local import choose_local_backend, free_port
+    from reshardctl.launch.local import choose_local_backend
+    from reshardctl.launch.ports import free_port
 
     if not site.cpu_only:
         raise InputError(

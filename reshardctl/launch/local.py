@@ -39,6 +39,7 @@ from multiprocessing import reduction
 
 from reshardctl.errors import LaunchError, TransferError, VerificationError
 from reshardctl.launch.failures import failure_text, lost_record, order_failures
+from reshardctl.launch.ports import free_port
 from reshardctl.runs.rundir import pid_alive
 from reshardctl.runtime.bounds import GRACE_S, quiet_s
 from reshardctl.runtime.contract import RankReport, RunOptions
@@ -48,14 +49,6 @@ from reshardctl.runtime.worker import run_rank_session
 from reshardctl.topology import side_of_global
 
 RANKS_PAYLOAD_PREFIX = ".ranks-"  # the session file of a run's local ranks in its run directory, 0600
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def choose_local_backend(world: int, device: str) -> str:

@@ -12,7 +12,8 @@ import os
 
 import torch.multiprocessing as mp
 
-from reshardctl.launch.local import free_port, start_method
+from reshardctl.launch.local import start_method
+from reshardctl.launch.ports import free_port
 
 FORCE_CPU = "RESHARDCTL_FORCE_CPU"  # set for every test not marked gpu (conftest.py)
 

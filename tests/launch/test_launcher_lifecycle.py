@@ -20,7 +20,7 @@ import pytest
 
 from reshardctl.cli import main
 from reshardctl.errors import InputError, LaunchError
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.launch.memory_check import check_memory, needed_bytes
 from reshardctl.runs.rundir import run_state

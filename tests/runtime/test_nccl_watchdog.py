@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from reshardctl.api import Refitter, check_monitor
 from reshardctl.errors import TransferError
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime import groups as groups_module
 from reshardctl.runtime import nccl_watchdog as nw
 from reshardctl.runtime.env import RankEnv

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from reshardctl.launch.local import free_port, run_local
+from reshardctl.launch.local import run_local
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.env import make_rank_env
 from reshardctl.runs.records import read_events

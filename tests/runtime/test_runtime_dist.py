@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from reshardctl.errors import TransferError, VerificationError
-from reshardctl.launch.local import free_port, run_local
+from reshardctl.launch.local import run_local
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.checksum import SUM_BYTES
 from reshardctl.runs.records import read_events

@@ -13,7 +13,8 @@ import pytest
 import torch.distributed as dist
 
 from reshardctl.errors import TransferError
-from reshardctl.launch.local import free_port, run_local
+from reshardctl.launch.local import run_local
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.settle import lost_peer, settle
 
 from helpers.runtime_plans import p2p_plan, rows_cols_case

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from reshardctl.launch.local import free_port
+from reshardctl.launch.ports import free_port
 from reshardctl.runtime.contract import RunOptions
 from reshardctl.runtime.session_file import write_session
 
