@@ -1,7 +1,7 @@
 """``fork_map``: a pure function over independent items in forked worker processes, where that helps.
 
 For work that is CPU-bound Python and numpy, independent per item, and whose results are small (the
-``--compare-infer`` candidates' figures: a plan each, a few numbers back). Children are forked, so they
+plan report's parts and the ``--compare-infer`` candidates: a plan each, a few figures back). Children are forked, so they
 start with everything the parent has built (model, layouts, caches) and nothing is pickled on the way
 in; only each result comes back. The results are those of ``[fn(x) for x in items]``, in order.
 """

@@ -69,73 +69,122 @@ def infer_needed_bytes(model, infer) -> int:
     return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
-def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, Plan], dict]:
+# the parts of a report, by their rough cost (the reshard plan and its traffic weigh most), for dealing them
+# to worker processes: the heaviest first, each to the lightest-loaded worker
+PART_WEIGHT = {"reshard": 4.0, "hybrid": 2.0, "gather_broadcast": 1.0, "framework": 1.0}
+
+
+def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = None, *,
+                keep_plans: bool = True) -> tuple[dict[str, Plan], dict]:
     """Plan every requested transport (+ candidates); return the plans and the ``--json`` object.
-    ``progress(what, done, total)``, if given, is told each stage as it begins (planning a transport, its
-    figures, the lower bound, the candidates): it only listens; the plans and the object are the same."""
-    from reshardctl.plan.lower_bound import lower_bound
-    from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
-    from reshardctl.plan.m2n_compat import m2n_compat
-    from reshardctl.plan.planner import build_plan
-    from reshardctl.plan.stats import p2p_stats
+
+    ``keep_plans=False`` (``plan`` without ``--out`` or ``--export-transfers``: nothing reads the plans
+    themselves): the transports are planned and costed side by side in forked workers (``fork_map``, as
+    ``--compare-infer``'s candidates), only their figures come back, and the plans returned are none; the
+    object is the same either way. ``progress(what, done, total)``, if given, is told each stage as it
+    begins (each transport's plan and figures, NeMo RL's refit, the candidates; with workers: one stage
+    for all the parts): it only listens; the plans and the object are the same."""
+    from reshardctl.fork_map import fork_map, workers_available
 
     t0 = time.perf_counter()
     order = (inp.primary,) + tuple(t for t in inp.transports if t != inp.primary) if inp.primary in inp.transports else inp.transports
-    total = 2 * len(order) + 1 + bool(inp.compare)
+    parts = list(order) + ["framework"]
+    total = len(parts) + bool(inp.compare)
     done = 0
 
-    def stage(what: str) -> None:
+    def stage(what: str, steps: int = 1) -> None:
         nonlocal done
         if progress is not None:
             progress(what, done, total)
-        done += 1
+        done += steps
 
-    plans: dict[str, Plan] = {}
-    for tname in order:
-        stage(f"planning {tname}")
-        plans[tname] = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=tname,
-                                  bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
-    first = plans[order[0]]
-    stage("lower bound")
-    lb = lower_bound(first, inp.links)
-    reports, stats = {}, {}
-    for t, p in plans.items():
-        stage(f"traffic and predicted time of {t}")
-        stats[t] = p2p_stats(p) if p.rounds else None
-        reports[t] = transport_report(p, inp.links, lb, stats[t])
-    reshard_units = plans["reshard"].units if "reshard" in plans and not inp.relay else None
-    compat = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=reshard_units)
+    workers = 1 if keep_plans else min(workers_available(), len(parts))
+    if workers > 1:
+        inp.train.placement_classes()  # once, before the fork: every part reads them
+        inp.infer.placement_classes()
+        stage(f"planning and costing {', '.join(order)} in {workers} processes", len(parts))
+        groups = _dealt(parts, workers)
+        got = dict(zip((x for g in groups for x in g),
+                       (r for rs in fork_map(lambda g: [_part(inp, x, False) for x in g], groups, workers) for r in rs)))
+    else:
+        got = {}
+        for x in parts:
+            stage(f"planning and costing {x}" if x != "framework" else "NeMo RL's own refit, m2n compatibility")
+            got[x] = _part(inp, x, keep_plans)
+    lb = got[order[0]]["lower_bound"]
+    compat = next(got[x]["m2n_compat"] for x in parts if "m2n_compat" in got[x])
+    first = got[order[0]]["row"]
     result = {
-        "fingerprint": first.fingerprint,
+        "fingerprint": first["fingerprint"],
         "primary_transport": order[0],
         "bytes_total": int(inp.model.num_bytes),
         "bytes_needed_by_inference_ranks": infer_needed_bytes(inp.model, inp.infer),
         "lower_bound_s": lb.seconds,
         "lower_bound_reason": lb.reason,
         "cost_figures": inp.links.source,
-        "transports": reports,
+        "transports": {t: got[t]["row"] for t in order},
         "m2n_compat": compat,
         # NeMo RL's own refit of the same model and layouts, term by term (plan/engine_cost.py), its buffers the
         # plan's bucket bound (NeMo RL's default is 0.02 x GPU memory, capped at 5 GiB): the collective path, and
         # nccl_reshard where the hybrid plan (its bulk / misc split) was planned
-        "framework_refit": {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
-                                                          buffer_bytes=inp.bucket_bytes)}
-        | ({"nccl_reshard": nccl_reshard_refit(plans["hybrid"], inp.links, buffer_bytes=inp.bucket_bytes,
-                                                stats=stats["hybrid"])}
-           if "hybrid" in plans else {}),
+        "framework_refit": {"collective": got["framework"]["collective"]}
+        | ({"nccl_reshard": got["hybrid"]["nccl_reshard"]} if "hybrid" in got else {}),
         "planning_s": 0.0,
         "inputs": inputs_json(inp),
     }
     if inp.compare:
         stage(f"ranking {len(inp.compare)} inference layouts")
-        result["compare"] = compare(inp, order[0], (first, reports[order[0]], lb))
+        result["compare"] = compare(inp, order[0], (first, lb))
     result["planning_s"] = time.perf_counter() - t0
-    return plans, result
+    return {t: got[t]["plan"] for t in order if "plan" in got[t]}, result
 
 
-def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | None = None) -> list[dict]:
-    """Rank the candidate inference layouts. ``current``: the plan of ``transport`` for the current layout,
-    its report row and its lower bound, already computed (the current candidate reuses them); a candidate
+def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
+    """One part of the report: a transport's plan reduced to its row and lower bound (the reshard plan's
+    units also give the m2n verdicts, the hybrid plan NeMo RL's nccl_reshard refit), or ``framework``:
+    NeMo RL's collective refit (and the m2n verdicts where no reshard plan gives its units)."""
+    from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
+    from reshardctl.plan.lower_bound import lower_bound
+    from reshardctl.plan.m2n_compat import m2n_compat
+    from reshardctl.plan.planner import build_plan
+    from reshardctl.plan.stats import p2p_stats
+
+    reshard_units = "reshard" in inp.transports and not inp.relay  # the reshard part gives the m2n verdicts
+    if name == "framework":
+        out = {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
+                                             buffer_bytes=inp.bucket_bytes)}
+        if not reshard_units:
+            out["m2n_compat"] = m2n_compat(inp.model, inp.train, inp.infer, inp.topology)
+        return out
+    plan = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=name,
+                      bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
+    stats = p2p_stats(plan) if plan.rounds else None
+    lb = lower_bound(plan, inp.links)  # transport-independent: every part's is the same
+    out = {"row": transport_report(plan, inp.links, lb, stats), "lower_bound": lb}
+    if name == "reshard" and reshard_units:
+        out["m2n_compat"] = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=plan.units)
+    if name == "hybrid":
+        out["nccl_reshard"] = nccl_reshard_refit(plan, inp.links, buffer_bytes=inp.bucket_bytes, stats=stats)
+    if keep_plan:
+        out["plan"] = plan
+    return out
+
+
+def _dealt(parts: list[str], workers: int) -> list[list[str]]:
+    """``parts`` in ``workers`` groups of about equal ``PART_WEIGHT``: the heaviest first, each to the
+    lightest group so far (ties: the earlier group); each group in report order."""
+    groups: list[list[str]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for x in sorted(parts, key=lambda x: -PART_WEIGHT[x]):
+        g = load.index(min(load))
+        groups[g].append(x)
+        load[g] += PART_WEIGHT[x]
+    return [sorted(g, key=parts.index) for g in groups if g]
+
+
+def compare(inp: Inputs, transport: str, current: tuple[dict, object] | None = None) -> list[dict]:
+    """Rank the candidate inference layouts. ``current``: the report row of ``transport``'s plan for the
+    current layout and its lower bound, already computed (the current candidate reuses them); a candidate
     repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row.
     The other candidates are planned side by side in forked workers (``fork_map``: one per CPU this
     process may use, ``$RESHARDCTL_PLAN_WORKERS`` to set); the rows are the same either way."""
@@ -143,11 +192,11 @@ def compare(inp: Inputs, transport: str, current: tuple[Plan, dict, object] | No
 
     figures_of: dict[str, dict] = {}
     if current is not None:
-        plan, report, lb = current
+        report, lb = current
         for c in inp.compare:
             if c.layout is inp.infer and c.topology is inp.topology:
                 figures_of.setdefault(c.spec, {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
-                                               "bytes_moved": report["bytes_moved"], "fingerprint": plan.fingerprint})
+                                               "bytes_moved": report["bytes_moved"], "fingerprint": report["fingerprint"]})
     todo: dict[str, object] = {}  # spec -> its first candidate, in candidate order
     for c in inp.compare:
         if c.spec not in figures_of:

@@ -152,9 +152,12 @@ def plan_cmd(
                           compare=list(compare_infer or []))
             if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
                 inp.primary = LedgerTransport(request.site, warn=_warn)().transport
-            plans, result = plan_report(inp, lambda what, done, total: prog.update(done, total, what))
+            # without --out or --export-transfers nothing reads the plans themselves: planned side by side
+            plans, result = plan_report(inp, lambda what, done, total: prog.update(done, total, what),
+                                        keep_plans=out is not None or export is not None)
     finally:
-        prog.stop(None if result is None else f"planned {len(plans)} transport(s) in {result['planning_s']:.1f} s")
+        prog.stop(None if result is None else
+                  f"planned {len(result['transports'])} transport(s) in {result['planning_s']:.1f} s")
     extra = None
     if out is not None:  # the job scripts next to the plan, ready to submit by hand (docs/slurm.md)
         from pathlib import Path

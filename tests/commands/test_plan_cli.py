@@ -185,7 +185,7 @@ def test_outputs_are_written_together_or_not_at_all(capsys, tmp_path):
 def test_os_error_last_resort_is_one_paragraph(capsys, monkeypatch):
     import reshardctl.commands.plan as plan_mod
 
-    def boom(inp, progress=None):
+    def boom(inp, progress=None, keep_plans=True):
         raise PermissionError(13, "Permission denied", "/some/file")
 
     monkeypatch.setattr(plan_mod, "plan_report", boom)

@@ -17,9 +17,8 @@ from reshardctl.cli import main
 from reshardctl.commands import progress
 from reshardctl.commands.progress import LiveProgress
 
-STAGES = ["planning reshard (0/7)", "planning gather_broadcast (1/7)", "planning hybrid (2/7)", "lower bound (3/7)",
-          "traffic and predicted time of reshard (4/7)", "traffic and predicted time of gather_broadcast (5/7)",
-          "traffic and predicted time of hybrid (6/7)"]
+STAGES = ["planning and costing reshard (0/4)", "planning and costing gather_broadcast (1/4)",
+          "planning and costing hybrid (2/4)", "NeMo RL's own refit, m2n compatibility (3/4)"]
 
 
 def _without_timings(x):
@@ -63,8 +62,9 @@ def test_plan_report_with_a_listener_returns_the_same_report(tmp_path):
     plans_b, b = plan_report(inp, lambda what, done, total: heard.append((what, done, total)))
     assert json.dumps(_without_timings(a), sort_keys=True) == json.dumps(_without_timings(b), sort_keys=True)
     assert {t: p.fingerprint for t, p in plans_a.items()} == {t: p.fingerprint for t, p in plans_b.items()}
-    assert [h[1] for h in heard] == list(range(8)) and {h[2] for h in heard} == {8}
+    assert [h[1] for h in heard] == list(range(5)) and {h[2] for h in heard} == {5}
     assert heard[-1][0] == "ranking 2 inference layouts"
+    assert plans_a and set(plans_a) == set(a["transports"])
 
 
 def test_layout_export_says_its_stages_and_writes_the_same_file(tmp_path, capsys, monkeypatch):
@@ -98,3 +98,22 @@ def test_show_after_starts_on_the_first_update_that_late(tty):
     assert "early stage" not in text and text.rstrip().endswith("done")
     if not tty:
         assert text.splitlines() == ["late stage (1/3)", "done"]
+
+
+def test_without_out_the_transports_are_planned_side_by_side_and_report_the_same(monkeypatch):
+    """``keep_plans=False`` (plan without --out / --export-transfers): the parts in forked workers, one stage
+    for all of them, no plans back; the report is the one the parts give in this process."""
+    from reshardctl.plan_report import plan_report
+    from reshardctl.request.request import RefitRequest
+    from reshardctl.request.resolve import prepare
+
+    monkeypatch.setenv("RESHARDCTL_PLAN_WORKERS", "2")
+    for model, infer in (("tiny-llama", "tp=2"), ("tiny-qwen3-moe", "tp=2,ep=2")):
+        inp = prepare(RefitRequest(model=model, infer=infer, transport="all"), compare=["tp=4"])
+        kept, a = plan_report(inp)
+        heard: list[tuple[str, int, int]] = []
+        none, b = plan_report(inp, lambda what, done, total: heard.append((what, done, total)), keep_plans=False)
+        assert none == {} and kept
+        assert json.dumps(_without_timings(a)) == json.dumps(_without_timings(b))  # key order too
+        assert heard == [("planning and costing reshard, gather_broadcast, hybrid in 2 processes", 0, 5),
+                         ("ranking 2 inference layouts", 4, 5)]
