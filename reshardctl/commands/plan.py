@@ -17,6 +17,7 @@ from rich.markup import escape
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
 from reshardctl.gc_pause import few_collections
+from reshardctl.heap_reuse import reused_freed_memory
 from reshardctl.request.request import RefitRequest
 from reshardctl.request.resolve import prepare
 from reshardctl.runbook.transport_source import LedgerTransport
@@ -147,7 +148,8 @@ def plan_cmd(
                              enabled=not as_json and not output.quiet(), show_after_s=live.LONG_WORK_S)
     result = None
     try:
-        with few_collections():  # the plans allocate many small objects (gc_pause.py)
+        # the plans allocate many small objects (gc_pause.py) and large numpy temporaries (heap_reuse.py)
+        with few_collections(), reused_freed_memory():
             inp = prepare(request.replace(transport=transport), out=out, export=export,
                           compare=list(compare_infer or []))
             if transport == "all":  # the primary transport is the site's active one: its ledger, else its profile
