@@ -6,10 +6,11 @@ first touched. The planner's vectorised passes (routing, rounds, traffic: arrays
 and dropped in turn) touched fresh memory that way all the time: the reshard plan and traffic of
 DeepSeek-V3 at 256 + 256 took 67k minor faults and 0.26 s of system time in its 0.76 s (docs/benchmarks.md).
 ``reused_freed_memory`` raises the mmap threshold and the trim threshold for the pass, so those blocks
-come from the heap and a freed one serves the next; after it, both are set back to glibc's initial
-128 KiB (the mmap threshold then stays there: glibc stops adjusting it once set) and ``malloc_trim``
-hands what is free back to the system. A no-op where the C library is not glibc. Forked workers
-(``fork_map``) inherit the setting.
+come from the heap and a freed one serves the next. glibc cannot be put back to its own adjusting
+thresholds once they are set, so after the pass they are set where that adjustment ends (mmap 32 MiB,
+trim 64 MiB: the state glibc reaches by itself after a large block has been freed; a fixed 128 KiB would
+map every block afresh, slower than before the pass), and ``malloc_trim`` hands what is free back to the
+system. A no-op where the C library is not glibc. Forked workers (``fork_map``) inherit the setting.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Iterator
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-GLIBC_DEFAULT = 128 << 10  # both thresholds' initial values
+AFTER_MMAP = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where its own adjustment stops
+AFTER_TRIM = 2 * AFTER_MMAP  # glibc keeps the trim threshold at twice the adjusted mmap threshold
 DURING = 1 << 30  # blocks up to 1 GiB from the heap; free memory at its top kept up to 1 GiB
 
 
@@ -45,6 +47,6 @@ def reused_freed_memory() -> Iterator[bool]:
         yield on
     finally:
         if libc is not None:
-            libc.mallopt(M_MMAP_THRESHOLD, GLIBC_DEFAULT)
-            libc.mallopt(M_TRIM_THRESHOLD, GLIBC_DEFAULT)
+            libc.mallopt(M_MMAP_THRESHOLD, AFTER_MMAP)
+            libc.mallopt(M_TRIM_THRESHOLD, AFTER_TRIM)
             libc.malloc_trim(0)

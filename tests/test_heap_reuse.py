@@ -1,5 +1,6 @@
 """reused_freed_memory: within it a large block freed and asked for again costs (almost) no new page
-faults; before and after it, each one is fresh memory (glibc's mmap threshold)."""
+faults; before and after it, a block above glibc's mmap threshold (32 MiB at most) is fresh memory each
+time."""
 
 import resource
 
