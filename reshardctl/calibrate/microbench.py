@@ -6,7 +6,8 @@ of ``reps`` timed repetitions after one warm-up (first operations on a connectio
 
 * p2p by message size, rank 0 -> rank 1 (inside a node) and rank 0 -> rank ``per_node`` (across):
   one-way seconds per size (half a ping-pong), fitted later as ``latency + bytes / bandwidth``;
-* all pairs at once: rank ``i`` -> rank ``per_node + i`` for every ``i``: aggregate bytes/s of a node's links;
+* all pairs at once: rank ``i`` -> rank ``per_node + i`` for every ``i``: aggregate bytes/s of a node's links
+  (each repetition timed by its slowest rank, the last receiver);
 * grouped messages: 1 and ``MANY`` small messages in one ``batch_isend_irecv``: launch and per-message cost;
 * broadcast from rank 0 over (0, second node's ranks): delivered bytes/s;
 * pack: a strided (column block) copy into a contiguous buffer, on one rank; checksum: ``runtime.checksum``;
@@ -51,6 +52,21 @@ def _timed(fn, reps: int) -> float:
     return statistics.median(out)
 
 
+def _timed_slowest(fn, reps: int) -> float:
+    """Like ``_timed``, but each repetition's time is the slowest rank's (every rank times its own part,
+    then one all-reduce of the times after the last repetition): a pattern whose receivers finish after
+    their senders costs a refit's round what its last receiver takes, not what a sender's posts take."""
+    fn()
+    mine = torch.zeros(reps, dtype=torch.float64)
+    for k in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        mine[k] = time.perf_counter() - t0
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return statistics.median(mine.tolist())
+
+
 def _pingpong(rank: int, a: int, b: int, buf: torch.Tensor, reps: int) -> float:
     """One-way seconds of ``buf`` between ranks a and b (half a round trip); others only sync."""
     def fn() -> None:
@@ -78,7 +94,7 @@ def run(rank: int, per_node: int, device: torch.device, reps: int = 5) -> dict:
         op = dist.P2POp(dist.isend if rank < per_node else dist.irecv, big, peer)
         for w in dist.batch_isend_irecv([op]):
             w.wait()
-    t = _timed(pairs, reps)
+    t = _timed_slowest(pairs, reps)  # a receiver finishes last: a sender's wait ends as its bytes are queued
     res["aggregate"] = {"pairs": per_node, "bytes": BIG * per_node, "seconds": t}
     # grouped small messages: rank 0 -> rank per_node, 1 and MANY in one batch
     smalls = [torch.zeros(SMALL, dtype=torch.uint8, device=device) for _ in range(MANY)]

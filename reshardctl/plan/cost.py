@@ -375,8 +375,11 @@ def predict(plan: Plan, links: Links, stats: PlanStats | None = None, bstats: Bu
     # on the CPU (cpu_only sites) the executor takes these checksums as the steps go, each message's as
     # it lands and the in-place sends' right after their post (runtime/executor.py): in the transfer
     # phase, added (the ranks share the cores); on GPUs they wait for the verify phase
-    verify = {"checksum": 0.0 if links.cores else float(verify_ck), "sync": float(sync)}
-    phases = {"transfer": {t: breakdown[t] - verify.get(t, 0.0) for t in STEP_TERMS}, "verify": verify,
-              "commit": {"landing": land_s}}
+    # of the three closing collectives, the checksum exchange and the vote are in the verify phase, the
+    # acknowledgement in the commit phase (runtime/refit.py)
+    verify = {"checksum": 0.0 if links.cores else float(verify_ck), "sync": float(sync) * 2 / 3}
+    commit = {"sync": float(sync) / 3, "landing": land_s}
+    phases = {"transfer": {t: breakdown[t] - verify.get(t, 0.0) - (commit["sync"] if t == "sync" else 0.0)
+                           for t in STEP_TERMS}, "verify": verify, "commit": commit}
     return Prediction(plan.transport, float(total.sum()) + land_s, int(moved), busiest[0], busiest[1], int(busiest[2]),
                       len(plan.rounds) + len(plan.buckets), breakdown, landing, phases)

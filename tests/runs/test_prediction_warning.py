@@ -105,7 +105,10 @@ def test_the_predicted_phases_split_the_breakdown_term_by_term(transport, cpu):
     for term, seconds in pred.breakdown.items():
         parts = [terms.get(term, 0.0) for terms in pred.phases.values()]
         assert all(p >= -1e-12 for p in parts) and sum(parts) == pytest.approx(seconds, rel=1e-9, abs=1e-15)
-    assert pred.phases["verify"]["sync"] == pred.breakdown["sync"] > 0
+    # the checksum exchange and the vote close the verify phase, the acknowledgement the commit phase
+    assert pred.phases["verify"]["sync"] == pytest.approx(2 * pred.phases["commit"]["sync"], rel=1e-12)
+    assert pred.phases["verify"]["sync"] + pred.phases["commit"]["sync"] == pytest.approx(pred.breakdown["sync"])
+    assert pred.phases["commit"]["sync"] > 0
     if cpu:  # the CPU executor sums every message as it lands and every in-place send after its post
         assert pred.phases["verify"]["checksum"] == 0 and pred.phases["transfer"]["checksum"] > 0
     elif transport != "gather_broadcast":  # GPUs: p2p rounds checksum what landed after the last round
@@ -185,7 +188,7 @@ def test_a_gather_broadcast_whose_verify_is_its_senders_checksums_names_checksum
     slow = 10.0
     sync = pred.breakdown["sync"]
     measured = {"transfer": sum(pred.phases["transfer"].values()) + (slow - 1) * pred.phases["transfer"]["checksum"],
-                "verify": max(sent.values()) / (links.checksum / slow) + sync, "commit": 0.0}
+                "verify": max(sent.values()) / (links.checksum / slow) + 2 * sync / 3, "commit": sync / 3}
     s = {"transport": "gather_broadcast", "predicted_s": pred.predicted_s, "predicted_breakdown_s": pred.breakdown,
          "predicted_phases_s": pred.phases, "measured_vs_predicted": sum(measured.values()) / pred.predicted_s,
          "critical_phases_s": measured}
