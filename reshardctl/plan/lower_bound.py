@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reshardctl.plan.distinct import distinct
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.plan.pairs import owners_overlap
 
@@ -44,12 +45,6 @@ def _union_numel(boxes) -> int:
     return int(cell[grid].sum())
 
 
-def _distinct(ids: np.ndarray) -> np.ndarray:
-    """The distinct values of non-negative integer ids (domains, nodes), ascending (without np.unique,
-    which imports numpy.ma)."""
-    return np.flatnonzero(np.bincount(ids)) if ids.size else np.zeros(0, dtype=np.int64)
-
-
 @dataclass(frozen=True)
 class LowerBound:
     seconds: float
@@ -65,7 +60,7 @@ def needed_bytes(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     model = plan.model
     need = np.zeros(I)
     infer_dom = topo.domain_of[T:]
-    domains = _distinct(infer_dom)
+    domains = distinct(infer_dom).values
     dom_index = {int(d): k for k, d in enumerate(domains)}
     dom_bytes = np.zeros(len(domains))
     classes, reps = plan.infer.placement_classes()
@@ -81,7 +76,7 @@ def needed_bytes(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
             n = tpl.slot_numel(cls[0])
             ranks = np.asarray([p.ranks[s] for s in cls])
             np.add.at(per_rank, ranks, n)
-            for d in _distinct(infer_dom[ranks]):
+            for d in distinct(infer_dom[ranks]).values:
                 per_dom[dom_index[int(d)]] += n
                 dom_classes.setdefault(dom_index[int(d)], []).append(k)
         if _classes_overlap(tpl):  # count each element once per domain, not once per class
@@ -99,7 +94,7 @@ def lower_bound(plan: Plan, links) -> LowerBound:
     T, I = topo.train_world, topo.infer_world
     model = plan.model
     infer_dom = topo.domain_of[T:]
-    domains = _distinct(infer_dom)
+    domains = distinct(infer_dom).values
     need, dom_bytes = needed_bytes(plan)
     cands: list[tuple[float, str]] = []
     shares_domain = bool(set(topo.domain_of[:T].tolist()) & set(infer_dom.tolist()))
@@ -109,7 +104,7 @@ def lower_bound(plan: Plan, links) -> LowerBound:
     cands.append((need[g] / ingress, f"inference rank {g} must receive {int(need[g])} bytes over NVLink+NIC"))
     if not shares_domain:
         for k, d in enumerate(domains):
-            nodes = _distinct(topo.node_of[T:][infer_dom == d]).size
+            nodes = distinct(topo.node_of[T:][infer_dom == d]).values.size
             cands.append((dom_bytes[k] / (nodes * links.peak_node_nic), f"NVLink domain {int(d)} must take in {int(dom_bytes[k])} distinct bytes over the NICs of {nodes} node(s)"))
         cands.append((model.num_bytes / (topo.train_nodes * links.peak_node_nic), f"{model.num_bytes} model bytes must leave {topo.train_nodes} trainer node(s) over their NICs"))
     if links.host:

@@ -34,6 +34,7 @@ import numpy as np
 from reshardctl.layout.placement import Placement
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec
+from reshardctl.plan.distinct import distinct
 from reshardctl.topology import Topology
 
 LIMITS = {"mesh_ndim": 2, "tensor_rank": 3, "fan_in": 16, "fan_out": 64}
@@ -147,8 +148,7 @@ def _fans(units, n: int) -> tuple[np.ndarray, np.ndarray]:
     for u in units:
         if not len(u.table):
             continue
-        pairs = np.sort(u.table.src.astype(np.int64) * (1 << 32) + u.table.dst)  # np.unique hashes: slow on numpy 2.4
-        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]]
+        pairs = distinct(u.table.src.astype(np.int64) * (1 << 32) + u.table.dst).values
         np.maximum.at(fan_in, u.tensors, np.bincount(pairs & ((1 << 32) - 1)).max())  # distinct sources per destination
         np.maximum.at(fan_out, u.tensors, np.bincount(pairs >> 32).max())
     return fan_in, fan_out

@@ -8,6 +8,7 @@ import numpy as np
 
 from reshardctl.layout.side import SideLayout
 from reshardctl.models.spec import ModelSpec, TensorSpec
+from reshardctl.plan.distinct import distinct
 from reshardctl.plan.refit_plan import Unit
 from reshardctl.layout.indexset import split_box
 from reshardctl.layout.placement import box_numel
@@ -32,12 +33,7 @@ def group_tensors(
     if not index.size:
         return []
     key = (tcls[index] * len(ireps) + icls[index]) * 16 + model.itemsizes[index]  # itemsize <= 8
-    # the distinct keys (a sort: np.unique would import numpy.ma), each one's first member, each tensor's key
-    by_key = np.argsort(key, kind="stable")
-    new = np.r_[True, key[by_key][1:] != key[by_key][:-1]]
-    first = by_key[new]
-    inverse = np.empty(key.size, dtype=np.int64)
-    inverse[by_key] = np.cumsum(new) - 1
+    _, first, inverse = distinct(key, first=True, inverse=True)  # each key's first member, each tensor's key
     rank = np.empty(first.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # groups in order of first member
     group = rank[inverse.reshape(-1)]
@@ -243,22 +239,6 @@ def heavy_phase_candidates(need: int) -> list[int]:
     return sorted(c for c in out if c >= 2)
 
 
-def _distinct(keys: np.ndarray, inverse: bool = False):
-    """The distinct values of ``keys``, ascending (and with ``inverse``: each key's position among them),
-    from one sort: ``np.unique`` gives the same, but numpy 2.4 hashes where it need not return the
-    inverse, 8-10x slower than a sort on these ~800k int64 keys."""
-    order = np.argsort(keys, kind="stable") if inverse else None
-    k = keys[order] if inverse else np.sort(keys)
-    new = np.empty(k.size, dtype=bool)
-    new[:1] = True
-    np.not_equal(k[1:], k[:-1], out=new[1:])
-    if not inverse:
-        return k[new]
-    inv = np.empty(k.size, dtype=np.int64)
-    inv[order] = np.cumsum(new) - 1
-    return k[new], inv
-
-
 def _pack_phased(lens: np.ndarray, counts: list[int], src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
                  world: int, bound: int, phases: int):
     """Phases of several rounds each: phase by phase, the phase's content in table order (unit by unit),
@@ -281,7 +261,7 @@ def _pack_phased(lens: np.ndarray, counts: list[int], src: np.ndarray, dst: np.n
     rows = order[np.arange(seg.size) - np.repeat(np.cumsum(ln) - ln, ln) + np.repeat(starts[live_u] + a, ln)]
     s_r, d_r, b_r = src[rows], dst[rows], nbytes[rows]
     # per segment: the ranks it loads and one instance's bytes on each (sorted by segment, then rank)
-    uk, inv = _distinct(np.concatenate([seg * world + s_r, seg * world + d_r]), inverse=True)
+    uk, _, inv = distinct(np.concatenate([seg * world + s_r, seg * world + d_r]), inverse=True)
     w = np.bincount(inv, weights=np.concatenate([b_r, b_r]).astype(np.float64)).astype(np.int64)
     sseg, srank = np.divmod(uk, world)
     lb = np.searchsorted(sseg, np.arange(nseg + 1)).tolist()
@@ -343,14 +323,14 @@ def _pack_phased(lens: np.ndarray, counts: list[int], src: np.ndarray, dst: np.n
                     rec_round.append(i)
                     rec_seg.append(j)
     # messages: the distinct (round, sender, receiver) of the entries (a chunk counted with its segment's pairs)
-    pk = _distinct(seg * (world * world) + s_r.astype(np.int64) * world + d_r)
+    pk = distinct(seg * (world * world) + s_r.astype(np.int64) * world + d_r).values
     pseg, pair = np.divmod(pk, world * world)
     pstart = np.searchsorted(pseg, np.arange(nseg))
     pcount = np.bincount(pseg, minlength=nseg)
     es, er = np.asarray(rec_seg, dtype=np.int64), np.asarray(rec_round, dtype=np.int64)
     cnt = pcount[es]
     idx = np.repeat(pstart[es], cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    sd = _distinct(np.repeat(er, cnt) * (world * world) + pair[idx]) % (world * world)
+    sd = distinct(np.repeat(er, cnt) * (world * world) + pair[idx]).values % (world * world)
     ps, pd = np.divmod(sd, world)
     msgs = np.bincount(ps, minlength=world) + np.bincount(pd, minlength=world)
     return order, cuts, rounds, int(msgs.max(initial=0))

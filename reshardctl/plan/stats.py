@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reshardctl.plan.distinct import distinct
 from reshardctl.plan.refit_plan import Plan
 from reshardctl.topology import infer_rank_of, is_trainer
 
@@ -169,18 +170,6 @@ def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return unit[first], t_lo[first], t_hi[first], e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
 
 
-def _first_of_each(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct values of ``key``: the sort order, a mask of the first of each run in it, and each
-    element's distinct number (in sorted order). A stable sort: the keys here come in runs sorted by
-    slice, which it merges instead of sorting from scratch."""
-    order = np.argsort(key, kind="stable")
-    k = key[order]
-    new = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, dtype=bool)
-    number = np.empty(order.size, dtype=np.int64)
-    number[order] = np.cumsum(new) - 1
-    return order, new, number
-
-
 def p2p_stats(plan: Plan) -> PlanStats:
     """Traffic of every round, computed once per distinct unit slice over all their transfers at once.
 
@@ -245,8 +234,7 @@ def p2p_stats(plan: Plan) -> PlanStats:
         # thousands of slices); each transfer's two touched pairs, sender's and receiver's, side by side
         keys = np.empty(2 * seg.size, dtype=np.int64)
         keys[0::2], keys[1::2] = seg * world + src, seg * world + dst
-        order, new, number = _first_of_each(keys)
-        touched = keys[order[new]]
+        touched, _, number = distinct(keys, inverse=True)  # the keys come in runs sorted by slice: a stable sort merges them
         src_pos, dst_pos = number[0::2], number[1::2]
         t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
         t_len = np.bincount(t_seg, minlength=S)
@@ -269,14 +257,13 @@ def p2p_stats(plan: Plan) -> PlanStats:
         del sent, received
         # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
         # largest count of any of its entries (a pair's messages merge per class within a step)
-        order, new, _ = _first_of_each(((seg * world + src) * world + dst) * 4 + klass)
-        first = order[new]  # one transfer of each distinct (slice, src, dst, class)
+        first = distinct(((seg * world + src) * world + dst) * 4 + klass, first=True).first  # one transfer of each
         msgs = (np.bincount(src_pos[first], minlength=t_seg.size)
                 + np.bincount(dst_pos[first], minlength=t_seg.size))
         seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
         by_link = (np.bincount(e_seg, weights=e_n, minlength=S)[:, None] * seg_links).sum(axis=0)
         del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
-        del cls, net, touched, keys, order, new, number, src_pos, dst_pos, first  # (memory, before the expansion)
+        del cls, net, touched, keys, number, src_pos, dst_pos, first  # (memory, before the expansion)
         # expand the entries over their slices' touched pairs, a bounded number of pairs at a time, the
         # entries in slice order (sums and maxima do not depend on it): where a run of entries covers
         # consecutive slices once each (a phased plan: every entry its own slice), their pairs are one

@@ -80,15 +80,17 @@ def test_pair_bytes_dense_equals_sorted(world, rows):
     assert all(np.array_equal(a, b) for a, b in zip(dense, by_sort))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(keys=st.lists(st.integers(0, 2**62), max_size=40) | st.lists(st.integers(0, 4), max_size=40))
 def test_distinct_is_np_unique(keys):
-    """``reshard._distinct`` (the sort that replaced ``np.unique`` in the phased packer): the same distinct
-    values, ascending, and the same inverse, on keys with many repeats and on keys with none."""
-    from reshardctl.plan.reshard import _distinct
+    """``plan/distinct.py`` (the sort the planner uses for ``np.unique``): the same distinct values,
+    ascending, the same inverse, and each value's first occurrence, on keys with many repeats and none."""
+    from reshardctl.plan.distinct import distinct
 
     x = np.asarray(keys, dtype=np.int64)
-    want, want_inv = np.unique(x, return_inverse=True)
-    assert _distinct(x).tolist() == want.tolist()
-    got, inv = _distinct(x, inverse=True)
+    want, want_first, want_inv = np.unique(x, return_index=True, return_inverse=True)
+    d = distinct(x)
+    assert d.values.tolist() == want.tolist() and d.first is None and d.inverse is None
+    got, first, inv = distinct(x, first=True, inverse=True)
     assert got.tolist() == want.tolist() and inv.tolist() == want_inv.reshape(-1).tolist()
+    assert first.tolist() == want_first.tolist()  # np.unique's index is the first occurrence too
