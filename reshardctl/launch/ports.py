@@ -40,12 +40,13 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1", *, range_file: str = RANGE_FILE) -> int:
+def free_port(host: str = "127.0.0.1", *, range_file: str = RANGE_FILE, lowest: int = LOWEST) -> int:
     """A TCP port, free a moment ago, that no outgoing connection of this machine will take meanwhile: a
-    random one in [LOWEST, the ephemeral range's start) that binds now. Where the ephemeral range leaves
-    fewer than 1 000 such ports, or ``DRAWS`` draws find none free, the OS picks one (``bind(0)``)."""
+    random one in [``lowest``, the ephemeral range's start) or above its end that binds now. Where the
+    ephemeral range leaves fewer than 1 000 such ports on either side, or ``DRAWS`` draws find none free,
+    the OS picks one (``bind(0)``)."""
     lo, hi = ephemeral_range(range_file)
-    below = (LOWEST, lo - 1) if lo - LOWEST >= 1000 else None
+    below = (lowest, lo - 1) if lo - lowest >= 1000 else None
     above = (hi + 1, 65535) if 65535 - hi >= 1000 else None
     spans = [s for s in (below, above) if s]
     rng = random.SystemRandom()

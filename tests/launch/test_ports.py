@@ -24,25 +24,29 @@ def test_the_port_is_outside_the_ephemeral_range_and_binds(tmp_path):
 
 
 def test_a_port_in_use_is_never_given(tmp_path):
-    # the below-range span squeezed to [LOWEST, LOWEST + 999] with its first 999 ports held: only the last is free
-    path = _range_file(tmp_path, f"{LOWEST + 1000}\t65535\n")
+    # the span squeezed to [5000, 5999] (below the ports the rest of the suite draws from, so holding it
+    # takes nothing from a parallel test) with its first 999 ports held: only the last may be given
+    low = 5000
+    path = _range_file(tmp_path, f"{low + 1000}\t65535\n")
     held = []
     try:
-        for port in range(LOWEST, LOWEST + 999):
+        for port in range(low, low + 999):
             s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))
                 s.listen()
-            except OSError:  # someone else's already: just as good
+            except OSError:  # some service's already: free_port's bind fails on it just the same
                 s.close()
                 continue
             held.append(s)
-        got = {free_port(range_file=path) for _ in range(5)}
+        got = {free_port(range_file=path, lowest=low) for _ in range(5)}
+        mine = {s.getsockname()[1] for s in held}
     finally:
         for s in held:
             s.close()
-    # each draw either found the one free port or fell back to the OS's pick (never a held one)
-    assert all(p == LOWEST + 999 or p >= LOWEST + 1000 for p in got), got
+    # each draw found the one port left or fell back to the OS's pick: never a port held
+    assert len(mine) > 900 and not got & mine, (len(mine), got & mine)
+    assert all(p == low + 999 or p >= low + 1000 for p in got), got
 
 
 def test_without_room_below_or_above_the_os_picks(tmp_path):
