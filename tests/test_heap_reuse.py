@@ -12,7 +12,7 @@ from reshardctl.heap_reuse import _libc, reused_freed_memory
 MB = 1 << 20
 
 
-def _faults_of_one_block(size: int = 48 * MB) -> int:
+def _faults_of_one_block(size: int = 96 * MB) -> int:
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     a = np.ones(size, dtype=np.uint8)  # every page touched
     del a
@@ -28,7 +28,9 @@ def test_a_freed_block_is_reused_within_and_not_outside():
         _faults_of_one_block()  # the heap grows once
         within = _faults_of_one_block()
     after = _faults_of_one_block()
-    assert before > 100 and after > 100, (before, after)  # ~24 huge pages or ~12k small ones
+    # a fresh block faults once per page touched: 48 huge pages (numpy asks for them on large arrays, the
+    # kernel gives them where it has them) up to 24k small ones
+    assert before >= 40 and after >= 40, (before, after)
     assert within * 10 < before, (before, within)
     assert within * 10 < after, (after, within)  # set back: the next block is mapped afresh again
 
