@@ -117,3 +117,21 @@ def test_without_out_the_transports_are_planned_side_by_side_and_report_the_same
         assert json.dumps(_without_timings(a)) == json.dumps(_without_timings(b))  # key order too
         assert heard == [("planning and costing reshard, gather_broadcast, hybrid in 2 processes", 0, 5),
                          ("ranking 2 inference layouts", 4, 5)]
+
+
+@pytest.mark.parametrize("transport,relay", [("reshard", "auto"), ("gather_broadcast", "auto"), ("hybrid", "on"),
+                                             ("reshard", "on")])
+def test_one_transport_planned_beside_nemo_rls_refit_reports_the_same(monkeypatch, transport, relay):
+    """One transport: two parts (its plan, NeMo RL's refit with the m2n verdicts where no reshard units
+    give them), in two workers or in this process: the same report."""
+    from reshardctl.plan_report import plan_report
+    from reshardctl.request.request import RefitRequest
+    from reshardctl.request.resolve import prepare
+
+    monkeypatch.setenv("RESHARDCTL_PLAN_WORKERS", "2")
+    inp = prepare(RefitRequest(model="tiny-qwen3-moe", train="ep=2,pp=2", infer="tp=2,dp=2", transport=transport,
+                               relay=relay))
+    _, a = plan_report(inp)
+    _, b = plan_report(inp, keep_plans=False)
+    assert list(a["transports"]) == [transport] and a["m2n_compat"]["tensors"] > 0
+    assert json.dumps(_without_timings(a)) == json.dumps(_without_timings(b))
