@@ -69,9 +69,9 @@ def infer_needed_bytes(model, infer) -> int:
     return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
-# the parts of a report, by their rough cost, for dealing them to worker processes: the heaviest first, each
-# to the lightest-loaded worker (DeepSeek-V3 256+256 on 2 cores: reshard 0.67 s, hybrid 0.42, gather_broadcast
-# 0.35, framework 0.11: two workers get reshard + framework and hybrid + gather_broadcast)
+# the parts of a report by their rough cost: workers take them heaviest first (DeepSeek-V3 256+256 on 2 cores:
+# reshard 0.67 s, hybrid 0.42, gather_broadcast 0.35, framework 0.11: one worker reshard then framework, the
+# other hybrid then gather_broadcast)
 PART_WEIGHT = {"reshard": 6.0, "hybrid": 4.0, "gather_broadcast": 3.0, "framework": 1.0}
 
 
@@ -80,11 +80,12 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     """Plan every requested transport (+ candidates); return the plans and the ``--json`` object.
 
     ``keep_plans=False`` (``plan`` without ``--out`` or ``--export-transfers``: nothing reads the plans
-    themselves): the transports are planned and costed side by side in forked workers (``fork_map``, as
-    ``--compare-infer``'s candidates), only their figures come back, and the plans returned are none; the
-    object is the same either way. ``progress(what, done, total)``, if given, is told each stage as it
-    begins (each transport's plan and figures, NeMo RL's refit, the candidates; with workers: one stage
-    for all the parts): it only listens; the plans and the object are the same."""
+    themselves): the transports are planned and costed side by side in forked workers, with the
+    ``--compare-infer`` candidates (``fork_map``: each worker takes the next job when it is free, the
+    candidates first, then the parts heaviest first), only their figures come back, and the plans returned
+    are none; the object is the same either way. ``progress(what, done, total)``, if given, is told each
+    stage as it begins (each transport's plan and figures, NeMo RL's refit, the candidates; with workers:
+    one stage for all the parts and candidates): it only listens; the plans and the object are the same."""
     from reshardctl.fork_map import fork_map, workers_available
 
     t0 = time.perf_counter()
@@ -99,14 +100,20 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
             progress(what, done, total)
         done += steps
 
-    workers = 1 if keep_plans else min(workers_available(), len(parts))
+    todo = _candidates_to_plan(inp)
+    workers = 1 if keep_plans else min(workers_available(), len(parts) + len(todo))
+    candidate_figures = None
     if workers > 1:
         inp.train.placement_classes()  # once, before the fork: every part reads them
         inp.infer.placement_classes()
-        stage(f"planning and costing {', '.join(order)} in {workers} processes", len(parts))
-        groups = _dealt(parts, workers)
-        got = dict(zip((x for g in groups for x in g),
-                       (r for rs in fork_map(lambda g: [_part(inp, x, False) for x in g], groups, workers) for r in rs)))
+        also = f" and {len(todo)} candidate layout(s)" if todo else ""
+        stage(f"planning and costing {', '.join(order)}{also} in {workers} processes", len(parts))
+        jobs = [("candidate", c) for c in todo.values()] + \
+            [("part", x) for x in sorted(parts, key=lambda x: -PART_WEIGHT[x])]
+        out = fork_map(lambda job: _candidate_figures(inp, order[0], job[1]) if job[0] == "candidate"
+                       else _part(inp, job[1], False), jobs, workers)
+        candidate_figures = dict(zip(todo, out[:len(todo)]))
+        got = {job[1]: r for job, r in zip(jobs[len(todo):], out[len(todo):])}
     else:
         got = {}
         for x in parts:
@@ -135,7 +142,7 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     }
     if inp.compare:
         stage(f"ranking {len(inp.compare)} inference layouts")
-        result["compare"] = compare(inp, order[0], (first, lb))
+        result["compare"] = compare(inp, order[0], (first, lb), candidate_figures)
     result["planning_s"] = time.perf_counter() - t0
     return {t: got[t]["plan"] for t in order if "plan" in got[t]}, result
 
@@ -171,48 +178,47 @@ def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
     return out
 
 
-def _dealt(parts: list[str], workers: int) -> list[list[str]]:
-    """``parts`` in ``workers`` groups of about equal ``PART_WEIGHT``: the heaviest first, each to the
-    lightest group so far (ties: the earlier group); each group in report order."""
-    groups: list[list[str]] = [[] for _ in range(workers)]
-    load = [0.0] * workers
-    for x in sorted(parts, key=lambda x: -PART_WEIGHT[x]):
-        g = load.index(min(load))
-        groups[g].append(x)
-        load[g] += PART_WEIGHT[x]
-    return [sorted(g, key=parts.index) for g in groups if g]
+def _candidates_to_plan(inp: Inputs) -> dict[str, object]:
+    """The candidates ``compare`` plans: spec -> its first candidate, in candidate order, leaving out the
+    current layout (its row is the report's) and repeats of an earlier spec."""
+    todo: dict[str, object] = {}
+    for c in inp.compare:
+        if not (c.layout is inp.infer and c.topology is inp.topology):
+            todo.setdefault(c.spec, c)
+    current = {c.spec for c in inp.compare if c.layout is inp.infer and c.topology is inp.topology}
+    return {s: c for s, c in todo.items() if s not in current}
 
 
-def compare(inp: Inputs, transport: str, current: tuple[dict, object] | None = None) -> list[dict]:
+def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: dict[str, dict] | None = None) -> list[dict]:
     """Rank the candidate inference layouts. ``current``: the report row of ``transport``'s plan for the
     current layout and its lower bound, already computed (the current candidate reuses them); a candidate
     repeating the spec of an earlier one (``--compare-infer`` naming the current layout) reuses its row.
-    The other candidates are planned side by side in forked workers (``fork_map``: one per CPU this
-    process may use, ``$RESHARDCTL_PLAN_WORKERS`` to set); the rows are the same either way."""
+    ``figures``: the other candidates' figures (``_candidates_to_plan``) where the caller planned them
+    already (``plan_report``'s workers); else they are planned here side by side in forked workers
+    (``fork_map``: one per CPU this process may use, ``$RESHARDCTL_PLAN_WORKERS`` to set). The rows are the
+    same either way."""
     from reshardctl.fork_map import fork_map
 
+    report, lb = current
     figures_of: dict[str, dict] = {}
-    if current is not None:
-        report, lb = current
-        for c in inp.compare:
-            if c.layout is inp.infer and c.topology is inp.topology:
-                figures_of.setdefault(c.spec, {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
-                                               "bytes_moved": report["bytes_moved"], "fingerprint": report["fingerprint"]})
-    todo: dict[str, object] = {}  # spec -> its first candidate, in candidate order
     for c in inp.compare:
-        if c.spec not in figures_of:
-            todo.setdefault(c.spec, c)
-    figures_of.update(zip(todo, fork_map(lambda c: _candidate_figures(inp, transport, c), list(todo.values()))))
+        if c.layout is inp.infer and c.topology is inp.topology:
+            figures_of.setdefault(c.spec, {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
+                                           "bytes_moved": report["bytes_moved"], "fingerprint": report["fingerprint"]})
+    todo = _candidates_to_plan(inp)
+    if figures is None:
+        figures = dict(zip(todo, fork_map(lambda c: _candidate_figures(inp, transport, c), list(todo.values()))))
+    figures_of.update((s, figures[s]) for s in todo)
     rows = []
     for c in inp.compare:
-        figures = figures_of[c.spec]
-        pred_s, lb_s = figures["predicted_s"], figures["lower_bound_s"]
+        figures_ = figures_of[c.spec]
+        pred_s, lb_s = figures_["predicted_s"], figures_["lower_bound_s"]
         rows.append({
             "infer": c.spec, "layout": c.layout.describe(), "current": c.current,
             "infer_world": c.layout.world_size, "transport": transport, "predicted_s": pred_s,
             "lower_bound_s": lb_s,
             "efficiency": lb_s / pred_s if pred_s > 0 else 1.0,
-            "bytes_moved": figures["bytes_moved"], "fingerprint": figures["fingerprint"],
+            "bytes_moved": figures_["bytes_moved"], "fingerprint": figures_["fingerprint"],
         })
     rows.sort(key=lambda r: (r["predicted_s"], r["infer"]))
     for k, r in enumerate(rows, 1):

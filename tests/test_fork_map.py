@@ -22,14 +22,46 @@ def _pid_and_square(x: int) -> tuple[int, int]:
 
 @settings(max_examples=15, deadline=None)
 @given(items=st.lists(st.integers(-1000, 1000), max_size=9), workers=st.integers(1, 4))
-def test_results_in_item_order_and_work_really_forked(items, workers):
+def test_results_in_item_order(items, workers):
     got = fork_map(_pid_and_square, items, workers)
     assert [sq for _, sq in got] == [x * x for x in items]
+    assert len({pid for pid, _ in got}) <= max(1, min(workers, len(items)))
+
+
+def _until_both_work(tmp, x: int, parent: int):
+    """Item ``x``: say which process took it, then wait (up to 30 s) until two processes have taken one."""
+    import time
+
+    (tmp / f"{x}-{os.getpid()}").write_text("")
+    for _ in range(600):
+        if len({f.name.split("-")[1] for f in tmp.iterdir()}) >= 2:
+            break
+        time.sleep(0.05)
+    return os.getpid(), x
+
+
+def test_the_work_is_really_forked_and_each_item_taken_once(tmp_path):
+    parent = os.getpid()
+    got = fork_map(lambda x: _until_both_work(tmp_path, x, parent), list(range(6)), 2)
+    assert [x for _, x in got] == list(range(6))
     pids = {pid for pid, _ in got}
-    # items dealt round-robin: this process takes items 0, n, 2n, ...; children (other pids) the rest
-    n = min(workers, len(items))
-    assert len(pids) == n
-    assert all(got[i][0] == os.getpid() for i in range(0, len(items), max(n, 1)))
+    assert len(pids) == 2 and parent in pids  # this process and one child, both at work
+    taken = sorted(int(f.name.split("-")[0]) for f in tmp_path.iterdir())
+    assert taken == list(range(6))  # every item by exactly one process
+
+
+def test_a_free_worker_takes_the_next_item():
+    """Item 0 keeps one worker for 1.5 s; the other takes every other item meanwhile (dealt round-robin, the
+    busy worker would have had items 2 and 4 as well)."""
+    import time
+
+    def fn(x):
+        if x == 0:
+            time.sleep(1.5)
+        return os.getpid()
+
+    pids = fork_map(fn, list(range(6)), 2)
+    assert len({pids[i] for i in range(1, 6)}) == 1 and pids[0] not in pids[1:]
 
 
 def _fail_on(bad: int, how: str):
@@ -41,10 +73,6 @@ def _fail_on(bad: int, how: str):
                 raise PlanError(f"item {x} cannot be planned", hint="a hint")
             if how == "other":
                 raise ZeroDivisionError(f"item {x} divided by zero")
-            if how == "exit":
-                os._exit(3)
-            if how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
         return x
     return fn
 
@@ -57,7 +85,7 @@ def test_a_reshard_error_in_a_child_is_raised_here_as_itself(how):
     except (LayoutError, PlanError) as e:
         serial = e
     try:
-        fork_map(_fail_on(5, how), range(8), 4)  # item 5 is a child's (5 % 4 != 0)
+        fork_map(_fail_on(5, how), range(8), 4)
     except (LayoutError, PlanError) as e:
         parallel = e
     assert type(parallel) is type(serial) and str(parallel) == str(serial)
@@ -70,10 +98,21 @@ def test_another_exception_in_a_child_carries_its_traceback():
     assert "Traceback (most recent call last)" in str(e.value) and "in fn" in str(e.value)
 
 
+def _dies_in_a_child(tmp, how: str, parent: int):
+    def fn(x: int) -> int:
+        _until_both_work(tmp, x, parent)
+        if os.getpid() != parent:  # whichever items the child took: it dies on its first
+            if how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x
+    return fn
+
+
 @pytest.mark.parametrize("how", ["exit", "kill"])
-def test_a_child_that_dies_is_said_and_reaped(how):
+def test_a_child_that_dies_is_said_and_reaped(how, tmp_path):
     with pytest.raises(RuntimeError, match="worker process .* ended with status") as e:
-        fork_map(_fail_on(1, how), range(4), 2)
+        fork_map(_dies_in_a_child(tmp_path, how, os.getpid()), range(4), 2)
     assert ("3" if how == "exit" else str(-signal.SIGKILL)) in str(e.value)
     import re
 
@@ -88,7 +127,7 @@ def test_the_first_failing_item_in_item_order_wins():
             raise PlanError(f"item {x}")
         return x
     with pytest.raises(PlanError, match="item 2"):
-        fork_map(fn, range(8), 3)  # 5 is this process's, 2 a child's: item order, not arrival
+        fork_map(fn, range(8), 3)  # item order, not which worker took it or when it failed
 
 
 @pytest.mark.parametrize("raw, ok", [("1", 1), (" 3 ", 3), ("0", None), ("two", None), ("-1", None)])
@@ -129,8 +168,10 @@ def test_an_interrupt_here_kills_and_reaps_the_children(tmp_path):
 
     pid_file = tmp_path / "child.pid"
 
+    parent = os.getpid()
+
     def fn(x):
-        if x == 1:  # the child's item: say who it is, then work far longer than the test
+        if os.getpid() != parent:  # the child's item: say who it is, then work far longer than the test
             pid_file.write_text(str(os.getpid()))
             time.sleep(120)
             return x

@@ -115,7 +115,8 @@ def test_without_out_the_transports_are_planned_side_by_side_and_report_the_same
         none, b = plan_report(inp, lambda what, done, total: heard.append((what, done, total)), keep_plans=False)
         assert none == {} and kept
         assert json.dumps(_without_timings(a)) == json.dumps(_without_timings(b))  # key order too
-        assert heard == [("planning and costing reshard, gather_broadcast, hybrid in 2 processes", 0, 5),
+        assert heard == [("planning and costing reshard, gather_broadcast, hybrid and 1 candidate layout(s) in 2 "
+                          "processes", 0, 5),
                          ("ranking 2 inference layouts", 4, 5)]
 
 
