@@ -97,8 +97,9 @@ def plan_for(plan: Plan, transport: str) -> Plan:
 
 
 def fingerprint(plan: Plan) -> str:
-    """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan.
-    Every part is length-prefixed, so the encoding is unambiguous."""
+    """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan. Every
+    part has a fixed length (the digests), a count before it (units, rounds, buckets, their fields) or
+    ends in a NUL its text cannot contain (``repr`` escapes it), so one byte string is one encoding."""
     h = hashlib.sha256()
 
     def put(x) -> None:
@@ -131,13 +132,15 @@ def _inventory_digest(model: ModelSpec) -> bytes:
 
 
 def _units_arrays(units) -> list[np.ndarray]:
-    """Every unit's instances and transfer table as a few arrays: per unit (instances, rows, box dims),
-    then each field of every unit back to back (boxes flattened row-major), in unit order."""
+    """Every unit's instances and transfer table as a few arrays: the number of units, per unit
+    (instances, rows, box dims), then each field of every unit back to back (boxes flattened row-major),
+    in unit order."""
     if not units:
-        return []
+        return [np.zeros(1, dtype=np.int64)]
     head = np.asarray([(len(u.tensors), len(u.table), u.table.lo.shape[1] if u.table.lo.ndim == 2 else 0)
                        for u in units], dtype=np.int64)
-    parts = [head, np.concatenate([u.tensors for u in units]).astype(np.int64, copy=False)]
+    parts = [np.asarray([len(units)], dtype=np.int64), head,
+             np.concatenate([u.tensors for u in units]).astype(np.int64, copy=False)]
     for f in ("src", "dst", "stage"):
         parts.append(np.concatenate([getattr(u.table, f) for u in units]).astype(np.int64, copy=False))
     for f in ("lo", "hi"):
@@ -146,18 +149,19 @@ def _units_arrays(units) -> list[np.ndarray]:
 
 
 def _rounds_arrays(rounds) -> list[np.ndarray]:
-    """Per round (index, stage, entries), then every round's entries (unit, inst_lo, inst_hi, t_lo, t_hi)
-    back to back, rounds in order, as int64."""
+    """The number of rounds, per round (index, stage, entries), then every round's entries (unit, inst_lo,
+    inst_hi, t_lo, t_hi) back to back, rounds in order, as int64."""
     if not rounds:
-        return []
+        return [np.zeros(1, dtype=np.int64)]
     head = np.asarray([(r.index, r.stage, len(r.entries)) for r in rounds], dtype=np.int64)
-    return [head, np.concatenate([r.entries for r in rounds]).astype(np.int64, copy=False)]
+    return [np.asarray([len(rounds)], dtype=np.int64), head,
+            np.concatenate([r.entries for r in rounds]).astype(np.int64, copy=False)]
 
 
 def _placements_digest(layout: SideLayout) -> bytes:
-    """sha256 of a layout's placements: every distinct (shape, holdings, ranks), in first-seen order, then
-    each tensor's content ordinal and stage. Computed once per layout (it is immutable; the transports
-    of one command share it)."""
+    """sha256 of a layout's placements: every distinct (shape, holdings, ranks), in first-seen order, each
+    with its length, then the number of tensors and each one's content ordinal and stage. Computed once
+    per layout (it is immutable; the transports of one command share it)."""
     cached = layout.__dict__.get("_placements_digest")
     if cached is None:
         classes, reps = layout.placement_classes()
@@ -169,8 +173,10 @@ def _placements_digest(layout: SideLayout) -> bytes:
             k = by_content.get(content)
             if k is None:
                 k = by_content[content] = len(by_content)
-                h.update(repr(content).encode() + b"\0")
+                text = repr(content).encode()
+                h.update(len(text).to_bytes(8, "little") + text)
             ordinal[c] = k
+        h.update(len(classes).to_bytes(8, "little"))
         h.update(np.stack([ordinal[classes], layout.stage_array()], axis=1).tobytes())
         cached = layout.__dict__["_placements_digest"] = h.digest()
     return cached
