@@ -178,15 +178,19 @@ def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
     return out
 
 
+def _is_current(inp: Inputs, c) -> bool:
+    return c.layout is inp.infer and c.topology is inp.topology
+
+
 def _candidates_to_plan(inp: Inputs) -> dict[str, object]:
     """The candidates ``compare`` plans: spec -> its first candidate, in candidate order, leaving out the
-    current layout (its row is the report's) and repeats of an earlier spec."""
+    current layout's spec (its row is the report's) and repeats of an earlier spec."""
+    current = {c.spec for c in inp.compare if _is_current(inp, c)}
     todo: dict[str, object] = {}
     for c in inp.compare:
-        if not (c.layout is inp.infer and c.topology is inp.topology):
+        if c.spec not in current:
             todo.setdefault(c.spec, c)
-    current = {c.spec for c in inp.compare if c.layout is inp.infer and c.topology is inp.topology}
-    return {s: c for s, c in todo.items() if s not in current}
+    return todo
 
 
 def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: dict[str, dict] | None = None) -> list[dict]:
@@ -200,25 +204,21 @@ def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: 
     from reshardctl.fork_map import fork_map
 
     report, lb = current
-    figures_of: dict[str, dict] = {}
-    for c in inp.compare:
-        if c.layout is inp.infer and c.topology is inp.topology:
-            figures_of.setdefault(c.spec, {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds,
-                                           "bytes_moved": report["bytes_moved"], "fingerprint": report["fingerprint"]})
+    mine = {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds, "bytes_moved": report["bytes_moved"],
+            "fingerprint": report["fingerprint"]}
     todo = _candidates_to_plan(inp)
     if figures is None:
         figures = dict(zip(todo, fork_map(lambda c: _candidate_figures(inp, transport, c), list(todo.values()))))
-    figures_of.update((s, figures[s]) for s in todo)
     rows = []
     for c in inp.compare:
-        figures_ = figures_of[c.spec]
-        pred_s, lb_s = figures_["predicted_s"], figures_["lower_bound_s"]
+        f = figures[c.spec] if c.spec in todo else mine
+        pred_s, lb_s = f["predicted_s"], f["lower_bound_s"]
         rows.append({
             "infer": c.spec, "layout": c.layout.describe(), "current": c.current,
             "infer_world": c.layout.world_size, "transport": transport, "predicted_s": pred_s,
             "lower_bound_s": lb_s,
             "efficiency": lb_s / pred_s if pred_s > 0 else 1.0,
-            "bytes_moved": figures_["bytes_moved"], "fingerprint": figures_["fingerprint"],
+            "bytes_moved": f["bytes_moved"], "fingerprint": f["fingerprint"],
         })
     rows.sort(key=lambda r: (r["predicted_s"], r["infer"]))
     for k, r in enumerate(rows, 1):
