@@ -38,15 +38,18 @@ from reshardctl import __version__  # noqa: E402
 from reshardctl.commands import output  # noqa: E402
 from reshardctl.errors import ReshardError  # noqa: E402
 
-app = typer.Typer(
-    name="reshardctl",
-    help="Plan, run, verify and roll back RL weight refits (M2N reshard vs gather-and-broadcast).",
-    cls=output.HelpGroup,
-    pretty_exceptions_show_locals=False,
-    pretty_exceptions_enable=False,
-    add_completion=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+def _new_app() -> typer.Typer:
+    app = typer.Typer(
+        name="reshardctl",
+        help="Plan, run, verify and roll back RL weight refits (M2N reshard vs gather-and-broadcast).",
+        cls=output.HelpGroup,
+        pretty_exceptions_show_locals=False,
+        pretty_exceptions_enable=False,
+        add_completion=True,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_root)
+    return app
 
 
 def _version(value: bool) -> None:
@@ -55,7 +58,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Add tracebacks to runtime failures (exit code 1) and OS errors."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors and the requested output."),
@@ -65,39 +67,55 @@ def _root(
     output.configure(verbose=verbose, quiet=quiet)
 
 
-# --- command registration: one line per command module -------------------------------------------
-from reshardctl.commands import profile as _profile  # noqa: E402
-from reshardctl.commands import layout as _layout  # noqa: E402
-from reshardctl.commands import model as _model  # noqa: E402
-from reshardctl.commands.plan import plan_cmd as _plan_cmd  # noqa: E402
-from reshardctl.commands.run import bench_cmd as _bench_cmd  # noqa: E402
-from reshardctl.commands.run import run_cmd as _run_cmd  # noqa: E402
-from reshardctl.commands.calibrate import calibrate_cmd as _calibrate_cmd  # noqa: E402
-from reshardctl.commands import runbook as _runbook  # noqa: E402
-from reshardctl.commands.report import report_cmd as _report_cmd  # noqa: E402
-from reshardctl.commands.trace import trace_cmd as _trace_cmd  # noqa: E402
-from reshardctl.commands import slurm as _slurm  # noqa: E402
-from reshardctl.commands.selftest import selftest_cmd as _selftest_cmd  # noqa: E402
-
-app.add_typer(_profile.app, name="profile")
-app.add_typer(_layout.app, name="layout")
-app.add_typer(_model.app, name="model")
-app.command("plan")(_plan_cmd)
-app.command("run")(_run_cmd)
-app.command("bench")(_bench_cmd)
-app.command("status")(_runbook.status_cmd)
-app.command("promote")(_runbook.promote_cmd)
-app.command("rollback")(_runbook.rollback_cmd)
-app.command("report")(_report_cmd)
-app.command("trace")(_trace_cmd)
-app.command("jobs")(_slurm.jobs_cmd)
-app.command("cancel")(_slurm.cancel_cmd)
-app.command("collect")(_slurm.collect_cmd)
-app.command("calibrate")(_calibrate_cmd)
-app.command("selftest")(_selftest_cmd)
+# --- the commands, in help order: name -> (module, attribute); a typer app is a group of subcommands.
+# A command line naming one of them imports that module alone (``plan`` does not load ``run``'s runtime
+# or ``report``'s plotting: about 0.05 s of its start); help, completion and unknown names load them all.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("reshardctl.commands.profile", "app"),
+    "layout": ("reshardctl.commands.layout", "app"),
+    "model": ("reshardctl.commands.model", "app"),
+    "plan": ("reshardctl.commands.plan", "plan_cmd"),
+    "run": ("reshardctl.commands.run", "run_cmd"),
+    "bench": ("reshardctl.commands.run", "bench_cmd"),
+    "status": ("reshardctl.commands.runbook", "status_cmd"),
+    "promote": ("reshardctl.commands.runbook", "promote_cmd"),
+    "rollback": ("reshardctl.commands.runbook", "rollback_cmd"),
+    "report": ("reshardctl.commands.report", "report_cmd"),
+    "trace": ("reshardctl.commands.trace", "trace_cmd"),
+    "jobs": ("reshardctl.commands.slurm", "jobs_cmd"),
+    "cancel": ("reshardctl.commands.slurm", "cancel_cmd"),
+    "collect": ("reshardctl.commands.slurm", "collect_cmd"),
+    "calibrate": ("reshardctl.commands.calibrate", "calibrate_cmd"),
+    "selftest": ("reshardctl.commands.selftest", "selftest_cmd"),
+}
 
 
 _GLOBAL_FLAGS = ("-v", "--verbose", "-q", "--quiet")
+
+
+def named_command(args: list[str]) -> str | None:
+    """The command ``args`` (global flags hoisted first) names, or None: no name (help, ``--version``,
+    ``--show-completion``), a name that is not a command, or shell completion asking."""
+    if "_RESHARDCTL_COMPLETE" in os.environ:
+        return None
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is None or first != next((a for a in args if a not in _GLOBAL_FLAGS), None):
+        return None  # a root option before the name (--show-completion SHELL): not a command line
+    return first if first in COMMANDS else None
+
+
+def _app(only: str | None = None) -> typer.Typer:
+    """The typer app with every command, or only the command ``only``."""
+    app = _new_app()
+    for name, (module, attr) in COMMANDS.items():
+        if only is None or name == only:
+            obj = getattr(importlib.import_module(module), attr)
+            if isinstance(obj, typer.Typer):
+                app.add_typer(obj, name=name)
+            else:
+                app.command(name)(obj)
+    return app
+
 
 
 def hoist_global_flags(args: list[str]) -> list[str]:
@@ -108,10 +126,10 @@ def hoist_global_flags(args: list[str]) -> list[str]:
     return flags + [a for a in args[:end] if a not in _GLOBAL_FLAGS] + args[end:]
 
 
-def _command():
-    """The click command of ``app``, with help placeholders that name what to give (``N``, ``FILE``),
-    never a Python type, and none for flags (they take no value)."""
-    cmd = typer.main.get_command(app)
+def _command(only: str | None = None):
+    """The click command of the app (every command, or only ``only``: ``_app``), with help placeholders
+    that name what to give (``N``, ``FILE``), never a Python type, and none for flags (they take no value)."""
+    cmd = typer.main.get_command(_app(only))
     _placeholders(cmd)
     return cmd
 
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     output.set_argv(["reshardctl", *args])
     output.set_json_errors("--json" in args[: args.index("--") if "--" in args else len(args)])
     try:
-        rv = _command().main(args=args, prog_name="reshardctl", standalone_mode=False)
+        rv = _command(named_command(args)).main(args=args, prog_name="reshardctl", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except ReshardError as exc:
         output.error(exc)

@@ -9,7 +9,7 @@ layers ``0..L-1`` (each in the fixed block order), ``model.norm``, ``lm_head``, 
 
 from __future__ import annotations
 
-from math import ceil
+from math import ceil, prod
 from typing import Any, Mapping
 
 from reshardctl.errors import ModelError
@@ -17,7 +17,7 @@ from reshardctl.models.architectures import (
     ARCHS, BY_CLASS, BY_MODEL_TYPE, EMBED, FINAL_NORM, FP8_KINDS, KIND_ROLE, LM_HEAD, MTP_AFTER, MTP_BEFORE, Arch,
     Block, is_expert_block, symbols,
 )
-from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec
+from reshardctl.models.spec import ModelDims, ModelSpec, TensorSpec, tensor_spec
 
 _FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _MISSING = object()
@@ -346,32 +346,33 @@ class _Builder:
                     dtype = self.fp8[0]
                     (bo, bi), (o, i) = self.fp8[1], shape
                     scale = (ceil(o / bo), ceil(i / bi))
-                rows.append((suffix, kind, KIND_ROLE[kind], shape, dtype, scale))
+                rows.append((suffix, kind, KIND_ROLE[kind], shape, dtype, scale, prod(shape),
+                             None if scale is None else prod(scale)))
             got = self._resolved[id(block)] = (block, tuple(rows))
         return got[1]
 
-    def _add(self, name: str, kind: str, role: str, shape: tuple, dtype: str, scale, layer, expert) -> None:
-        self.out.append(TensorSpec(name, shape, dtype, role, kind, layer, expert))
+    def _add(self, name: str, kind: str, role: str, shape: tuple, dtype: str, scale, layer, expert, numel: int,
+             scale_numel) -> None:
+        self.out.append(tensor_spec(name, shape, dtype, role, kind, layer, expert, None, numel))
         if scale is not None:
-            self.out.append(TensorSpec(
-                name[: -len("weight")] + "weight_scale_inv", scale, "float32", "scale", "scale_inv", layer, expert,
-                scale_of=name,
-            ))
+            self.out.append(tensor_spec(name[: -len("weight")] + "weight_scale_inv", scale, "float32", "scale",
+                                        "scale_inv", layer, expert, name, scale_numel))
 
     def row(self, prefix: str, row, layer: int | None = None) -> None:
-        for suffix, kind, role, shape, dtype, scale in self._resolve((row,)):
-            self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None)
+        for suffix, kind, role, shape, dtype, scale, numel, scale_numel in self._resolve((row,)):
+            self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None, numel, scale_numel)
 
     def blocks(self, prefix: str, blocks: tuple[Block, ...], layer: int) -> None:
         for block in blocks:
             rows = self._resolve(block)
             if is_expert_block(block):
                 for e in range(self.sym["E"]):
-                    for suffix, kind, role, shape, dtype, scale in rows:
-                        self._add(prefix + suffix.format(e=e), kind, role, shape, dtype, scale, layer, e)
+                    for suffix, kind, role, shape, dtype, scale, numel, scale_numel in rows:
+                        self._add(prefix + suffix.format(e=e), kind, role, shape, dtype, scale, layer, e, numel,
+                                  scale_numel)
             else:
-                for suffix, kind, role, shape, dtype, scale in rows:
-                    self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None)
+                for suffix, kind, role, shape, dtype, scale, numel, scale_numel in rows:
+                    self._add(prefix + suffix, kind, role, shape, dtype, scale, layer, None, numel, scale_numel)
 
 
 def spec_from_config(
