@@ -240,21 +240,22 @@ def p2p_stats(plan: Plan) -> PlanStats:
         t_len = np.bincount(t_seg, minlength=S)
         t_first = np.cumsum(t_len) - t_len
 
-        def on(at: np.ndarray, direct: np.ndarray) -> np.ndarray:
-            """Per touched pair, its bytes by (in place, over the network): [4, pairs], row 2 * direct + net."""
-            nt = t_seg.size
-            return np.bincount((direct * 2 + net) * nt + at, weights=nb, minlength=4 * nt).reshape(4, nt)
+        def on(at: np.ndarray, weights: np.ndarray) -> np.ndarray:
+            """Per touched pair, the sum of ``weights`` over its transfers."""
+            return np.bincount(at, weights=weights, minlength=t_seg.size)
 
-        sent, received = on(src_pos, src_direct), on(dst_pos, dst_direct)
-        values = {  # per touched pair: the slice's row of every summed traffic row
-            PACK_SEND: sent[0] + sent[1],  # staged: not in place
-            PACK_RECV: received[0] + received[1],
-            NIC_SEND: sent[1] + sent[3],
-            NIC_RECV: received[1] + received[3],
-            NVL_SEND: sent[0] + sent[2],
-            NVL_RECV: received[0] + received[2],
+        over_net = nb * net
+        in_node = nb - over_net
+        values = {  # per touched pair: the slice's row of every summed traffic row (one pass each: no
+            # [4, pairs] table per side, the largest block of the pass)
+            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),  # staged: not in place
+            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
+            NIC_SEND: on(src_pos, over_net),
+            NIC_RECV: on(dst_pos, over_net),
+            NVL_SEND: on(src_pos, in_node),
+            NVL_RECV: on(dst_pos, in_node),
         }
-        del sent, received
+        del over_net, in_node
         # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
         # largest count of any of its entries (a pair's messages merge per class within a step)
         first = distinct(((seg * world + src) * world + dst) * 4 + klass, first=True).first  # one transfer of each
