@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from math import lcm
 
+import numpy as np
+
 from reshardctl.errors import LayoutError
 from reshardctl.layout.megatron_params import megatron_local_params, megatron_qkv_runs
 from reshardctl.layout.parallel_spec import ParallelSpec
@@ -261,6 +263,16 @@ class MegatronLayout(StagedPlacements, SideLayout):
 
     def padded_vocab(self) -> int:
         return megatron_padded_vocab(self.model.dims.vocab, self.tp, self.vocab_divisor)
+
+    def _placement_keys(self):
+        """``_tensor_placement``'s key (kind, shape, stage, expert block, no layer), numbered."""
+        m = self.model
+        expert = m.expert_array
+        has_expert = bool((expert >= 0).any())
+        if has_expert and not self.experts_per_rank:
+            return None
+        block = np.where(expert >= 0, expert // max(1, self.experts_per_rank), -1) + 1
+        return self._combined(m.kind_codes, m.shape_codes, self.stage_array(), block, m.layer_array < 0)
 
     def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind

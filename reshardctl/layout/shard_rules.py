@@ -9,6 +9,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from reshardctl.layout.placement import Box, Placement, ShardTemplate, full_box
+from reshardctl.models.spec import KINDS
+
+_SCALE_KIND = KINDS.index("scale_inv")
 
 SCALE_BLOCK = 128  # DeepSeek fp8 weight_block_size
 
@@ -140,6 +143,53 @@ class StagedPlacements:
             no_layer = np.where(self.model.kind_array == "embed", 0, self.pp - 1)
             cached = self.__dict__["_stage_array"] = np.where(layer >= 0, lut[np.maximum(layer, 0)], no_layer)
         return cached
+
+    def placement_classes(self) -> tuple[np.ndarray, list[Placement]]:
+        """``SideLayout.placement_classes`` (the same classes, numbers and representatives), from the
+        layout's placement keys (``_placement_keys``: per tensor a number, equal where ``placement``
+        returns the same object): ``placement`` once per distinct key, not once per tensor (DeepSeek-V3:
+        45,395 tensors, a few hundred keys). The walk per tensor where the layout has no keys."""
+        cached = self.__dict__.get("_placement_classes")
+        if cached is not None:
+            return cached
+        scales = (self.model.kind_codes == _SCALE_KIND).any()  # each placed like its weight: the walk
+        keys = None if scales else self._placement_keys()
+        if keys is None:
+            return super().placement_classes()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        number = np.empty(first.size, dtype=np.int64)  # per key, its class
+        by_key: dict[tuple, int] = {}
+        reps: list[Placement] = []
+        for u in np.argsort(first, kind="stable").tolist():  # keys in model order of first appearance
+            p = self.placement(int(first[u]))
+            k = by_key.get((id(p.template), p.ranks))
+            if k is None:
+                k = by_key[(id(p.template), p.ranks)] = len(reps)
+                reps.append(p)
+            number[u] = k
+        cached = self.__dict__["_placement_classes"] = (number[inverse.reshape(-1)], reps)
+        return cached
+
+    def _placement_keys(self) -> np.ndarray | None:
+        """Per tensor, a number that is equal for two tensors only where ``placement`` returns the same
+        object for both; None: none (``placement_classes`` walks the tensors). A layout's
+        ``_tensor_placement`` interns its placements by a key; these are that key's fields, numbered."""
+        return None
+
+    @staticmethod
+    def _combined(*columns: np.ndarray) -> np.ndarray | None:
+        """One int64 number per row of non-negative integer ``columns``, distinct for distinct rows (mixed
+        radix), or None where the radices' product would pass 2**62."""
+        out = np.zeros(len(columns[0]), dtype=np.int64)
+        span = 1
+        for c in columns:
+            c = np.asarray(c, dtype=np.int64)
+            radix = int(c.max(initial=0)) + 1
+            span *= radix
+            if span >= 1 << 62 or (c.size and int(c.min()) < 0):
+                return None
+            out = out * radix + c
+        return out
 
     def placement(self, index: int) -> Placement:
         p = self._by_index[index]

@@ -44,6 +44,8 @@ gpt-oss's stacked experts and sinks; gpt-oss ``local_params`` refused, its param
 
 from __future__ import annotations
 
+import numpy as np
+
 from reshardctl.errors import LayoutError
 from reshardctl.layout.expert_maps import ExpertMap, build_vllm_expert_map, effective_strategy, vllm_expert_ranges
 from reshardctl.layout.fp8_rules import check_vllm_fp8
@@ -366,6 +368,26 @@ class VllmLayout(StagedPlacements, SideLayout):
         if self.expert_map is None:
             return ()
         return tuple(sorted({j for j, _ in self.expert_map.holders(t.layer, t.expert)}))
+
+    def _placement_keys(self):
+        """``_tensor_placement``'s key (kind, shape, stage, the expert's holders, no layer: tied and copies
+        follow from kind and that), numbered."""
+        m = self.model
+        expert, layer = m.expert_array, m.layer_array
+        holders = np.zeros(len(expert), dtype=np.int64)  # 0: () (no expert, or no map)
+        at = np.nonzero(expert >= 0)[0]
+        if self.expert_map is not None and at.size:
+            number: dict[tuple[int, ...], int] = {(): 0}
+            per_map: dict[int, dict[int, int]] = {}  # a layer's map (EPLB maps may differ per layer) -> codes
+            for L in np.unique(layer[at]).tolist():
+                sel = at[layer[at] == L]
+                codes = per_map.setdefault(L if L in self.expert_map.physical else -1, {})
+                for e in np.unique(expert[sel]).tolist():
+                    if e not in codes:
+                        codes[e] = number.setdefault(
+                            tuple(sorted({j for j, _ in self.expert_map.holders(L, e)})), len(number))
+                holders[sel] = [codes[e] for e in expert[sel].tolist()]
+        return self._combined(m.kind_codes, m.shape_codes, self.stage_array(), holders, layer < 0)
 
     def _tensor_placement(self, t: TensorSpec, stage: int) -> Placement:
         kind = t.kind

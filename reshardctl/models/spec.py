@@ -200,6 +200,23 @@ class ModelSpec:
                            count=len(self.tensors))
 
     @cached_property
+    def shape_codes(self) -> "np.ndarray":
+        """Per tensor, the number of its shape among the distinct shapes (in first-seen order), int64."""
+        import numpy as np
+
+        number: dict[tuple[int, ...], int] = {}
+        return np.fromiter((number.setdefault(t.shape, len(number)) for t in self.tensors), dtype=np.int64,
+                           count=len(self.tensors))
+
+    @cached_property
+    def kind_codes(self) -> "np.ndarray":
+        """Per tensor, the position of its ``kind`` in ``KINDS``, int64."""
+        import numpy as np
+
+        number = {k: c for c, k in enumerate(KINDS)}
+        return np.fromiter((number[t.kind] for t in self.tensors), dtype=np.int64, count=len(self.tensors))
+
+    @cached_property
     def inventory_text(self) -> str:
         """``name|shape|dtype`` of every tensor, one a line (what plan fingerprints hash)."""
         shapes: dict[tuple[int, ...], str] = {}  # a few distinct shapes: each formatted once
