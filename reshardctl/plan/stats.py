@@ -20,6 +20,7 @@ from reshardctl.topology import infer_rank_of, is_trainer
 NIC_SEND, NIC_RECV, NVL_SEND, NVL_RECV, MSGS, PACK_SEND, PACK_RECV = range(7)
 K = 7
 _EXPAND = 1 << 20  # (entry, rank) pairs expanded at once by p2p_stats (memory bound)
+_CHUNK_ROWS = 1 << 16  # transfers p2p_stats takes at once (a run of slices; one slice may have more)
 
 
 def _contiguous(lo: np.ndarray, hi: np.ndarray, hold_lo: np.ndarray, hold_hi: np.ndarray) -> np.ndarray:
@@ -170,6 +171,96 @@ def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return unit[first], t_lo[first], t_hi[first], e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
 
 
+def _slices_traffic(s0, s1, length, starts, tbase, ibase, src_all, dst_all, nb_all, lo_all, hi_all, hold_lo, hold_hi,
+                    inst, by_seg, seg_sorted, e_round, e_n, world, T, topo, sums, most) -> np.ndarray:
+    """``p2p_stats`` for the slices ``[s0, s1)``: adds their entries' traffic rows into ``sums`` (per traffic
+    row, [rounds * world]) and their message counts into ``most`` (maxima); returns their bytes per link
+    class (intra node, intra domain, cross domain) over all their instances."""
+    n = s1 - s0
+    ln = length[s0:s1]
+    seg = np.repeat(np.arange(n), ln)  # per transfer, its slice in the run
+    row = np.arange(seg.size) + np.repeat(starts[s0:s1] - (np.cumsum(ln) - ln), ln)
+    src = src_all[row].astype(np.int64)
+    dst = dst_all[row].astype(np.int64)
+    nb = nb_all[row].astype(np.float64)
+    # each transfer against each side's holding box: contiguous there (its message class, wire.py) and
+    # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
+    # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
+    # (np.take: several times faster than fancy indexing for rows of a 2-D array)
+    lo, hi = np.take(lo_all, row, axis=1), np.take(hi_all, row, axis=1)
+    tb, ib = tbase[s0:s1][seg], ibase[s0:s1][seg]
+    contig, whole = [], []
+    for ranks in (src, dst):
+        at = np.where(is_trainer(ranks, T), tb + ranks, ib + infer_rank_of(ranks, T))
+        hl, hh = np.take(hold_lo, at, axis=1), np.take(hold_hi, at, axis=1)
+        contig.append(_contiguous(lo, hi, hl, hh))
+        whole.append(((lo == hl) & (hi == hh)).all(axis=0))
+    del lo, hi, tb, ib, at, hl, hh, row
+    src_direct, dst_direct = contig[0] & whole[0], contig[1] & whole[1]  # in place on that side
+    klass = np.where(contig[0], np.where(contig[1], 0, 1), np.where(contig[1], 2, 3))
+    node, dom = topo.node_of, topo.domain_of
+    cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
+    net = cls == 2
+
+    # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
+    # (slice, rank) pairs a slice touches (not a dense [slices x world] table: a plan has tens of
+    # thousands of slices); each transfer's two touched pairs, sender's and receiver's, side by side
+    keys = np.empty(2 * seg.size, dtype=np.int64)
+    keys[0::2], keys[1::2] = seg * world + src, seg * world + dst
+    touched, _, number = distinct(keys, inverse=True)  # the keys come in runs sorted by slice: a stable sort merges them
+    src_pos, dst_pos = number[0::2], number[1::2]
+    t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
+    t_len = np.bincount(t_seg, minlength=n)
+    t_first = np.cumsum(t_len) - t_len
+
+    def on(at: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per touched pair, the sum of ``weights`` over its transfers."""
+        return np.bincount(at, weights=weights, minlength=t_seg.size)
+
+    over_net = nb * net
+    in_node = nb - over_net
+    values = {  # per touched pair: the slice's row of every summed traffic row
+        PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),  # staged: not in place
+        PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
+        NIC_SEND: on(src_pos, over_net),
+        NIC_RECV: on(dst_pos, over_net),
+        NVL_SEND: on(src_pos, in_node),
+        NVL_RECV: on(dst_pos, in_node),
+    }
+    # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
+    # largest count of any of its entries (a pair's messages merge per class within a step)
+    first = distinct(((seg * world + src) * world + dst) * 4 + klass, first=True).first  # one transfer of each
+    msgs = (np.bincount(src_pos[first], minlength=t_seg.size)
+            + np.bincount(dst_pos[first], minlength=t_seg.size))
+    seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=n * 3).reshape(n, 3)
+    by_link = inst[s0:s1] @ seg_links
+    # the run's entries, expanded over their slices' touched pairs, a bounded number of pairs at a time:
+    # where a run of entries covers consecutive slices once each (a phased plan: every entry its own
+    # slice), their pairs are one range of the per-pair arrays, read in place
+    a, b = np.searchsorted(seg_sorted, (s0, s1))
+    segs_all = seg_sorted[a:b] - s0
+    span = t_len[segs_all]
+    ends = np.cumsum(span)
+    R_world = most.size
+    lo_e = 0
+    while lo_e < segs_all.size:
+        hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
+        sp = span[lo_e:hi_e]
+        segs = segs_all[lo_e:hi_e]
+        if segs.size == 1 or (np.diff(segs) == 1).all():
+            pick = slice(int(t_first[segs[0]]), int(t_first[segs[-1]] + t_len[segs[-1]]))
+        else:
+            pick = np.arange(sp.sum()) + np.repeat(t_first[segs] - (np.cumsum(sp) - sp), sp)
+        which = by_seg[a + lo_e:a + hi_e]
+        bins = np.repeat(e_round[which] * world, sp) + t_rank[pick]
+        scale = np.repeat(e_n[which], sp)
+        for k, value in values.items():
+            sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R_world)
+        np.maximum.at(most, bins, msgs[pick])
+        lo_e = hi_e
+    return by_link
+
+
 def p2p_stats(plan: Plan) -> PlanStats:
     """Traffic of every round, computed once per distinct unit slice over all their transfers at once.
 
@@ -202,95 +293,29 @@ def p2p_stats(plan: Plan) -> PlanStats:
         tbase = t_row[plan.train.placement_classes()[0][u_first]][seg_u]
         ibase = (i_row[plan.infer.placement_classes()[0][u_first]] + t_lo.shape[1])[seg_u]
         length = seg_hi - seg_lo
-        seg = np.repeat(np.arange(S), length)
-        row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(length) - length), length)
-        src = np.concatenate([t.src for t in tables])[row].astype(np.int64)
-        dst = np.concatenate([t.dst for t in tables])[row].astype(np.int64)
-        nb = np.concatenate([t.nbytes for t in tables])[row].astype(np.float64)
-        # each transfer against each side's holding box: contiguous there (its message class, wire.py) and
-        # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
-        # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
-        # (np.take: several times faster than fancy indexing for rows of a 2-D array)
-        # (boxes as [ndim, n], a row per dim: numpy's reductions over a short last axis are slow)
-        lo = np.take(np.concatenate([_pad_front(t.lo, ndim, 0).T for t in tables], axis=1), row, axis=1)
-        hi = np.take(np.concatenate([_pad_front(t.hi, ndim, 1).T for t in tables], axis=1), row, axis=1)
-        tb, ib = tbase[seg], ibase[seg]
-        contig, whole = [], []
-        for ranks in (src, dst):
-            trainer = is_trainer(ranks, T)
-            at = np.where(trainer, tb + ranks, ib + infer_rank_of(ranks, T))
-            hl, hh = np.take(hold_lo, at, axis=1), np.take(hold_hi, at, axis=1)
-            contig.append(_contiguous(lo, hi, hl, hh))
-            whole.append(((lo == hl) & (hi == hh)).all(axis=0))
-        del lo, hi, tb, ib, at, hold_lo, hold_hi, hl, hh
-        src_direct, dst_direct = contig[0] & whole[0], contig[1] & whole[1]  # in place on that side
-        klass = np.where(contig[0], np.where(contig[1], 0, 1), np.where(contig[1], 2, 3))
-        node, dom = topo.node_of, topo.domain_of
-        cls = np.where(node[src] == node[dst], 0, np.where(dom[src] == dom[dst], 1, 2))
-        net = cls == 2
-
-        # rounds[r, k] = sum over r's entries of instances x the slice's row: summed sparsely, over the
-        # (slice, rank) pairs a slice touches (not a dense [slices x world] table: a plan has tens of
-        # thousands of slices); each transfer's two touched pairs, sender's and receiver's, side by side
-        keys = np.empty(2 * seg.size, dtype=np.int64)
-        keys[0::2], keys[1::2] = seg * world + src, seg * world + dst
-        touched, _, number = distinct(keys, inverse=True)  # the keys come in runs sorted by slice: a stable sort merges them
-        src_pos, dst_pos = number[0::2], number[1::2]
-        t_seg, t_rank = np.divmod(touched, world)  # by slice, then rank
-        t_len = np.bincount(t_seg, minlength=S)
-        t_first = np.cumsum(t_len) - t_len
-
-        def on(at: np.ndarray, weights: np.ndarray) -> np.ndarray:
-            """Per touched pair, the sum of ``weights`` over its transfers."""
-            return np.bincount(at, weights=weights, minlength=t_seg.size)
-
-        over_net = nb * net
-        in_node = nb - over_net
-        values = {  # per touched pair: the slice's row of every summed traffic row (one pass each: no
-            # [4, pairs] table per side, the largest block of the pass)
-            PACK_SEND: on(src_pos, np.where(src_direct, 0.0, nb)),  # staged: not in place
-            PACK_RECV: on(dst_pos, np.where(dst_direct, 0.0, nb)),
-            NIC_SEND: on(src_pos, over_net),
-            NIC_RECV: on(dst_pos, over_net),
-            NVL_SEND: on(src_pos, in_node),
-            NVL_RECV: on(dst_pos, in_node),
-        }
-        del over_net, in_node
-        # one message per distinct (src, dst, class) of a slice, counted on both ends; per round the
-        # largest count of any of its entries (a pair's messages merge per class within a step)
-        first = distinct(((seg * world + src) * world + dst) * 4 + klass, first=True).first  # one transfer of each
-        msgs = (np.bincount(src_pos[first], minlength=t_seg.size)
-                + np.bincount(dst_pos[first], minlength=t_seg.size))
-        seg_links = np.bincount(seg * 3 + cls, weights=nb, minlength=S * 3).reshape(S, 3)
-        by_link = (np.bincount(e_seg, weights=e_n, minlength=S)[:, None] * seg_links).sum(axis=0)
-        del src, dst, nb, seg, row, contig, whole, klass, src_direct, dst_direct
-        del cls, net, touched, keys, number, src_pos, dst_pos, first  # (memory, before the expansion)
-        # expand the entries over their slices' touched pairs, a bounded number of pairs at a time, the
-        # entries in slice order (sums and maxima do not depend on it): where a run of entries covers
-        # consecutive slices once each (a phased plan: every entry its own slice), their pairs are one
-        # range of the per-pair arrays, read in place
+        # every table's columns back to back, once (boxes as [ndim, n], a row per dim: numpy's reductions
+        # over a short last axis are slow)
+        src_all = np.concatenate([t.src for t in tables])
+        dst_all = np.concatenate([t.dst for t in tables])
+        nb_all = np.concatenate([t.nbytes for t in tables])
+        lo_all = np.concatenate([_pad_front(t.lo, ndim, 0).T for t in tables], axis=1)
+        hi_all = np.concatenate([_pad_front(t.hi, ndim, 1).T for t in tables], axis=1)
+        inst = np.bincount(e_seg, weights=e_n, minlength=S)  # per slice: its instances over all entries
+        # the entries by slice (sums and maxima do not depend on the order)
         by_seg = np.argsort(e_seg, kind="stable")
         seg_sorted = e_seg[by_seg]
-        span = t_len[seg_sorted]
-        ends = np.cumsum(span)
-        sums = {k: np.zeros(R * world) for k in values}
+        sums = {k: np.zeros(R * world) for k in (PACK_SEND, PACK_RECV, NIC_SEND, NIC_RECV, NVL_SEND, NVL_RECV)}
         most = np.zeros(R * world, dtype=np.int64)
-        lo_e = 0
-        while lo_e < e_seg.size:
-            hi_e = max(lo_e + 1, int(np.searchsorted(ends, ends[lo_e] - span[lo_e] + _EXPAND, side="right")))
-            sp = span[lo_e:hi_e]
-            segs = seg_sorted[lo_e:hi_e]
-            if segs.size == 1 or (np.diff(segs) == 1).all():
-                pick = slice(int(t_first[segs[0]]), int(t_first[segs[-1]] + t_len[segs[-1]]))
-            else:
-                pick = np.arange(sp.sum()) + np.repeat(t_first[segs] - (np.cumsum(sp) - sp), sp)
-            which = by_seg[lo_e:hi_e]
-            bins = np.repeat(e_round[which] * world, sp) + t_rank[pick]
-            scale = np.repeat(e_n[which], sp)
-            for k, value in values.items():
-                sums[k] += np.bincount(bins, weights=scale * value[pick], minlength=R * world)
-            np.maximum.at(most, bins, msgs[pick])
-            lo_e = hi_e
+        # slices a run at a time, each run's transfers at most _CHUNK_ROWS (or one slice): every array of
+        # a run is small, reused by the next (no pass holds an array per transfer of the whole plan)
+        ends = np.cumsum(length)
+        s0 = 0
+        while s0 < S:
+            s1 = max(s0 + 1, int(np.searchsorted(ends, ends[s0] - length[s0] + _CHUNK_ROWS, side="right")))
+            by_link += _slices_traffic(
+                s0, s1, length, starts, tbase, ibase, src_all, dst_all, nb_all, lo_all, hi_all, hold_lo, hold_hi,
+                inst, by_seg, seg_sorted, e_round, e_n, world, T, topo, sums, most)
+            s0 = s1
         for k, total in sums.items():
             rounds[:, k] = total.reshape(R, world)
         rounds[:, MSGS] = most.reshape(R, world)

@@ -61,3 +61,17 @@ def test_contiguity_rule_equals_the_flat_offset_definition(data, ndim):
             y = data.draw(st.integers(x + 1, b))
             hlo[i, d], hhi[i, d], lo[i, d], hi[i, d] = a, b, x, y
     assert np.array_equal(_contiguous(lo.T, hi.T, hlo.T, hhi.T), by_definition(lo, hi, hlo, hhi))  # rows per dim
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(s=scenarios(), relay=st.booleans(), transport=st.sampled_from(["reshard", "hybrid"]),
+       chunk=st.sampled_from([1, 2, 7, 64]), expand=st.sampled_from([1, 3, 1 << 20]))
+def test_p2p_stats_in_runs_of_slices_equals_per_entry_loop(s, relay, transport, chunk, expand):
+    """The slices taken a few transfers at a time (down to one slice a run), the entries expanded a few
+    pairs at a time: the same figures as the reference."""
+    from unittest import mock
+
+    from reshardctl.plan import stats
+
+    with mock.patch.object(stats, "_CHUNK_ROWS", chunk), mock.patch.object(stats, "_EXPAND", expand):
+        _same(scenario_plan(s, transport, relay))
