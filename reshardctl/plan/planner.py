@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -96,6 +97,9 @@ def plan_for(plan: Plan, transport: str) -> Plan:
                       bucket_bytes=plan.bucket_bytes, relay=plan.relay, broadcast_span=span)
 
 
+_HASH_UNITS = 256  # units (rounds) whose fields the fingerprint takes in one array
+
+
 def fingerprint(plan: Plan) -> str:
     """sha256 over the inputs (model inventory, layouts, topology, bucket, transport) and the plan. Every
     part has a fixed length (the digests), a count before it (units, rounds, buckets, their fields) or
@@ -131,31 +135,34 @@ def _inventory_digest(model: ModelSpec) -> bytes:
     return got
 
 
-def _units_arrays(units) -> list[np.ndarray]:
-    """Every unit's instances and transfer table as a few arrays: the number of units, per unit
+def _units_arrays(units) -> Iterator[np.ndarray]:
+    """Every unit's instances and transfer table as int64 arrays: the number of units, per unit
     (instances, rows, box dims), then each field of every unit back to back (boxes flattened row-major),
-    in unit order."""
+    in unit order. Each field comes ``_HASH_UNITS`` units at a time: the same bytes in the same order as
+    one array per field (what the hash reads), without an array per field of the whole plan."""
     if not units:
-        return [np.zeros(1, dtype=np.int64)]
-    head = np.asarray([(len(u.tensors), len(u.table), u.table.lo.shape[1] if u.table.lo.ndim == 2 else 0)
-                       for u in units], dtype=np.int64)
-    parts = [np.asarray([len(units)], dtype=np.int64), head,
-             np.concatenate([u.tensors for u in units]).astype(np.int64, copy=False)]
-    for f in ("src", "dst", "stage"):
-        parts.append(np.concatenate([getattr(u.table, f) for u in units]).astype(np.int64, copy=False))
-    for f in ("lo", "hi"):
-        parts.append(np.concatenate([getattr(u.table, f).reshape(-1) for u in units]).astype(np.int64, copy=False))
-    return parts
+        yield np.zeros(1, dtype=np.int64)
+        return
+    yield np.asarray([len(units)], dtype=np.int64)
+    yield np.asarray([(len(u.tensors), len(u.table), u.table.lo.shape[1] if u.table.lo.ndim == 2 else 0)
+                      for u in units], dtype=np.int64)
+    fields = [lambda u: u.tensors] + [lambda u, f=f: getattr(u.table, f) for f in ("src", "dst", "stage")] + \
+        [lambda u, f=f: getattr(u.table, f).reshape(-1) for f in ("lo", "hi")]
+    for field in fields:
+        for a in range(0, len(units), _HASH_UNITS):
+            yield np.concatenate([field(u) for u in units[a:a + _HASH_UNITS]]).astype(np.int64, copy=False)
 
 
-def _rounds_arrays(rounds) -> list[np.ndarray]:
+def _rounds_arrays(rounds) -> Iterator[np.ndarray]:
     """The number of rounds, per round (index, stage, entries), then every round's entries (unit, inst_lo,
-    inst_hi, t_lo, t_hi) back to back, rounds in order, as int64."""
+    inst_hi, t_lo, t_hi) back to back, rounds in order, as int64 (``_HASH_UNITS`` rounds at a time)."""
     if not rounds:
-        return [np.zeros(1, dtype=np.int64)]
-    head = np.asarray([(r.index, r.stage, len(r.entries)) for r in rounds], dtype=np.int64)
-    return [np.asarray([len(rounds)], dtype=np.int64), head,
-            np.concatenate([r.entries for r in rounds]).astype(np.int64, copy=False)]
+        yield np.zeros(1, dtype=np.int64)
+        return
+    yield np.asarray([len(rounds)], dtype=np.int64)
+    yield np.asarray([(r.index, r.stage, len(r.entries)) for r in rounds], dtype=np.int64)
+    for a in range(0, len(rounds), _HASH_UNITS):
+        yield np.concatenate([r.entries for r in rounds[a:a + _HASH_UNITS]]).astype(np.int64, copy=False)
 
 
 def _placements_digest(layout: SideLayout) -> bytes:
