@@ -12,7 +12,8 @@ how planning time grows with tensors x ranks, measured side by side in this one 
         # -C /tmp/base`), 5 times each, best and median side by side: the import of reshardctl.cli alone,
         # the whole command (wall, CPU, peak RSS, its own planning_s), with --compare-infer x 3, and the
         # busiest trainer's and inference rank's program (compiled from the pickled plan in a fresh
-        # process); the CPU model and the load average before and after
+        # process); the CPU model and the load average before and after. Both trees are byte-compiled
+        # first (as an installed copy is); --source leaves them without bytecode
 """
 
 from __future__ import annotations
@@ -191,7 +192,15 @@ def machine() -> str:
         " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def goal_side_by_side(base: str | None, repeat: int, program: bool = True) -> None:
+def byte_compile(tree: str | None) -> None:
+    """Write the bytecode of ``tree``'s package (``compileall``), as ``pip install`` does at install time: a
+    tree without it (``PYTHONDONTWRITEBYTECODE=1``, as on the developers' machine) compiles every module
+    from source in every run, about 0.1 s of the command that no installed copy pays."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree or THIS).absolute() / "reshardctl")],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def goal_side_by_side(base: str | None, repeat: int, program: bool = True, source: bool = False) -> None:
     """The goal case, this checkout alternating with ``base``, ``repeat`` runs each: the import of
     ``reshardctl.cli`` alone, the whole ``plan --transport all`` command (wall, CPU, peak RSS, and its own
     ``planning_s``), the same with --compare-infer x 3, and (``program``) the busiest rank's program.
@@ -200,7 +209,12 @@ def goal_side_by_side(base: str | None, repeat: int, program: bool = True) -> No
     cands = ("tp=32,dp=8", "tp=16,dp=16", "tp=64,dp=4")
     compare = tuple(x for c in cands for x in ("--compare-infer", c))
     trees = (("base", base), ("this", None)) if base else (("this", None),)
+    if not source:
+        for _, tree in trees:
+            byte_compile(tree)
     print(f"machine: {machine()}")
+    print("modules: " + ("compiled from source in every run (--source)" if source else
+                         "byte-compiled first in both trees (compileall), as an installed copy is"))
     print(f"whole command: reshardctl plan --site dgx-h100 --model {model} --train {tr} --infer {inf} "
           f"--transport all --json; {repeat} runs each, alternating; goals: < 1 s, rank program < 0.5 s")
     runs: dict[tuple[str, str], list[tuple]] = {}
@@ -237,9 +251,11 @@ def main() -> None:
     ap.add_argument("--base", metavar="DIR", help="with --goal: a source tree to run alternately with this one")
     ap.add_argument("--repeat", type=int, default=3, help="with --goal: runs of each command (default 3)")
     ap.add_argument("--no-program", action="store_true", help="with --goal: leave out the busiest rank's program")
+    ap.add_argument("--source", action="store_true",
+                    help="with --goal: leave the trees without bytecode (each run compiles them from source)")
     args = ap.parse_args()
     if args.goal:
-        goal_side_by_side(args.base, args.repeat, program=not args.no_program)
+        goal_side_by_side(args.base, args.repeat, program=not args.no_program, source=args.source)
         return
     rows = []
     print(f"{'model':<16} {'trainer':<32} {'inference':<30} {'tensors':>7} {'ranks':>9} {'plan s':>7} "
