@@ -30,7 +30,7 @@ from reshardctl.layout.fp8_rules import fp8_block_size
 from reshardctl.layout.placement import LocalParam, LocalSegment, Placement, box_shape
 from reshardctl.layout.shard_rules import ceil_div
 from reshardctl.models.architectures import EXPERT_KINDS, QKV_BIAS_KINDS
-from reshardctl.models.spec import TensorSpec
+from reshardctl.models.spec import KINDS, TensorSpec
 
 if TYPE_CHECKING:
     from reshardctl.layout.vllm import VllmLayout
@@ -187,12 +187,11 @@ def _candidates(lay: VllmLayout, boxes_of, every_expert: bool) -> np.ndarray:
     expert = m.expert_array >= 0
     if every_expert or not expert.any():
         return np.nonzero(held)[0]
-    names, kind = np.unique(m.kind_array, return_inverse=True)
-    weight_kind = np.full(len(kind), len(names), dtype=np.int64)  # a weight: no weight kind
-    code = {k: c for c, k in enumerate(names.tolist())}
-    for i in np.nonzero(expert & (m.kind_array == "scale_inv"))[0].tolist():
-        weight_kind[i] = code[m.tensor(m.tensors[i].scale_of).kind]
-    key = (np.maximum(m.layer_array, 0) * len(names) + kind) * (len(names) + 1) + weight_kind
+    kinds = len(KINDS)
+    weight_kind = np.full(len(expert), kinds, dtype=np.int64)  # a weight: no weight kind
+    for i in np.nonzero(expert & (m.kind_codes == KINDS.index("scale_inv")))[0].tolist():
+        weight_kind[i] = KINDS.index(m.tensor(m.tensors[i].scale_of).kind)
+    key = (np.maximum(m.layer_array, 0) * kinds + m.kind_codes) * (kinds + 1) + weight_kind
     pick = np.nonzero(held & expert)[0]
     first = pick[np.unique(key[pick], return_index=True)[1]] if pick.size else pick
     return np.sort(np.concatenate([np.nonzero(held & ~expert)[0], first]))

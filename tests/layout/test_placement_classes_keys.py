@@ -96,3 +96,16 @@ def test_tiny_models_any_split(model, side, tp, pp, ep):
         _same_as_the_walk(m, side, spec)
     except LayoutError:
         pass  # a split the model does not allow: both constructions refuse it
+
+
+def test_combined_numbers_rows_and_refuses_an_overflow():
+    from reshardctl.layout.shard_rules import StagedPlacements
+
+    a, b = np.array([0, 1, 1, 0, 2]), np.array([3, 0, 3, 3, 0])
+    got = StagedPlacements._combined(a, b)
+    assert [len({int(x) for x, r in zip(got, zip(a, b)) if r == row}) for row in set(zip(a, b))] == [1] * 4
+    assert len(set(got.tolist())) == len(set(zip(a.tolist(), b.tolist())))
+    big = np.array([0, (1 << 31) - 2])  # radix 2**31 - 1: two of them stay below 2**62
+    assert StagedPlacements._combined(big, big) is not None
+    assert StagedPlacements._combined(big, big, np.array([0, 1])) is None
+    assert StagedPlacements._combined(np.array([0, -1])) is None
