@@ -47,7 +47,14 @@ def _num(x: Any) -> bool:
 
 
 def utc(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if _num(t) else "-"
+    """A Unix time as UTC text; "-" for no number, the number itself where no calendar date has it (a
+    damaged record's 6.8e16 s: ``gmtime`` overflows)."""
+    if not _num(t):
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:g} s (not a date)"
 
 
 def time_column(values: list[float | None], among: list[float | None] | None = None) -> list[str]:
