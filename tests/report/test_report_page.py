@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reshardctl.cli import main
-from reshardctl.report.page import human
+from reshardctl.report.page import human, utc
 from reshardctl.runbook import ledger
 
 from helpers.report_week import Week, make_week
@@ -222,3 +222,9 @@ def test_every_time_of_a_table_is_in_one_unit():
 
     block = _table(("a", "b", "c"), [["x", 0.6787, 1.024], ["y", 0.0587, None]], (1, 2))
     assert [r[1:] for r in block.rows[1:]] == [("0.679 s", "1.024 s"), ("0.059 s", "-")]
+
+
+def test_a_time_past_any_calendar_date_is_shown_as_its_number():
+    assert utc(6.77680384007209e16) == "6.7768e+16 s (not a date)"
+    assert utc(0.0) == "1970-01-01 00:00:00 UTC"
+    assert utc(None) == "-"
