@@ -64,15 +64,16 @@ def infer_needed_bytes(model, infer) -> int:
         tpl = p.template
         n = per_template.get(id(tpl))
         if n is None:
-            n = per_template[id(tpl)] = sum(tpl.slot_numel(s) for s in range(tpl.num_slots))
+            n = per_template[id(tpl)] = int(tpl.slot_numels().sum())
         numel[c] = n
     return int((numel[classes] * model.itemsizes).sum()) if len(classes) else 0
 
 
-# the parts of a report by their rough cost: workers take them heaviest first (DeepSeek-V3 256+256 on 2 cores:
-# reshard 0.67 s, hybrid 0.42, gather_broadcast 0.35, framework 0.11: one worker reshard then framework, the
-# other hybrid then gather_broadcast)
-PART_WEIGHT = {"reshard": 6.0, "hybrid": 4.0, "gather_broadcast": 3.0, "framework": 1.0}
+# the parts of a report by their rough cost: workers take them heaviest first (DeepSeek-V3 256+256 on 2 cores,
+# relay on: reshard 0.50 s, hybrid 0.39, gather_broadcast 0.19, m2n 0.075, framework 0.035: one worker
+# reshard then m2n, the other hybrid, gather_broadcast, framework)
+PART_WEIGHT = {"reshard": 6.0, "hybrid": 4.0, "gather_broadcast": 3.0, "m2n": 1.0, "framework": 0.5}
+STAGE_TEXT = {"framework": "NeMo RL's own refit", "m2n": "m2n compatibility"}
 
 
 def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = None, *,
@@ -90,7 +91,8 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
 
     t0 = time.perf_counter()
     order = (inp.primary,) + tuple(t for t in inp.transports if t != inp.primary) if inp.primary in inp.transports else inp.transports
-    parts = list(order) + ["framework"]
+    # the m2n verdicts: from the reshard part's units where it plans them unrelayed, else a part of their own
+    parts = list(order) + ["framework"] + ([] if _reshard_gives_m2n(inp) else ["m2n"])
     total = len(parts) + bool(inp.compare)
     done = 0
 
@@ -117,7 +119,7 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     else:
         got = {}
         for x in parts:
-            stage(f"planning and costing {x}" if x != "framework" else "NeMo RL's own refit, m2n compatibility")
+            stage(STAGE_TEXT.get(x) or f"planning and costing {x}")
             got[x] = _part(inp, x, keep_plans)
     lb = got[order[0]]["lower_bound"]
     compat = next(got[x]["m2n_compat"] for x in parts if "m2n_compat" in got[x])
@@ -147,29 +149,32 @@ def plan_report(inp: Inputs, progress: Callable[[str, int, int], None] | None = 
     return {t: got[t]["plan"] for t in order if "plan" in got[t]}, result
 
 
+def _reshard_gives_m2n(inp: Inputs) -> bool:
+    """The m2n verdicts need the unrelayed reshard units: the reshard part's own where it plans them."""
+    return "reshard" in inp.transports and not inp.relay
+
+
 def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
     """One part of the report: a transport's plan reduced to its row and lower bound (the reshard plan's
-    units also give the m2n verdicts, the hybrid plan NeMo RL's nccl_reshard refit), or ``framework``:
-    NeMo RL's collective refit (and the m2n verdicts where no reshard plan gives its units)."""
+    units also give the m2n verdicts, the hybrid plan NeMo RL's nccl_reshard refit), ``framework``:
+    NeMo RL's collective refit, or ``m2n``: the m2n verdicts where no reshard part gives its units."""
     from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
     from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
     from reshardctl.plan.stats import p2p_stats
 
-    reshard_units = "reshard" in inp.transports and not inp.relay  # the reshard part gives the m2n verdicts
     if name == "framework":
-        out = {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
-                                             buffer_bytes=inp.bucket_bytes)}
-        if not reshard_units:
-            out["m2n_compat"] = m2n_compat(inp.model, inp.train, inp.infer, inp.topology)
-        return out
+        return {"collective": framework_refit(inp.model, inp.train, inp.infer, inp.topology, inp.links,
+                                              buffer_bytes=inp.bucket_bytes)}
+    if name == "m2n":
+        return {"m2n_compat": m2n_compat(inp.model, inp.train, inp.infer, inp.topology)}
     plan = build_plan(inp.model, inp.train, inp.infer, inp.topology, transport=name,
                       bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
     stats = p2p_stats(plan) if plan.rounds else None
     lb = lower_bound(plan, inp.links)  # transport-independent: every part's is the same
     out = {"row": transport_report(plan, inp.links, lb, stats), "lower_bound": lb}
-    if name == "reshard" and reshard_units:
+    if name == "reshard" and _reshard_gives_m2n(inp):
         out["m2n_compat"] = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=plan.units)
     if name == "hybrid":
         out["nccl_reshard"] = nccl_reshard_refit(plan, inp.links, buffer_bytes=inp.bucket_bytes, stats=stats)

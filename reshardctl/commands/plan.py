@@ -12,10 +12,10 @@ import shlex
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
 
 from reshardctl.commands import options as opt
 from reshardctl.commands import output
+from reshardctl.commands.output import escape
 from reshardctl.gc_pause import few_collections
 from reshardctl.heap_reuse import reused_freed_memory
 from reshardctl.request.request import RefitRequest
@@ -144,7 +144,7 @@ def plan_cmd(
     from reshardctl.commands import progress as live  # rich.progress: not at start (cli.py imports every command)
 
     # the planner's stages on stderr, once planning has taken longer than a second (deepseek-v3 at 256+256: ~11 s)
-    prog = live.LiveProgress(output.err_console(), "resolving the model and layouts",
+    prog = live.LiveProgress(output.err_console, "resolving the model and layouts",
                              enabled=not as_json and not output.quiet(), show_after_s=live.LONG_WORK_S)
     result = None
     try:

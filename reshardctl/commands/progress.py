@@ -8,16 +8,18 @@ counts move; never a carriage return. Either way the work ends on one line that 
 
 ``slurm_state_line`` says a queue's states: ``job 812 waiting for the queue`` (Slurm gave no reason; its
 ``None`` is not printed), ``job 812 PENDING (Resources)``, ``job 812 RUNNING on n[1-2]``.
+
+rich is loaded when a progress starts on a console, not with this module: work that says nothing
+(``--json``, ``--quiet``) never imports it.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Callable, Union
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
 LONG_WORK_S = 1.0  # work that may be quick (`plan`, `layout export`) shows its stages only once it took this long
 PLAIN_EVERY_S = 10.0  # not a terminal: the counts said at most this often (a change of phase or state at once)
@@ -60,40 +62,53 @@ def session_end_line(summary: dict | None) -> str | None:
     return "ranks ended: " + ("every refit committed" if summary.get("ok") else "the run failed (below)")
 
 
-class _Count(ProgressColumn):
-    """``done/total``; nothing while the total is unknown (never ``0/None``)."""
+def _bar(console: Console, what: str):
+    """A transient rich bar on ``console``: the description, a bar, ``done/total`` (nothing while the
+    total is unknown, never ``0/None``) and the elapsed time; and its task."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    def render(self, task) -> Text:
-        if task.total is None:
-            return Text("")
-        return Text(f"{int(task.completed)}/{int(task.total)}")
+    class Count(ProgressColumn):
+        def render(self, task) -> Text:
+            if task.total is None:
+                return Text("")
+            return Text(f"{int(task.completed)}/{int(task.total)}")
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), Count(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    return bar, bar.add_task(escape(what), total=None)
 
 
 class LiveProgress:
-    """Progress of one piece of work on ``console`` (stderr). ``enabled`` False (``--json``, ``--quiet``):
-    says nothing. ``start()`` before the first update (an input error before it leaves no line behind);
+    """Progress of one piece of work on ``console`` (stderr; or a function that makes it, called when the
+    progress starts). ``enabled`` False (``--json``, ``--quiet``): says nothing, and makes no console. ``start()`` before the first update (an input error before it leaves no line behind);
     ``update``/``state`` as the work goes; ``stop(final)`` once: the bar goes, ``final`` stays.
     ``show_after_s``: instead of ``start()``, the first ``update`` at least that long after creation starts
     it (work that is often quick says nothing then; a long one shows the stage it is in)."""
 
-    def __init__(self, console: Console, what: str, *, enabled: bool = True, every_s: float = PLAIN_EVERY_S,
-                 clock=time.monotonic, show_after_s: float | None = None):
-        self.console, self.enabled, self.every_s, self.clock = console, enabled, every_s, clock
+    def __init__(self, console: Union[Console, Callable[[], Console]], what: str, *, enabled: bool = True,
+                 every_s: float = PLAIN_EVERY_S, clock=time.monotonic, show_after_s: float | None = None):
+        self._console, self.enabled, self.every_s, self.clock = console, enabled, every_s, clock
         self.show_after_s, self._born = show_after_s, clock()
-        self.tty = console.is_terminal
+        self.console: Console | None = None  # made (or taken) at start
+        self.tty = False
         self.what, self.done, self.total = what, 0, None
         self.started = False
         self._said: tuple | None = None  # plain mode: (what, done, total) last printed, and when
         self._said_at = 0.0
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), _Count(), TimeElapsedColumn(),
-                             console=console, transient=True)
-        self._task = self._bar.add_task(escape(what), total=None)
+        self._bar = self._task = None
 
     def start(self) -> None:
         if self.started or not self.enabled:
             return
         self.started = True
+        if self.console is None:
+            self.console = self._console() if callable(self._console) else self._console
+            self.tty = self.console.is_terminal
         if self.tty:
+            if self._bar is None:
+                self._bar, self._task = _bar(self.console, self.what)
             self._bar.start()
         else:
             self._plain(force=True)
@@ -113,6 +128,8 @@ class LiveProgress:
             if not self.started:  # not enabled
                 return
         if self.tty:
+            from rich.markup import escape
+
             self._bar.update(self._task, description=escape(self.what), completed=self.done, total=self.total)
         else:
             self._plain()

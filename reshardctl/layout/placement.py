@@ -54,6 +54,19 @@ class ShardTemplate:
     def slot_numel(self, slot: int) -> int:
         return sum(box_numel(b) for b in self.holdings[slot])
 
+    def slot_numels(self):
+        """``slot_numel`` of every slot, as a read-only int64 array; computed once per template (the
+        plans of one command read it for every placement class of a layout)."""
+        cached = self.__dict__.get("_slot_numels")
+        if cached is None:
+            import numpy as np
+
+            cached = np.fromiter((self.slot_numel(s) for s in range(self.num_slots)), dtype=np.int64,
+                                 count=self.num_slots)
+            cached.flags.writeable = False
+            object.__setattr__(self, "_slot_numels", cached)
+        return cached
+
     def replica_classes(self) -> tuple[tuple[int, ...], ...]:
         """Groups of slots with identical holdings, in order of first appearance; empty slots dropped."""
         cached = self.__dict__.get("_replica_classes")

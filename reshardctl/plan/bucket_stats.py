@@ -69,13 +69,9 @@ def _holder_matrices(plan: Plan, tensors: np.ndarray) -> tuple[np.ndarray, np.nd
     classes, reps = plan.infer.placement_classes()
     I = plan.infer_world
     held, frac = np.zeros((len(reps), I)), np.zeros((len(reps), I))
-    slot_numel: dict[int, np.ndarray] = {}  # id(template) -> numel per slot (the reps keep them alive)
     for c, p in enumerate(reps):
         tpl = p.template
-        n = slot_numel.get(id(tpl))
-        if n is None:
-            n = slot_numel[id(tpl)] = np.fromiter((tpl.slot_numel(s) for s in range(tpl.num_slots)),
-                                                  dtype=np.int64, count=tpl.num_slots)
+        n = tpl.slot_numels()
         some = n > 0
         ranks = np.asarray(p.ranks, dtype=np.int64)[some]
         held[c, ranks] = 1.0

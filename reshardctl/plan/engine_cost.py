@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from reshardctl.models.architectures import EXPERT_KINDS
+from reshardctl.plan.distinct import distinct
 
 PRODUCER = ("export_pp_broadcast", "export_tp_gather", "export_ep_gather", "pack")
 CONSUMER = ("load_setup", "name_mapping", "loader_calls")
@@ -109,7 +110,7 @@ def _export_seconds(train, topology, links, keep, columns) -> tuple[np.ndarray, 
     if train.pp > 1:
         pp_s = share * (links.launch + (train.pp - 1) * pp_lat + local / pp_bw)
     tp_s = np.zeros(len(nbytes))
-    for size in np.unique(k[k > 1]).tolist():
+    for size in distinct(k[k > 1]).values.tolist():
         at = k == size
         bw, lat, _ = _group_bw(links, size, 1, g)
         tp_s[at] = share[at] * (links.launch + (size - 1) * lat + (size - 1) * local[at] / bw)

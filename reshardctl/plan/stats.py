@@ -171,23 +171,44 @@ def _segments(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return unit[first], t_lo[first], t_hi[first], e_round, e_seg, (ent[:, 2] - ent[:, 1]).astype(np.float64)
 
 
-def _slices_traffic(s0, s1, length, starts, tbase, ibase, src_all, dst_all, nb_all, lo_all, hi_all, hold_lo, hold_hi,
+def _run_rows(tables: list, seg_u: np.ndarray, seg_lo: np.ndarray, seg_hi: np.ndarray, ndim: int):
+    """The rows the slices of one run read, gathered from their units' tables: per unit of the run, the
+    rows from its first slice's start to the furthest end of its slices there (slices are sorted by unit,
+    then start), back to back. Returns each slice's first row among them, and their src, dst, nbytes and
+    [ndim, rows] lo / hi (boxes padded in front to ``ndim`` dims). Only a run's rows at a time: no copy
+    of every table of the plan (DeepSeek-V3 256 + 256: 25 MB, fresh memory to fault in)."""
+    first = np.flatnonzero(np.r_[True, seg_u[1:] != seg_u[:-1]])  # each unit's first slice in the run
+    count = np.diff(np.r_[first, seg_u.size])
+    blo = seg_lo[first]
+    bhi = np.maximum.reduceat(seg_hi, first)
+    blen = bhi - blo
+    starts = np.repeat(np.cumsum(blen) - blen - blo, count) + seg_lo
+    cut = [(tables[u], a, b) for u, a, b in zip(seg_u[first].tolist(), blo.tolist(), bhi.tolist())]
+    return (starts, np.concatenate([t.src[a:b] for t, a, b in cut]), np.concatenate([t.dst[a:b] for t, a, b in cut]),
+            np.concatenate([t.nbytes[a:b] for t, a, b in cut]),
+            np.concatenate([_pad_front(t.lo[a:b], ndim, 0).T for t, a, b in cut], axis=1),
+            np.concatenate([_pad_front(t.hi[a:b], ndim, 1).T for t, a, b in cut], axis=1))
+
+
+def _slices_traffic(s0, s1, length, run_rows, tbase, ibase, hold_lo, hold_hi,
                     inst, by_seg, seg_sorted, e_round, e_n, world, T, topo, sums, most) -> np.ndarray:
-    """``p2p_stats`` for the slices ``[s0, s1)``: adds their entries' traffic rows into ``sums`` (per traffic
-    row, [rounds * world]) and their message counts into ``most`` (maxima); returns their bytes per link
-    class (intra node, intra domain, cross domain) over all their instances."""
+    """``p2p_stats`` for the slices ``[s0, s1)`` (``run_rows``: their rows, ``_run_rows``): adds their
+    entries' traffic rows into ``sums`` (per traffic row, [rounds * world]) and their message counts into
+    ``most`` (maxima); returns their bytes per link class (intra node, intra domain, cross domain) over
+    all their instances."""
     n = s1 - s0
     ln = length[s0:s1]
+    starts, src_run, dst_run, nb_run, lo_run, hi_run = run_rows
     seg = np.repeat(np.arange(n), ln)  # per transfer, its slice in the run
-    row = np.arange(seg.size) + np.repeat(starts[s0:s1] - (np.cumsum(ln) - ln), ln)
-    src = src_all[row].astype(np.int64)
-    dst = dst_all[row].astype(np.int64)
-    nb = nb_all[row].astype(np.float64)
+    row = np.arange(seg.size) + np.repeat(starts - (np.cumsum(ln) - ln), ln)
+    src = src_run[row].astype(np.int64)
+    dst = dst_run[row].astype(np.int64)
+    nb = nb_run[row].astype(np.float64)
     # each transfer against each side's holding box: contiguous there (its message class, wire.py) and
     # a whole box there (in place, no staging copy: a message of whole boxes lies back to back in the
     # rank's arena, boxes in first-use order; a part of a box is staged, which errs towards copying)
     # (np.take: several times faster than fancy indexing for rows of a 2-D array)
-    lo, hi = np.take(lo_all, row, axis=1), np.take(hi_all, row, axis=1)
+    lo, hi = np.take(lo_run, row, axis=1), np.take(hi_run, row, axis=1)
     tb, ib = tbase[s0:s1][seg], ibase[s0:s1][seg]
     contig, whole = [], []
     for ranks in (src, dst):
@@ -281,9 +302,7 @@ def p2p_stats(plan: Plan) -> PlanStats:
         new_unit = np.r_[True, seg_unit[1:] != seg_unit[:-1]]
         used, seg_u = seg_unit[new_unit], np.cumsum(new_unit) - 1
         tables = [units[u].table for u in used.tolist()]
-        u_offset = np.cumsum([0] + [len(t) for t in tables[:-1]])
         u_first = np.fromiter((int(units[u].tensors[0]) for u in used.tolist()), dtype=np.int64, count=used.size)
-        starts = u_offset[seg_u] + seg_lo
         # every rank's box of every placement class, both sides in one [ndim, rows] pair (trainer rows first)
         t_row, t_lo, t_hi = _class_boxes(plan.train)
         i_row, i_lo, i_hi = _class_boxes(plan.infer)
@@ -293,13 +312,6 @@ def p2p_stats(plan: Plan) -> PlanStats:
         tbase = t_row[plan.train.placement_classes()[0][u_first]][seg_u]
         ibase = (i_row[plan.infer.placement_classes()[0][u_first]] + t_lo.shape[1])[seg_u]
         length = seg_hi - seg_lo
-        # every table's columns back to back, once (boxes as [ndim, n], a row per dim: numpy's reductions
-        # over a short last axis are slow)
-        src_all = np.concatenate([t.src for t in tables])
-        dst_all = np.concatenate([t.dst for t in tables])
-        nb_all = np.concatenate([t.nbytes for t in tables])
-        lo_all = np.concatenate([_pad_front(t.lo, ndim, 0).T for t in tables], axis=1)
-        hi_all = np.concatenate([_pad_front(t.hi, ndim, 1).T for t in tables], axis=1)
         inst = np.bincount(e_seg, weights=e_n, minlength=S)  # per slice: its instances over all entries
         # the entries by slice (sums and maxima do not depend on the order)
         by_seg = np.argsort(e_seg, kind="stable")
@@ -312,8 +324,10 @@ def p2p_stats(plan: Plan) -> PlanStats:
         s0 = 0
         while s0 < S:
             s1 = max(s0 + 1, int(np.searchsorted(ends, ends[s0] - length[s0] + _CHUNK_ROWS, side="right")))
+            # the run's rows, boxes as [ndim, n] (a row per dim: numpy's reductions over a short last axis are slow)
+            run_rows = _run_rows(tables, seg_u[s0:s1], seg_lo[s0:s1], seg_hi[s0:s1], ndim)
             by_link += _slices_traffic(
-                s0, s1, length, starts, tbase, ibase, src_all, dst_all, nb_all, lo_all, hi_all, hold_lo, hold_hi,
+                s0, s1, length, run_rows, tbase, ibase, hold_lo, hold_hi,
                 inst, by_seg, seg_sorted, e_round, e_n, world, T, topo, sums, most)
             s0 = s1
         for k, total in sums.items():
@@ -358,8 +372,7 @@ def landing_counts(plan: Plan) -> LandingCounts:
         if not n:
             continue
         count = _slot_boxes(p.template)[0]
-        numel = np.fromiter((p.template.slot_numel(s) for s in range(p.template.num_slots)), dtype=np.int64,
-                            count=p.template.num_slots)
+        numel = p.template.slot_numels()
         ranks = np.asarray(p.ranks, dtype=np.int64)
         np.add.at(views, ranks, count * n)
         # one loader call per tensor per rank holding any of it (a rank may hold several slots)

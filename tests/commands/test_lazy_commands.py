@@ -51,3 +51,21 @@ def test_plan_does_not_load_the_other_commands_modules():
 def test_unknown_command_still_suggests(capsys):
     assert main(["plna"]) == 2
     assert "Did you mean 'plan'" in capsys.readouterr().err
+
+
+def _modules_after(argv: list[str]) -> tuple[int, list[str]]:
+    code = ("import sys, json; from reshardctl.cli import main; "
+            f"rc = main({argv!r}); "
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m == 'rich' or m.startswith('rich.'))]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    rc, loaded = json.loads(out.splitlines()[-1])
+    return rc, loaded
+
+
+def test_plan_json_does_not_load_rich_and_the_table_does():
+    """``--json`` prints JSON only: no console, no table, no progress bar is made (output.py, progress.py
+    import rich where they make one); the report as a table loads it."""
+    rc, loaded = _modules_after(["plan", "--site", "local", "--model", "tiny-llama", "--json"])
+    assert rc == 0 and loaded == [], loaded
+    rc, loaded = _modules_after(["plan", "--site", "local", "--model", "tiny-llama"])
+    assert rc == 0 and "rich.table" in loaded and "rich.console" in loaded, loaded

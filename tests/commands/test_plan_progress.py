@@ -18,7 +18,7 @@ from reshardctl.commands import progress
 from reshardctl.commands.progress import LiveProgress
 
 STAGES = ["planning and costing reshard (0/4)", "planning and costing gather_broadcast (1/4)",
-          "planning and costing hybrid (2/4)", "NeMo RL's own refit, m2n compatibility (3/4)"]
+          "planning and costing hybrid (2/4)", "NeMo RL's own refit (3/4)"]
 
 
 def _without_timings(x):
