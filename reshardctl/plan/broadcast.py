@@ -81,17 +81,13 @@ def build_buckets(
             full = (full_box(model.tensors[i].shape),)
             whole_by_class[c] = tuple(sorted({r for r, h in reps[c].items() if tuple(h) == full}))
     holders_of = [whole_by_class.get(c, ()) for c in cls_of]
-
-    def whole_region(i: int) -> Region:
-        t = model.tensors[i]
-        box = full_boxes.get(t.shape)
-        if box is None:
-            box = full_boxes[t.shape] = full_box(t.shape)
-        return Region(i, box, t.nbytes)
-
+    has_holders = [bool(h) for h in holders_of]
     tensor_bytes = [t.nbytes for t in model.tensors]
-
-    full_boxes: dict[tuple[int, ...], tuple] = {}
+    # each tensor's whole box, one box object per distinct shape (the regions of a tensor's holder share it)
+    boxes_of_shape: dict[tuple[int, ...], tuple] = {}
+    whole_box = [boxes_of_shape.get(t.shape) or boxes_of_shape.setdefault(t.shape, full_box(t.shape))
+                 for t in model.tensors]
+    region = tuple.__new__  # Region(i, box, nbytes) without its Python-level __new__ (45k regions: a third of this pass)
 
     buckets: list[BroadcastBucket] = []
     index = first_index
@@ -109,31 +105,32 @@ def build_buckets(
             nbytes = size.pop(root, 0)
             if not tensors:
                 return
+            if all(map(has_holders.__getitem__, tensors)):  # the root holds every tensor whole: no gather
+                own = tuple([region(Region, (i, whole_box[i], tensor_bytes[i])) for i in tensors])
+                peers = (PeerRegions(root, own),)
+            else:
+                peers = _gathered(tensors, root)
+            group = groups.get(root)
+            if group is None:
+                others = tuple(r for r in stage_ranks if r != root) if span == "stage" else ()
+                group = groups[root] = (root,) + others + infer_group
+            buckets.append(BroadcastBucket(index=index, root=root, group=group, tensors=tuple(tensors),
+                                           gather=peers, nbytes=nbytes))
+            index += 1
+
+        def _gathered(tensors: list[int], root: int) -> tuple[PeerRegions, ...]:
+            """Each source rank's regions of ``tensors`` for ``root``, by rank (the root's own included)."""
             gather: dict[int, list[Region]] = {}
             for i in tensors:
                 if holders_of[i]:  # then its root is one of them
                     own = gather.get(root)
                     if own is None:
                         own = gather[root] = []
-                    own.append(whole_region(i))
+                    own.append(region(Region, (i, whole_box[i], tensor_bytes[i])))
                     continue
                 for src, box, nb in gather_pieces(i, root):
-                    gather.setdefault(src, []).append(Region(i, box, nb))
-            group = groups.get(root)
-            if group is None:
-                others = tuple(r for r in stage_ranks if r != root) if span == "stage" else ()
-                group = groups[root] = (root,) + others + infer_group
-            buckets.append(
-                BroadcastBucket(
-                    index=index,
-                    root=root,
-                    group=group,
-                    tensors=tuple(tensors),
-                    gather=tuple(PeerRegions(p, tuple(r)) for p, r in sorted(gather.items())),
-                    nbytes=nbytes,
-                )
-            )
-            index += 1
+                    gather.setdefault(src, []).append(region(Region, (i, box, nb)))
+            return tuple(PeerRegions(p, tuple(r)) for p, r in sorted(gather.items()))
 
         half = bucket_bytes // 2
         for i in by_stage[stage]:
