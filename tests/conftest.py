@@ -89,8 +89,11 @@ def _worker_group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session):
-    """On a worker: write the groups of what it collected where the controller reads them."""
+    """On a worker: write the groups of what it collected where the controller reads them, before
+    xdist's own hook reports the collection (the controller schedules as soon as every worker reported;
+    without tryfirst xdist's hook, registered later, runs first and the controller can read no file)."""
     path = getattr(session.config, "workerinput", {}).get(worker_groups.GROUPS_KEY)
     if path is not None:
         worker_groups.write_groups(path, {item.nodeid: item.stash[GROUP] for item in session.items

@@ -39,8 +39,21 @@ class GroupScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:  # first called by schedule(), after every worker reported its collection
-            self._groups = {}
-            for f in sorted(self.groups_dir.glob("*.json")) if self.groups_dir is not None else ():
-                self._groups.update(json.loads(f.read_text()))
+            self._groups = self._read_groups()
         group = self._groups.get(nodeid)
         return nodeid if group is None else f"group:{group}"
+
+    def _read_groups(self) -> dict[str, str]:
+        """Every reporting worker's groups. A worker writes its file before it reports its collection
+        (tests/conftest.py's ``pytest_collection_finish`` runs first), so a missing file is an error here,
+        not a run whose groups are silently lost."""
+        groups: dict[str, str] = {}
+        if self.groups_dir is None:
+            return groups
+        for node in sorted(self.registered_collections, key=lambda n: n.gateway.id):
+            path = self.groups_dir / f"{node.gateway.id}.json"
+            if not path.is_file():
+                raise RuntimeError(f"worker {node.gateway.id} reported its collection before writing {path}: "
+                                   f"its tests' groups would be lost")
+            groups.update(json.loads(path.read_text()))
+        return groups
