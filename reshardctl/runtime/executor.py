@@ -53,14 +53,14 @@ from reshardctl.runtime.cuda_timing import PhaseTimings
 from reshardctl.runtime.events import EventLog
 from reshardctl.runtime.deadline_watch import DeadlineWatch
 from reshardctl.runtime.abort import abort_data_plane
-from reshardctl.runtime.bounded_wait import Abandoned, raise_outcome, wait_works
+from reshardctl.runtime.bounded_wait import raise_outcome
 from reshardctl.runtime.groups import Groups
 from reshardctl.runtime import host_staging
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.piece_copy import PieceViews, Pieces, copy_pieces, message_pieces
 from reshardctl.runtime.program import BucketOps, Message, RankProgram, RoundOps, compile_program
 from reshardctl.runtime.span_copy import MessageCopy, copy_spec
-from reshardctl.runtime.step_state import ExecStats, Pending
+from reshardctl.runtime.step_state import ExecStats, Pending, step_errors
 from reshardctl.runtime.wire import align8, place
 
 _UNSET = object()
@@ -308,31 +308,16 @@ class Executor(RoundSteps, BucketSteps):
         if self._watch is not None:
             self._order_after(p, what)
             return
-        try:
-            wait_works(p.works, self.groups, self.groups.timeout.total_seconds(), what)
-        except Abandoned as exc:
-            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise
-        except (RuntimeError, TransferError) as exc:
-            err = TransferError(f"{what} failed: {exc}")
-            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise err from exc
+        self._wait_part(p, p.works, time.monotonic() + self.groups.timeout.total_seconds(), what)
         self._after_wait()
 
     def _order_after(self, p: Pending, what: str) -> None:
         """CUDA: the step's consumers ordered after its transfer on the device (``work.wait()``: the
         current stream waits for NCCL's; then the side stream for the current), the host not blocked;
         the refit's ``DeadlineWatch`` holds the step's deadline (``_drain``)."""
-        try:
+        with step_errors(p, what):  # host-staged gloo: another rank's failure; a communicator failed or aborted
             for w in p.works:
                 w.wait()
-        except Abandoned as exc:  # host-staged gloo: another rank's failure, seen by the bounded wait
-            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise
-        except (RuntimeError, TransferError) as exc:  # a communicator already failed or aborted (host-staged: gloo's)
-            err = TransferError(f"{what} failed: {exc}")
-            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise err from exc
         self._watch.watch(p.works, p)
         self._after_wait()
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from reshardctl.errors import TransferError
-from reshardctl.runtime.bounded_wait import Abandoned, wait_works
+from reshardctl.runtime.bounded_wait import wait_works
 from reshardctl.runtime.program import RoundOps
-from reshardctl.runtime.step_state import TAG_ROUND, ExecStats, Pending, step_tag
+from reshardctl.runtime.step_state import TAG_ROUND, ExecStats, Pending, step_errors, step_tag
 
 
 class RoundSteps:
@@ -80,12 +80,5 @@ class RoundSteps:
 
     def _wait_part(self, p: Pending, works: list, end: float, what: str) -> None:
         """Some of a step's works, bounded by the step's deadline ``end`` (monotonic), errors as ``_wait``'s."""
-        try:
+        with step_errors(p, what):
             wait_works(works, self.groups, max(0.0, end - time.monotonic()), what)
-        except Abandoned as exc:
-            exc.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise
-        except (RuntimeError, TransferError) as exc:
-            err = TransferError(f"{what} failed: {exc}")
-            err.where = {"kind": p.kind, "index": p.index, "peers": p.peers}
-            raise err from exc
