@@ -301,31 +301,30 @@ def launch_local_ranks(plans: Mapping[str, object], options: RunOptions, *, warm
             first_failure = time.monotonic()
             end = min(end, first_failure + options.timeout_s * (1 + options.retries) + GRACE_S)
 
+    def took_report(timeout: float) -> bool:
+        """A rank's report taken from the queue within ``timeout`` s and kept (a failed one starts the end)."""
+        nonlocal last_change
+        try:
+            rank, rep = q.get(timeout=timeout)
+        except _queue.Empty:
+            return False
+        reports[rank] = rep
+        last_change = time.monotonic()
+        if not all(x.ok for x in rep.values()):
+            failed_now()
+        return True
+
     try:
         while len(reports) + len(lost) < world:
             if stop is not None and stop.is_set():
                 interrupted = True
                 break
-            try:
-                rank, rep = q.get(timeout=0.1)
-                reports[rank] = rep
-                last_change = time.monotonic()
-                if not all(x.ok for x in rep.values()):
-                    failed_now()
+            if took_report(0.1):
                 continue
-            except _queue.Empty:
-                pass
             for r, p in enumerate(procs):
                 if r not in reports and r not in lost and p.exitcode is not None:
-                    try:  # it may have reported just before exiting
-                        rank, rep = q.get(timeout=0.5)
-                        reports[rank] = rep
-                        last_change = time.monotonic()
-                        if not all(x.ok for x in rep.values()):
-                            failed_now()
+                    if took_report(0.5):  # it may have reported just before exiting
                         continue
-                    except _queue.Empty:
-                        pass
                     code = p.exitcode
                     why = (f"killed by signal {-code}" if code < 0 else f"exited with code {code}") + " without a report"
                     lost[r] = _lost_record(r, first.train_world, why, time.time(), options.run_dir)
