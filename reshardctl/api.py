@@ -54,6 +54,7 @@ from reshardctl.runtime.preconnect import preconnect
 from reshardctl.runtime.settle import settle
 from reshardctl.runtime.transport_decision import DecisionChannel
 from reshardctl.runtime.update_group import UpdateGroup, update_backend
+from reshardctl.plan.gpu_memory import pool_limit_bytes
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.refit import RefitContext, State, refit_once
@@ -157,7 +158,7 @@ class Refitter:
         _instances[0] += 1
         self._uid = _instances[0]
         self._attempt = 0
-        self.pool = BufferPool(device, limit_bytes=max(4 * max(p.bucket_bytes for p in self._plans.values()), 64 << 20))
+        self.pool = BufferPool(device, limit_bytes=pool_limit_bytes(max(p.bucket_bytes for p in self._plans.values())))
         self._build()
         self._holdings = plan.src_holdings(side_rank) if side == "train" else plan.dst_holdings(side_rank)
         self._names = [self.model.tensors[i].name for i in self._holdings]

@@ -159,6 +159,7 @@ def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
     units also give the m2n verdicts, the hybrid plan NeMo RL's nccl_reshard refit), ``framework``:
     NeMo RL's collective refit, or ``m2n``: the m2n verdicts where no reshard part gives its units."""
     from reshardctl.plan.engine_cost import framework_refit, nccl_reshard_refit
+    from reshardctl.plan.gpu_memory import gpu_memory
     from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.m2n_compat import m2n_compat
     from reshardctl.plan.planner import build_plan
@@ -174,6 +175,8 @@ def _part(inp: Inputs, name: str, keep_plan: bool) -> dict:
     stats = p2p_stats(plan) if plan.rounds else None
     lb = lower_bound(plan, inp.links)  # transport-independent: every part's is the same
     out = {"row": transport_report(plan, inp.links, lb, stats), "lower_bound": lb}
+    # per GPU: the busiest ranks' weights, staged copy, pool and NCCL buffers (none on cpu_only sites)
+    out["row"]["gpu_memory"] = None if inp.site.cpu_only else gpu_memory(plan, inp.site.nccl, inp.site.gpu_memory_bytes)
     if name == "reshard" and _reshard_gives_m2n(inp):
         out["m2n_compat"] = m2n_compat(inp.model, inp.train, inp.infer, inp.topology, units=plan.units)
     if name == "hybrid":

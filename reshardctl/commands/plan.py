@@ -94,6 +94,7 @@ def render(result: dict, con=None) -> None:
     con.print(f"landing: infer{ld['infer_rank']} writes {ld['params']:,} parameter segments ({_b(ld['bytes'])}) in "
               f"{_s(ld['seconds'])} (one _foreach_copy_); a framework loader ({ld['tensors']:,} per-tensor calls) "
               f"would add {_s(ld['loader_extra_s'])}", markup=False)
+    _render_gpu_memory(result["transports"], con)
     for path, fr in result.get("framework_refit", {}).items():
         if "predicted_s" in fr:  # NeMo RL's own refit of these layouts (docs/cost-model.md "The framework's own refit")
             terms = fr["breakdown_s"] if path == "collective" else \
@@ -116,6 +117,29 @@ def render(result: dict, con=None) -> None:
                        str(r["infer_world"]), _s(r["predicted_s"]), _s(r["lower_bound_s"]),
                        _pct(r["efficiency"]), _b(r["bytes_moved"]))
         output.print_table(ct, ("lower bound", "efficiency", "ranks"), con)
+
+
+def _render_gpu_memory(rows: dict, con) -> None:
+    """Per GPU, the busiest inference rank's weights + staged copy + pool + NCCL of each transport, against
+    the site's GPU memory where the profile gives it; a transport that does not fit is said (GPU sites)."""
+    mem = {t: r["gpu_memory"] for t, r in rows.items() if r.get("gpu_memory")}
+    if not mem:
+        return
+    first = next(iter(mem.values()))
+    inf = first["inference"]
+    gpu = first["gpu_bytes"]
+    cap = (f"{_b(gpu)} per GPU less {first['reserve']:.0%}" if gpu is not None
+           else "no gpu_memory_gib in the site profile: not checked")
+    con.print(f"GPU memory, busiest inference rank ({cap}): weights {_b(inf['weights_bytes'])} + staged copy "
+              f"{_b(inf['staged_copy_bytes'])} (the all-or-nothing commit) + pool + NCCL:", markup=False)
+    for t, m in mem.items():
+        i, tr = m["inference"], m["trainer"]
+        n = i["nccl"]
+        verdict = "" if m["fits"] is None else (f", {_b(m['inference_left_bytes'])} left" if m["fits"] else
+                                                f": does NOT fit, {_b(-m['inference_left_bytes'])} over")
+        con.print(f"  {t}: infer{i['side_rank']} pool {_b(i['pool_bytes'])} + NCCL {_b(n['bytes'])} "
+                  f"({n['communicators']} communicator(s), {n['p2p_directions']} p2p directions) = "
+                  f"{_b(i['total_bytes'])}{verdict}; train{tr['side_rank']} adds {_b(tr['refit_bytes'])}", markup=False)
 
 
 # ---------------------------------------------------------------- command --------------------------------

@@ -62,7 +62,9 @@ def _render(p: SiteProfile) -> None:
     top = tree.add("[bold]nodes[/bold]")
     top.add(f"{p.num_nodes} nodes: {_short_nodes(p.nodes)}")
     kind = "ranks (CPU processes, gloo)" if p.cpu_only else "GPUs"
-    top.add(f"{p.gpus_per_node} {kind} per node, {p.total_gpus} in all")
+    mem = "" if p.cpu_only else (f", {p.gpu_memory_gib:g} GiB each" if p.gpu_memory_gib is not None
+                                 else " (no gpu_memory_gib: plan checks no GPU's memory)")
+    top.add(f"{p.gpus_per_node} {kind} per node, {p.total_gpus} in all{mem}")
     unit = "ranks" if p.cpu_only else "GPUs"
     top.add(f"NVLink domain: {p.nvlink_domain_nodes} node(s) = {p.gpus_per_domain} {unit}; {p.num_domains} domain(s)")
 

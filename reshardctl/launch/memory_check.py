@@ -17,10 +17,12 @@ On Slurm (``check_slurm_memory``) the ranks run on the allocation's nodes: per r
 ranks (the same per-rank bytes, weights only where the ranks hold them on the host: ``cpu_only`` sites,
 gloo) are compared with what the profile asks for that role (``mem`` per node, or ``mem_per_cpu`` x
 CPUs per task x tasks on the node; ``mem: 0``, all of a node, and no request are not checked) before
-anything is submitted; the busiest node's bytes become the summary's ``memory_estimate_bytes``.
+anything is submitted; the busiest node's bytes become the summary's ``memory_estimate_bytes``. On GPU
+sites whose profile gives ``gpu_memory_gib`` the busiest inference rank's GPU memory is checked too
+(``check_profile_gpu_memory``: weights, the staged copy, pool and NCCL's buffers against one GPU).
 
 NCCL's buffers per GPU (an estimate from NCCL's documented defaults, capped by the site's ``nccl:``
-keys; docs/gpu.md "NCCL memory"):
+keys; docs/gpu.md "NCCL memory"; the arithmetic is plan/gpu_memory.py's, which ``plan`` reports):
 
 * point-to-point: every connected direction (the program's peers over every plan of the session,
   ``preconnect.program_peers``; the pre-connect connects exactly these) holds ``p2p_channels_per_peer``
@@ -34,14 +36,12 @@ keys; docs/gpu.md "NCCL memory"):
 from __future__ import annotations
 
 from reshardctl.errors import InputError, ProfileError
+from reshardctl.plan.gpu_memory import RESERVE, gpu_memory, nccl_buffer_bytes, pool_limit_bytes
 from reshardctl.site.spec import size_bytes
 from reshardctl.layout.placement import box_numel
 from reshardctl.topology import infer_rank_of, is_trainer
 
 PROCESS_BYTES = 256 << 20
-RING_CONNECTIONS = 2  # per channel of a communicator: the ring's send and receive neighbour
-PROTOCOL_BUFFERS = 2  # per connection: SIMPLE (NCCL_BUFFSIZE) and LL128 (about as much); LL's is small
-RESERVE = 0.10
 GiB = float(1 << 30)
 
 
@@ -65,7 +65,7 @@ def needed_bytes(plan) -> dict:
     m, T, I = plan.model, plan.train_world, plan.infer_world
     src = sum(_holding_bytes(m, plan.src_holdings(r)) for r in range(T))
     dst = sum(_holding_bytes(m, plan.dst_holdings(r)) for r in range(I))
-    pool = (T + I) * max(4 * plan.bucket_bytes, 64 << 20)
+    pool = (T + I) * pool_limit_bytes(plan.bucket_bytes)
     procs = (T + I) * PROCESS_BYTES
     return {"trainer_weights": src, "inference_weights": dst, "inference_staging": dst, "pools": pool,
             "processes": procs, "total": src + 2 * dst + pool + procs}
@@ -74,7 +74,7 @@ def needed_bytes(plan) -> dict:
 def rank_bytes(plan, rank: int) -> int:
     """One rank's weights (inference: served + staged) and buffer pool."""
     T = plan.train_world
-    pool = max(4 * plan.bucket_bytes, 64 << 20)
+    pool = pool_limit_bytes(plan.bucket_bytes)
     if is_trainer(rank, T):
         return _holding_bytes(plan.model, plan.src_holdings(rank)) + pool
     return 2 * _holding_bytes(plan.model, plan.dst_holdings(infer_rank_of(rank, T))) + pool
@@ -94,9 +94,7 @@ def nccl_bytes(plans, rank: int, nccl=None, *, api: bool = False) -> dict:
     directions = len(sends) + len(recvs)
     subgroups = sum(1 for g in broadcast_groups(plans) if rank in g and len(g) < world)
     communicators = 1 + subgroups + (1 if api else 0)
-    buf = nccl.buffsize_bytes
-    p2p = directions * nccl.p2p_channels_per_peer * buf
-    collectives = communicators * nccl.max_channels * RING_CONNECTIONS * PROTOCOL_BUFFERS * buf
+    p2p, collectives = nccl_buffer_bytes(directions, communicators, nccl)
     return {"p2p_directions": directions, "communicators": communicators, "p2p": p2p,
             "collectives": collectives, "total": p2p + collectives}
 
@@ -195,4 +193,28 @@ def check_slurm_memory(plans, site, gpus_per_node: int) -> int:
         raise ProfileError(f"site profile {site.source}: " + "; ".join(bad) + "; nothing was submitted",
                            hint="raise the memory request (slurm.mem / mem_per_cpu, or slurm.resources.<role>), "
                                 "or plan fewer ranks per node")
+    check_profile_gpu_memory(plans, site)
     return max(n for n, _ in nodes.values())
+
+
+def check_profile_gpu_memory(plans, site) -> None:
+    """GPU sites whose profile gives ``gpu_memory_gib``: raise ``ProfileError`` when the session's busiest
+    inference rank (weights + the commit's staged copy + pool + NCCL's buffers of every plan's connections
+    and groups, plan/gpu_memory.py) does not fit one GPU less the reserve: on Slurm the nodes' GPUs
+    cannot be asked before the job runs, so the profile's figure is checked before anything is submitted."""
+    if site.cpu_only or site.gpu_memory_bytes is None:
+        return
+    m = gpu_memory(plans, site.nccl, site.gpu_memory_bytes)
+    if m["fits"]:
+        return
+    i, n = m["inference"], m["inference"]["nccl"]
+    usable = int(m["gpu_bytes"] * (1 - m["reserve"]))
+    raise ProfileError(
+        f"site profile {site.source}: inference rank {i['side_rank']} needs {i['total_bytes'] / GiB:.2f} GiB per GPU "
+        f"(weights {i['weights_bytes'] / GiB:.2f} + staged copy {i['staged_copy_bytes'] / GiB:.2f} + pool "
+        f"{i['pool_bytes'] / GiB:.2f} + NCCL {n['bytes'] / GiB:.2f} GiB: {n['communicators']} communicator(s), "
+        f"{n['p2p_directions']} p2p directions) but gpu_memory_gib {site.gpu_memory_gib:g} leaves "
+        f"{usable / GiB:.2f} GiB after a {m['reserve']:.0%} reserve: {i['total_bytes']} > {usable} bytes; "
+        f"nothing was submitted",
+        hint="more inference ranks per replica (a larger tp: fewer weights per GPU), a smaller --bucket-mb, "
+             "lower nccl: caps, or gpu_memory_gib set to the GPUs' real memory")

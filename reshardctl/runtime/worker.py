@@ -41,6 +41,7 @@ from reshardctl.runtime.executor import Executor
 from reshardctl.runtime.groups import Groups, init_groups, rebuild, rendezvous, shutdown
 from reshardctl.runtime.preconnect import preconnect
 from reshardctl.runtime.settle import settle
+from reshardctl.plan.gpu_memory import pool_limit_bytes
 from reshardctl.runtime.buffer_pool import BufferPool
 from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.report_wait import await_reports
@@ -196,7 +197,7 @@ def run_rank_session(env: RankEnv, plans, options: RunOptions, *, warmup: int = 
                 ph.update(program.counts)
             rec["materialise_s"] = _prepare_weights(prev, plan, env, st, source, options, step, device, events,
                                                     program.order)
-            pool = BufferPool(device, limit_bytes=max(4 * plan.bucket_bytes, 64 << 20))
+            pool = BufferPool(device, limit_bytes=pool_limit_bytes(plan.bucket_bytes))
             rec["pool"] = pool
 
             def executor(p, program=None):

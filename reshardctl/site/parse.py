@@ -129,6 +129,7 @@ TOP = {
     "gpus_per_node": Key("int", REQUIRED, "a whole number of GPUs (ranks) per node, e.g. 8", 1, high=MAX_GPUS_PER_NODE),
     "nvlink_domain_nodes": Key("int", 1, "a whole number of nodes per NVLink domain, e.g. 1 or 18", 1, high=MAX_HOSTS),
     "cpu_only": Key("bool", False, "true or false"),
+    "gpu_memory_gib": Key("float", None, "a number of GiB of memory per GPU, e.g. 79.6 (an H100 80GB)", 0, True, 65536),
     "launcher": Key("str", "local", "one of " + ", ".join(LAUNCHERS)),
     "measured": Key("str", None, "a calibration file written by `reshardctl calibrate --out FILE`"),
     "links": Key("section", REQUIRED, "a mapping (the links: section)"),
@@ -471,6 +472,7 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
     domain = _value(c, top, "", "nvlink_domain_nodes", TOP["nvlink_domain_nodes"])
     cpu_only = _value(c, top, "", "cpu_only", TOP["cpu_only"])
     state_dir = _value(c, top, "", "state_dir", TOP["state_dir"])
+    gpu_memory_gib = _value(c, top, "", "gpu_memory_gib", TOP["gpu_memory_gib"])
     launcher = _value(c, top, "", "launcher", TOP["launcher"])
     if launcher not in LAUNCHERS:
         c.add("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {short(launcher)}")
@@ -562,4 +564,5 @@ def parse_profile(data: Mapping, source: str) -> SiteProfile:
         nccl=NcclSpec(**nccl),
         measured=measured,
         state_dir=state_dir,
+        gpu_memory_gib=gpu_memory_gib,
     )

@@ -351,6 +351,7 @@ class SiteProfile:
     nccl: NcclSpec = field(default_factory=NcclSpec)
     measured: str | None = None  # a calibration file (``reshardctl calibrate --out``), as written in the profile
     state_dir: str | None = None  # where the site's ledger lives (None: the per-user state directory)
+    gpu_memory_gib: float | None = None  # memory per GPU (GiB): `plan` checks the refit's per-GPU memory against it
 
     def __post_init__(self) -> None:
         _freeze(self, "nodes", tuple(self.nodes))
@@ -366,11 +367,17 @@ class SiteProfile:
             p.append(f"gpus_per_node must be between 1 and {MAX_GPUS_PER_NODE}, got {self.gpus_per_node!r}")
         if self.launcher not in LAUNCHERS:
             p.append(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        if self.gpu_memory_gib is not None and not 0 < self.gpu_memory_gib <= 65536:
+            p.append(f"gpu_memory_gib must be > 0 and <= 65536, got {self.gpu_memory_gib!r}")
         if not self.nvlink_domain_nodes >= 1:
             p.append(f"nvlink_domain_nodes must be >= 1, got {self.nvlink_domain_nodes!r}")
         elif self.nodes and len(self.nodes) % self.nvlink_domain_nodes:
             p.append(domain_message(len(self.nodes), self.nvlink_domain_nodes))
         _raise(p, f"invalid site profile {self.source}")
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory_gib is None else int(self.gpu_memory_gib * (1 << 30))
 
     @property
     def num_nodes(self) -> int:
@@ -471,4 +478,5 @@ def profile_to_dict(p: SiteProfile) -> dict:
             "p2p_channels_per_peer": p.nccl.p2p_channels_per_peer,
         },
         "state_dir": p.state_dir,
+        "gpu_memory_gib": p.gpu_memory_gib,
     }
