@@ -5,6 +5,7 @@ own accounting (``preconnect.program_peers`` from every rank's program, the memo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -73,7 +74,8 @@ def _one_scenario():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reshardctl", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "reshardctl", *args], capture_output=True, text=True,
+                          env=dict(os.environ, COLUMNS="200"))  # no line of the output wrapped
 
 
 def _plan_json(tmp_path, profile: dict | str, *args: str) -> dict:
