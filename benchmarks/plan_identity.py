@@ -6,6 +6,8 @@ case apart from the ``planning_s`` timings (fingerprints, predictions, the m2n r
     .venv/bin/python benchmarks/plan_identity.py --base /tmp/base --fingerprints-changed
         # a change of the fingerprint's encoding on purpose: every fingerprint must differ (the plans
         # are not compared by them), everything else must be identical
+    .venv/bin/python benchmarks/plan_identity.py --base /tmp/base --added gpu_memory
+        # a key the report gains on purpose: left out of this tree's JSON (a base that has it differs)
 """
 
 from __future__ import annotations
@@ -48,29 +50,31 @@ CASES = [
 ]
 
 
-def _without_timings(obj, fingerprints: list[str] | None = None):
-    """``obj`` without its ``planning_s``; with ``fingerprints``: without its fingerprints, collected there."""
+def _without_timings(obj, fingerprints: list[str] | None = None, added: frozenset = frozenset()):
+    """``obj`` without its ``planning_s`` and the keys in ``added``; with ``fingerprints``: without its
+    fingerprints, collected there."""
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
-            if k == "planning_s":
+            if k == "planning_s" or k in added:
                 continue
             if k == "fingerprint" and fingerprints is not None:
                 fingerprints.append(v)
                 continue
-            out[k] = _without_timings(v, fingerprints)
+            out[k] = _without_timings(v, fingerprints, added)
         return out
     if isinstance(obj, list):
-        return [_without_timings(v, fingerprints) for v in obj]
+        return [_without_timings(v, fingerprints, added) for v in obj]
     return obj
 
 
-def plan_json(args: list[str], tree: str | None, fingerprints: list[str] | None = None) -> str:
+def plan_json(args: list[str], tree: str | None, fingerprints: list[str] | None = None,
+              added: frozenset = frozenset()) -> str:
     argv = ([sys.executable, "-c", OTHER_TREE, str(Path(tree).absolute())] if tree
             else [str(Path(sys.executable).parent / "reshardctl")])
     argv += ["plan", *args, "--json"] + ([] if "--transport" in args else ["--transport", "all"])
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return json.dumps(_without_timings(json.loads(out), fingerprints), indent=1, sort_keys=True)
+    return json.dumps(_without_timings(json.loads(out), fingerprints, added), indent=1, sort_keys=True)
 
 
 def main() -> None:
@@ -79,12 +83,16 @@ def main() -> None:
     ap.add_argument("--fingerprints-changed", action="store_true",
                     help="the fingerprint encoding changed on purpose: require every fingerprint to differ, "
                          "compare the rest")
+    ap.add_argument("--added", action="append", default=[], metavar="KEY",
+                    help="a key this tree adds to the report on purpose (any depth): left out of this tree's JSON; "
+                         "the base must not have it")
     args = ap.parse_args()
+    added = frozenset(args.added)
     failed = 0
     for case in CASES:
         words = case.split()
         fb, ft = ([], []) if args.fingerprints_changed else (None, None)
-        base, this = plan_json(words, args.base, fb), plan_json(words, None, ft)
+        base, this = plan_json(words, args.base, fb), plan_json(words, None, ft, added)
         same = base == this
         if args.fingerprints_changed:
             # the same plans under the new encoding: as many fingerprints, equal exactly where the base's were

@@ -213,7 +213,7 @@ def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: 
 
     report, lb = current
     mine = {"predicted_s": report["predicted_s"], "lower_bound_s": lb.seconds, "bytes_moved": report["bytes_moved"],
-            "fingerprint": report["fingerprint"]}
+            "fingerprint": report["fingerprint"], **_memory_figures(report.get("gpu_memory"))}
     todo = _candidates_to_plan(inp)
     if figures is None:
         figures = dict(zip(todo, fork_map(lambda c: _candidate_figures(inp, transport, c), list(todo.values()))))
@@ -227,6 +227,7 @@ def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: 
             "lower_bound_s": lb_s,
             "efficiency": lb_s / pred_s if pred_s > 0 else 1.0,
             "bytes_moved": f["bytes_moved"], "fingerprint": f["fingerprint"],
+            "gpu_memory_bytes": f["gpu_memory_bytes"], "fits": f["fits"],
         })
     rows.sort(key=lambda r: (r["predicted_s"], r["infer"]))
     for k, r in enumerate(rows, 1):
@@ -240,11 +241,20 @@ def _candidate_figures(inp: Inputs, transport: str, c) -> dict:
     from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.planner import build_plan
 
+    from reshardctl.plan.gpu_memory import gpu_memory
+
     p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
                    bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)
     pred = predict(p, inp.links)
+    mem = None if inp.site.cpu_only else gpu_memory(p, inp.site.nccl, inp.site.gpu_memory_bytes)
     return {"predicted_s": pred.predicted_s, "lower_bound_s": lower_bound(p, inp.links).seconds,
-            "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint}
+            "bytes_moved": int(pred.bytes_moved), "fingerprint": p.fingerprint, **_memory_figures(mem)}
+
+
+def _memory_figures(mem: dict | None) -> dict:
+    """A compare row's GPU memory: the busiest inference rank's total and whether it fits (None: not checked)."""
+    return {"gpu_memory_bytes": None if mem is None else mem["inference"]["total_bytes"],
+            "fits": None if mem is None else mem["fits"]}
 
 
 def inputs_json(inp: Inputs) -> dict:

@@ -109,14 +109,17 @@ def render(result: dict, con=None) -> None:
 
     con.print(summary_line(result["m2n_compat"]), markup=False)
     if "compare" in result:
-        ccols = ("#", "infer", "layout", "ranks", "predicted", "lower bound", "efficiency", "bytes on wire")
+        ccols = ("#", "infer", "layout", "ranks", "predicted", "lower bound", "efficiency", "bytes on wire",
+                 "GPU memory")
         ct = output.table(*ccols, text=("infer", "layout"), right=("#", *ccols[3:]),
                           title=f"inference layouts by predicted refit time ({result['compare'][0]['transport']})")
         for r in result["compare"]:
+            mem = "-" if r["gpu_memory_bytes"] is None else _b(r["gpu_memory_bytes"]) + (
+                " (does not fit)" if r["fits"] is False else "")
             ct.add_row(str(r["rank"]), escape(r["infer"] + (" (current)" if r["current"] else "")), escape(r["layout"]),
                        str(r["infer_world"]), _s(r["predicted_s"]), _s(r["lower_bound_s"]),
-                       _pct(r["efficiency"]), _b(r["bytes_moved"]))
-        output.print_table(ct, ("lower bound", "efficiency", "ranks"), con)
+                       _pct(r["efficiency"]), _b(r["bytes_moved"]), mem)
+        output.print_table(ct, ("lower bound", "efficiency", "GPU memory", "ranks"), con)
 
 
 def _render_gpu_memory(rows: dict, con) -> None:
