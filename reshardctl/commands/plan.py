@@ -140,6 +140,8 @@ def _render_gpu_memory(rows: dict, con) -> None:
         n = i["nccl"]
         verdict = "" if m["fits"] is None else (f", {_b(m['inference_left_bytes'])} left" if m["fits"] else
                                                 f": does NOT fit, {_b(-m['inference_left_bytes'])} over")
+        if m["max_engine_memory_utilization"] is not None:
+            verdict += f" (engine: gpu_memory_utilization <= {m['max_engine_memory_utilization']:.2f})"
         con.print(f"  {t}: infer{i['side_rank']} pool {_b(i['pool_bytes'])} + NCCL {_b(n['bytes'])} "
                   f"({n['communicators']} communicator(s), {n['p2p_directions']} p2p directions) = "
                   f"{_b(i['total_bytes'])}{verdict}; train{tr['side_rank']} adds {_b(tr['refit_bytes'])}", markup=False)

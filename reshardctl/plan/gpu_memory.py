@@ -18,6 +18,8 @@ the site's ``gpu_memory_gib`` where the profile gives it, after ``RESERVE``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from reshardctl.plan.distinct import distinct
@@ -96,8 +98,10 @@ def gpu_memory(plans, nccl, gpu_bytes: int | None = None) -> dict:
     """The busiest inference rank (weights + staged copy + pool + NCCL) and the busiest trainer rank (what
     the refit adds: pool + NCCL) of a plan, or of a session's plans (every plan's connections and groups
     exist at once; the pool is the largest bucket's), with the arithmetic; against ``gpu_bytes`` per GPU
-    where given: ``fits`` (the inference rank's total within the GPU less ``RESERVE``) and what is left
-    there for the engine's KV cache and activations. Global rank numbers."""
+    where given: ``fits`` (the inference rank's total within the GPU less ``RESERVE``), what is left there
+    for the engine's KV cache and activations, and ``max_engine_memory_utilization``: the largest fraction
+    of a GPU (vLLM's ``gpu_memory_utilization``, floored to 0.01) an engine may take with the refit's own
+    bytes (staged copy, pool, NCCL) of every inference rank beside it. Global rank numbers."""
     plans = _plans(plans)
     plan = plans[0]
     T = plan.train_world
@@ -116,14 +120,20 @@ def gpu_memory(plans, nccl, gpu_bytes: int | None = None) -> dict:
         return {"p2p_directions": int(directions[rank]), "communicators": int(comms[rank]),
                 "p2p_bytes": int(p2p[rank]), "collective_bytes": int(coll[rank]), "bytes": int(nccl_total[rank])}
 
+    refit_own = infer_total - weights  # the staged copy, pool and NCCL: beside the engine, outside its budget
     out = {
         "inference": {"rank": T + i, "side_rank": i, "weights_bytes": int(weights[i]), "staged_copy_bytes": int(weights[i]),
-                      "pool_bytes": pool, "nccl": side(T + i), "total_bytes": int(infer_total[i])},
+                      "pool_bytes": pool, "nccl": side(T + i), "total_bytes": int(infer_total[i]),
+                      "refit_bytes": int(refit_own[i])},
         "trainer": {"rank": t, "side_rank": t, "pool_bytes": pool, "nccl": side(t), "refit_bytes": pool + int(nccl_total[t])},
         "gpu_bytes": gpu_bytes, "reserve": RESERVE, "fits": None, "inference_left_bytes": None,
+        "max_engine_memory_utilization": None,
     }
     if gpu_bytes is not None:
         usable = int(gpu_bytes * (1 - RESERVE))
         out["fits"] = int(infer_total[i]) <= usable
         out["inference_left_bytes"] = usable - int(infer_total[i])
+        # the largest fraction of a GPU an engine may take (vLLM's gpu_memory_utilization: its weights,
+        # activations and KV cache) with the refit's own bytes of the rank needing most beside it
+        out["max_engine_memory_utilization"] = max(0.0, math.floor(100 * (gpu_bytes - int(refit_own.max())) / gpu_bytes) / 100)
     return out

@@ -54,7 +54,13 @@ def test_every_ranks_figures_are_the_runtimes_own(s, transport, relay):
     tr = m["trainer"]
     assert tr["refit_bytes"] == pool + max(nccl_bytes([plan], r, SMALL)["total"] for r in range(T))
     assert m["fits"] is (inf["total_bytes"] <= int((1 << 40) * (1 - RESERVE)))
-    assert gpu_memory(plan, SMALL)["fits"] is None
+    assert inf["refit_bytes"] == inf["total_bytes"] - inf["weights_bytes"]
+    # the engine's largest share: every inference rank's refit bytes beside it, and not 0.01 more
+    own = max(t - int(w) for t, w in zip(totals, infer_held))
+    u = m["max_engine_memory_utilization"]
+    assert u * (1 << 40) + own <= (1 << 40) < (u + 0.01) * (1 << 40) + own
+    unchecked = gpu_memory(plan, SMALL)
+    assert unchecked["fits"] is None and unchecked["max_engine_memory_utilization"] is None
 
 
 def test_a_gpu_too_small_for_the_staged_copy_does_not_fit_by_the_arithmetic():
@@ -139,6 +145,8 @@ def test_deepseek_v3_bf16_at_tp32_does_not_fit_an_h100_with_its_staged_copy(tmp_
                      "--compare-infer", "tp=32,dp=8")
     tp32 = got["transports"]["reshard"]["gpu_memory"]
     assert round(tp32["inference"]["weights_bytes"] / (1 << 30), 1) == 40.9 and tp32["fits"] is False
+    # beside the refit's 44.5 GiB (staged copy + pool + NCCL) the engine may take at most 0.44 of 79.6 GiB
+    assert tp32["max_engine_memory_utilization"] == 0.44
     assert 2 * tp32["inference"]["weights_bytes"] > tp32["gpu_bytes"] * (1 - RESERVE)
     rows = {r["infer"]: r for r in got["compare"]}
     assert (rows["tp=32,dp=8"]["gpu_memory_bytes"], rows["tp=32,dp=8"]["fits"]) == (tp32["inference"]["total_bytes"], False)
