@@ -215,6 +215,6 @@ def check_profile_gpu_memory(plans, site) -> None:
         f"{i['pool_bytes'] / GiB:.2f} + NCCL {n['bytes'] / GiB:.2f} GiB: {n['communicators']} communicator(s), "
         f"{n['p2p_directions']} p2p directions) but gpu_memory_gib {site.gpu_memory_gib:g} leaves "
         f"{usable / GiB:.2f} GiB after a {m['reserve']:.0%} reserve: {i['total_bytes']} > {usable} bytes; "
-        f"nothing was submitted",
+        f"nothing was submitted or written",
         hint="more inference ranks per replica (a larger tp: fewer weights per GPU), a smaller --bucket-mb, "
              "lower nccl: caps, or gpu_memory_gib set to the GPUs' real memory")

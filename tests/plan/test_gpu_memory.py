@@ -191,3 +191,17 @@ def test_profile_show_gives_the_gpu_memory_or_says_it_is_not_checked(tmp_path):
     path.write_text(yaml.safe_dump({k: v for k, v in H100.items() if k != "gpu_memory_gib"}))
     assert "(no gpu_memory_gib: plan checks no GPU's memory)" in _cli("profile", "show", str(path)).stdout
     assert json.loads(_cli("profile", "show", "dgx-h100", "--json").stdout)["gpu_memory_gib"] == 79.6
+
+
+def test_plan_out_for_gpus_too_small_writes_nothing_and_says_why(tmp_path):
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({**H100, "gpu_memory_gib": 24}))
+    out = tmp_path / "plans"
+    res = _cli("plan", "--site", str(small), *LLAMA, "--transport", "reshard", "--out", str(out))
+    assert res.returncode == 2 and not out.exists(), res.stdout + res.stderr
+    assert str(small) in res.stderr and "gpu_memory_gib 24" in res.stderr and "staged copy" in res.stderr
+    assert "Traceback" not in res.stderr
+    roomy = tmp_path / "roomy.yaml"
+    roomy.write_text(yaml.safe_dump(H100))
+    res = _cli("plan", "--site", str(roomy), *LLAMA, "--transport", "reshard", "--out", str(out))
+    assert res.returncode == 0 and (out / "plan-reshard.npz").is_file(), res.stdout + res.stderr
