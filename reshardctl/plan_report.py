@@ -238,10 +238,9 @@ def compare(inp: Inputs, transport: str, current: tuple[dict, object], figures: 
 def _candidate_figures(inp: Inputs, transport: str, c) -> dict:
     """One candidate inference layout's plan of ``transport``, reduced to its row's figures."""
     from reshardctl.plan.cost import predict
+    from reshardctl.plan.gpu_memory import gpu_memory
     from reshardctl.plan.lower_bound import lower_bound
     from reshardctl.plan.planner import build_plan
-
-    from reshardctl.plan.gpu_memory import gpu_memory
 
     p = build_plan(inp.model, inp.train, c.layout, c.topology, transport=transport,
                    bucket_bytes=inp.bucket_bytes, relay=inp.relay, broadcast_span=inp.broadcast_span)

@@ -129,12 +129,11 @@ def _render_gpu_memory(rows: dict, con) -> None:
     if not mem:
         return
     first = next(iter(mem.values()))
-    inf = first["inference"]
     gpu = first["gpu_bytes"]
     cap = (f"{_b(gpu)} per GPU less {first['reserve']:.0%}" if gpu is not None
            else "no gpu_memory_gib in the site profile: not checked")
-    con.print(f"GPU memory, busiest inference rank ({cap}): weights {_b(inf['weights_bytes'])} + staged copy "
-              f"{_b(inf['staged_copy_bytes'])} (the all-or-nothing commit) + pool + NCCL:", markup=False)
+    con.print(f"GPU memory, busiest inference rank ({cap}): weights + staged copy (the all-or-nothing commit) "
+              f"+ pool + NCCL:", markup=False)
     for t, m in mem.items():
         i, tr = m["inference"], m["trainer"]
         n = i["nccl"]
@@ -142,7 +141,8 @@ def _render_gpu_memory(rows: dict, con) -> None:
                                                 f": does NOT fit, {_b(-m['inference_left_bytes'])} over")
         if m["max_engine_memory_utilization"] is not None:
             verdict += f" (engine: gpu_memory_utilization <= {m['max_engine_memory_utilization']:.2f})"
-        con.print(f"  {t}: infer{i['side_rank']} pool {_b(i['pool_bytes'])} + NCCL {_b(n['bytes'])} "
+        con.print(f"  {t}: infer{i['side_rank']} {_b(i['weights_bytes'])} + {_b(i['staged_copy_bytes'])} + "
+                  f"pool {_b(i['pool_bytes'])} + NCCL {_b(n['bytes'])} "
                   f"({n['communicators']} communicator(s), {n['p2p_directions']} p2p directions) = "
                   f"{_b(i['total_bytes'])}{verdict}; train{tr['side_rank']} adds {_b(tr['refit_bytes'])}", markup=False)
 

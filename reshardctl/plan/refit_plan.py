@@ -107,7 +107,7 @@ class Plan:
     def broadcast_groups(self) -> list[tuple[int, ...]]:
         """Every distinct broadcast group (sorted members), in a fixed order: every rank creates the
         same sub-communicators in the same order from this alone. Each group object of the buckets is
-        sorted once (thousands of buckets share a few hundred: DeepSeek-V3's 11k buckets 0.027 -> 0.001 s)."""
+        sorted once (thousands of buckets share a few hundred: DeepSeek-V3's 11k buckets share 256: 0.027 -> 0.002 s)."""
         by_object = {id(b.group): b.group for b in self.buckets}
         return sorted({tuple(sorted(g)) for g in by_object.values()})
 

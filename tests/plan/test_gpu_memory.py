@@ -205,3 +205,23 @@ def test_plan_out_for_gpus_too_small_writes_nothing_and_says_why(tmp_path):
     roomy.write_text(yaml.safe_dump(H100))
     res = _cli("plan", "--site", str(roomy), *LLAMA, "--transport", "reshard", "--out", str(out))
     assert res.returncode == 0 and (out / "plan-reshard.npz").is_file(), res.stdout + res.stderr
+
+
+def test_a_slurm_run_that_cannot_fit_its_gpus_submits_nothing(tmp_path):
+    """``run --launcher slurm``: refused by the profile's GPU memory before any job is submitted (an sbatch
+    on PATH that would record a submission is never called) and before a run directory is made."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "submitted"
+    for tool in ("sbatch", "squeue", "sinfo", "scontrol"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\nexit 1\n")
+        (bin_dir / tool).chmod(0o755)
+    site = tmp_path / "slurm.yaml"
+    site.write_text(yaml.safe_dump({**H100, "gpu_memory_gib": 24, "launcher": "slurm", "slurm": {"partition": "gpu"}}))
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "reshardctl", "run", "--site", str(site), *LLAMA, "--transport",
+                          "reshard", "--out", str(out)], capture_output=True, text=True,
+                         env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", COLUMNS="200"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "gpu_memory_gib 24" in res.stderr and "nothing was submitted" in res.stderr and "Traceback" not in res.stderr
+    assert not marker.exists() and not out.exists()
