@@ -5,8 +5,8 @@
   voted), its transient buffer pool, NCCL's own buffers;
 * a trainer rank: what the refit adds to its own memory: the pool and NCCL's buffers.
 
-The pool is the executor's bound, ``max(4 x bucket, 64 MiB)`` (``pool_limit_bytes``; runtime/worker.py and
-the API allocate no more). NCCL's buffers are an estimate from NCCL's documented defaults under the site's
+The pool is counted at the limit the runtime gives its buffer pool, ``max(4 x bucket, 64 MiB)``
+(``pool_limit_bytes``, read by runtime/worker.py and the API). NCCL's buffers are an estimate from NCCL's documented defaults under the site's
 ``nccl:`` caps (docs/gpu.md, "NCCL memory"): every connected point-to-point direction holds
 ``p2p_channels_per_peer`` channels of ``NCCL_BUFFSIZE``; every communicator the rank is in (the data
 group, each broadcast sub-group it belongs to) up to ``max_channels`` channels, each with a send and a
@@ -31,7 +31,7 @@ RESERVE = 0.10  # of a GPU's memory kept free (the CUDA context, the allocator's
 
 
 def pool_limit_bytes(bucket_bytes: int) -> int:
-    """The most a rank's transient buffer pool may hold for a plan with this bucket bound."""
+    """The limit of a rank's transient buffer pool (``BufferPool(limit_bytes=...)``) for this bucket bound."""
     return max(4 * int(bucket_bytes), POOL_FLOOR)
 
 

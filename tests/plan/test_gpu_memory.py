@@ -18,6 +18,7 @@ from helpers.planner_scenarios import SCALE, SETTINGS, scenario_plan, scenarios
 from reshardctl.launch.memory_check import _holding_bytes, nccl_bytes
 from reshardctl.plan.gpu_memory import RESERVE, communicators, gpu_memory, held_bytes, p2p_directions, pool_limit_bytes
 from reshardctl.runtime.groups import broadcast_groups
+from reshardctl.runtime.local_weights import LocalWeights
 from reshardctl.runtime.preconnect import program_peers
 from reshardctl.site.parse import parse_profile
 from reshardctl.site.spec import NcclSpec
@@ -43,7 +44,13 @@ def test_every_ranks_figures_are_the_runtimes_own(s, transport, relay):
     for r in range(T):
         assert train_held[r] == _holding_bytes(plan.model, plan.src_holdings(r))
     for r in range(plan.infer_world):
-        assert infer_held[r] == _holding_bytes(plan.model, plan.dst_holdings(r))
+        holdings = plan.dst_holdings(r)
+        assert infer_held[r] == _holding_bytes(plan.model, holdings)
+        # the staged copy as the runtime allocates it (one arena; boxes aligned to their element size)
+        staged = LocalWeights.in_arena(plan.model, holdings, "cpu", touch=False)
+        arena = staged.data and next(iter(staged.data.values()))[0].untyped_storage().nbytes()
+        boxes = sum(len(b) for b in holdings.values())
+        assert staged.nbytes == infer_held[r] and (not boxes or infer_held[r] <= arena <= max(8, infer_held[r] + 8 * boxes))
     # the busiest ranks and their arithmetic
     m = gpu_memory(plan, SMALL, gpu_bytes=1 << 40)
     pool = pool_limit_bytes(plan.bucket_bytes)
